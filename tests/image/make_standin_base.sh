@@ -72,7 +72,10 @@ if [[ ! -x "$rootfs/usr/bin/python3" ]]; then
 fi
 
 # 2. Wheelhouse for Python 3.9 / manylinux, downloaded by the host's pip.
-if [[ ! -f "$wheels/.complete" ]]; then
+# pip evaluates environment markers of dependencies against the HOST
+# interpreter (3.11 here), so the backports TF's tree needs only on Python < 3.10
+# (markdown -> importlib-metadata -> zipp) must be named explicitly.
+if [[ ! -f "$wheels/.complete-v2" ]]; then
   log "downloading tensorflow-cpu 2.9.3 wheels into $wheels"
   mkdir -p "$wheels"
   python3 -m pip download --quiet --dest "$wheels" \
@@ -80,8 +83,9 @@ if [[ ! -f "$wheels/.complete" ]]; then
     --platform manylinux2014_x86_64 --platform manylinux2010_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
     --platform any \
-    "tensorflow-cpu==2.9.3" "numpy>=1.20,<2" "protobuf>=3.9.2,<3.20" "pip==24.3.1" "setuptools<70" "wheel"
-  touch "$wheels/.complete"
+    "tensorflow-cpu==2.9.3" "numpy>=1.20,<2" "protobuf>=3.9.2,<3.20" "pip==24.3.1" "setuptools<70" "wheel" \
+    "importlib-metadata>=4.4" "zipp>=3.1"
+  touch "$wheels/.complete-v2"
 fi
 
 # 3. Import the bare root filesystem, install TensorFlow into it, commit with
