@@ -1,0 +1,258 @@
+"""Plain-word reasons for what the benchmark measured, in the spirit of the guide's
+troubleshooting table (no speed-up -> no Tensor Cores; NaN -> loss scaling; ...).
+
+Pure: every rule reads the per-policy summary, the hardware description and the settings,
+and returns ``Diagnosis`` records.  Nothing here imports TensorFlow.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from app.hardware import HardwareInfo
+
+# A mixed policy "pays" from this median speed-up on; below it we look for a reason.
+PAYS = 1.10
+# Spread (max - min) / median of samples/s above which the numbers are called noisy.
+NOISY = 0.25
+# A step shorter than this on a GPU is dominated by kernel launches and Python overhead.
+LAUNCH_BOUND_STEP_MS = 10.0
+DEFAULT_MAX_ACCURACY_GAP = 1.0  # percentage points
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    code: str
+    severity: str        # "info", "warning" or "problem"
+    policy: Optional[str]
+    message: str
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def _median(summary: Mapping[str, Any], key: str) -> Optional[float]:
+    val = summary.get(key)
+    if isinstance(val, Mapping):
+        return val.get("median")
+    return val
+
+
+def _fmt_x(v: Optional[float]) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def diagnose(summary: Mapping[str, Mapping[str, Any]],
+             hw: HardwareInfo,
+             settings: Mapping[str, Any],
+             layer_widths: Optional[Sequence[int]] = None,
+             steps_per_epoch: Optional[int] = None,
+             max_accuracy_gap: float = DEFAULT_MAX_ACCURACY_GAP,
+             failed_runs: Sequence[Mapping[str, Any]] = ()) -> List[Diagnosis]:
+    """All diagnoses, most important first.
+
+    ``settings`` needs ``batch_size``, ``steps_per_execution`` and ``jit``;
+    ``layer_widths`` are the model's Dense units / Conv filters when known.
+    """
+    out: List[Diagnosis] = []
+    out += _failures(failed_runs)
+    out += _nonfinite(summary)
+    out += _accuracy_gap(summary, max_accuracy_gap)
+    out += _hardware_without_fast_path(summary, hw)
+    out += _launch_bound(summary, hw, settings, steps_per_epoch)
+    out += _multiples_of_8(summary, settings, layer_widths)
+    out += _loss_scale(summary)
+    out += _noise(summary)
+    out += _pays(summary, hw)
+    return out
+
+
+def _failures(failed_runs):
+    out = []
+    for r in failed_runs:
+        out.append(Diagnosis(
+            "run_failed", "problem", r.get("policy"),
+            f"run {r.get('order')} ({r.get('policy')}, repeat {r.get('repeat')}) failed "
+            f"with exit status {r.get('returncode')}: {r.get('error') or 'see its log'}"))
+    return out
+
+
+def _nonfinite(summary):
+    out = []
+    for p, s in summary.items():
+        if s.get("nonfinite_loss"):
+            fix = ("loss scaling is on for mixed_float16; lower the learning rate, keep the "
+                   "output softmax in float32, and check the data for NaN"
+                   if p == "mixed_float16" else
+                   "lower the learning rate and check the data for NaN or Inf")
+            out.append(Diagnosis("nonfinite_loss", "problem", p,
+                                 f"{p}: the loss became NaN or Inf during training; {fix}."))
+    return out
+
+
+def _accuracy_gap(summary, threshold):
+    out = []
+    for p, s in summary.items():
+        gap = s.get("accuracy_gap_points")
+        if p == "float32" or gap is None or abs(gap) <= threshold:
+            continue
+        if gap < 0:
+            msg = (f"{p}: final validation accuracy is {-gap:.2f} points below float32 "
+                   f"(threshold {threshold:g}). Keep the last layer and normalisation in float32, "
+                   "check the loss scale and skipped steps, and train longer before concluding.")
+        else:
+            msg = (f"{p}: final validation accuracy is {gap:.2f} points above float32 "
+                   f"(threshold {threshold:g}); with so few epochs this is run-to-run noise, "
+                   "not a gain from lower precision: train longer to compare accuracy.")
+        out.append(Diagnosis("accuracy_gap", "warning", p, msg))
+    return out
+
+
+def _slow(summary, p) -> bool:
+    su = _median(summary.get(p, {}), "speedup_vs_float32")
+    return su is not None and su < PAYS
+
+
+def _hardware_without_fast_path(summary, hw: HardwareInfo):
+    out = []
+    if "mixed_float16" in summary:
+        su = _fmt_x(_median(summary["mixed_float16"], "speedup_vs_float32"))
+        if not hw.gpus:
+            out.append(Diagnosis(
+                "fp16_on_cpu", "problem", "mixed_float16",
+                f"mixed_float16 ran on a CPU ({su} of float32): CPUs have no fast float16 "
+                "arithmetic, every float16 operation is converted and emulated. Use "
+                "mixed_bfloat16 on a CPU with AVX512_BF16 or AMX, or float32."))
+        else:
+            no_tc = [g for g in hw.gpus if not g.tensor_cores]
+            if no_tc and (_slow(summary, "mixed_float16") or
+                          _median(summary["mixed_float16"], "speedup_vs_float32") is None):
+                names = ", ".join(sorted({g.name for g in no_tc}))
+                out.append(Diagnosis(
+                    "no_tensor_cores", "problem", "mixed_float16",
+                    f"no speed-up from mixed_float16 ({su}) because {names} has no Tensor Cores "
+                    "(they need compute capability 7.0 or newer, and the GTX 16xx parts lack "
+                    "them): float16 runs on the same units as float32. Train in float32 here; "
+                    "mixed precision pays on V100, T4, RTX 20xx and newer, A100."))
+    if "mixed_bfloat16" in summary:
+        su = _fmt_x(_median(summary["mixed_bfloat16"], "speedup_vs_float32"))
+        if hw.gpus:
+            caps = [tuple(g.compute_capability) for g in hw.gpus if g.compute_capability]
+            if caps and min(caps) < (8, 0):
+                out.append(Diagnosis(
+                    "bf16_before_ampere", "problem", "mixed_bfloat16",
+                    f"mixed_bfloat16 on a GPU older than Ampere ({su}): bfloat16 Tensor Cores "
+                    "start with compute capability 8.0 (A100, RTX 30xx). Use mixed_float16 here."))
+        elif not hw.cpu_bf16:
+            out.append(Diagnosis(
+                "bf16_cpu_without_instructions", "problem", "mixed_bfloat16",
+                f"mixed_bfloat16 on a CPU without AVX512_BF16 or AMX ({su}): bfloat16 is "
+                "emulated with float32 arithmetic plus conversions. Use float32 here."))
+    return out
+
+
+def _capable(p: str, hw: HardwareInfo) -> bool:
+    if p == "mixed_float16":
+        return bool(hw.gpus) and all(g.tensor_cores for g in hw.gpus)
+    if p == "mixed_bfloat16":
+        if hw.gpus:
+            caps = [tuple(g.compute_capability) for g in hw.gpus if g.compute_capability]
+            return bool(caps) and min(caps) >= (8, 0)
+        return hw.cpu_bf16
+    return False
+
+
+def _launch_bound(summary, hw, settings, steps_per_epoch):
+    out = []
+    base_spe = _median(summary.get("float32", {}), "seconds_per_epoch")
+    step_ms = (base_spe / steps_per_epoch * 1000.0
+               if base_spe and steps_per_epoch else None)
+    for p in ("mixed_float16", "mixed_bfloat16"):
+        if p not in summary or not _capable(p, hw) or not _slow(summary, p):
+            continue
+        su = _fmt_x(_median(summary[p], "speedup_vs_float32"))
+        hints = []
+        if int(settings.get("steps_per_execution") or 1) == 1:
+            hints.append("--steps-per-execution 32 (runs many steps per call from Python)")
+        if not settings.get("jit"):
+            hints.append("--jit (XLA fuses the many small kernels)")
+        hints.append(f"a bigger --batch-size than {settings.get('batch_size')}")
+        hints.append("a bigger model")
+        where = "GPU" if hw.gpus else "CPU"
+        timing = f" A float32 step takes {step_ms:.2f} ms." if step_ms is not None else ""
+        if hw.gpus and step_ms is not None and step_ms >= LAUNCH_BOUND_STEP_MS:
+            # Long steps on capable hardware: not launch-bound; likely input-bound.
+            out.append(Diagnosis(
+                "no_speedup_input_bound", "warning", p,
+                f"{p} is only {su} of float32 on capable hardware although steps are long "
+                f"({step_ms:.1f} ms): the input pipeline or non-matmul work likely dominates. "
+                "Check the data pipeline (prefetch, cache) and that the heavy layers are Dense or "
+                "Conv with sizes that are multiples of 8."))
+            continue
+        out.append(Diagnosis(
+            "launch_bound", "warning", p,
+            f"{p} is only {su} of float32 although this {where} supports it: the model is too "
+            f"small to keep the {where} busy, so time goes to launching operations and Python "
+            f"overhead, not to arithmetic that lower precision speeds up.{timing} "
+            f"Try {'; '.join(hints)}."))
+    return out
+
+
+def _multiples_of_8(summary, settings, layer_widths):
+    if not any(p in summary for p in ("mixed_float16", "mixed_bfloat16")):
+        return []
+    bad = []
+    bs = settings.get("batch_size")
+    if isinstance(bs, int) and bs % 8:
+        bad.append(f"batch size {bs}")
+    odd = sorted({int(w) for w in (layer_widths or ()) if int(w) % 8})
+    if odd:
+        bad.append("layer widths " + ", ".join(str(w) for w in odd))
+    if not bad:
+        return []
+    return [Diagnosis(
+        "not_multiple_of_8", "warning", None,
+        f"{' and '.join(bad)} not a multiple of 8: Tensor Cores work on tiles of 8 (float16) "
+        "and fall back to slower kernels or pad otherwise. Round units, filters and batch size "
+        "up to multiples of 8.")]
+
+
+def _loss_scale(summary):
+    out = []
+    for p, s in summary.items():
+        scale = _median(s, "loss_scale")
+        skipped = (s.get("skipped_steps") or {}).get("max")
+        if scale is not None and scale < 1.0:
+            out.append(Diagnosis(
+                "loss_scale_collapsed", "warning", p,
+                f"{p}: the loss scale fell to {scale:g} ({int(skipped or 0)} steps skipped): "
+                "gradients keep overflowing float16. Lower the learning rate or keep the "
+                "overflowing layers in float32."))
+    return out
+
+
+def _noise(summary):
+    out = []
+    for p, s in summary.items():
+        sps = s.get("samples_per_second") or {}
+        med, lo, hi = sps.get("median"), sps.get("min"), sps.get("max")
+        if med and lo is not None and hi is not None and sps.get("n", 0) > 1:
+            rel = (hi - lo) / med
+            if rel > NOISY:
+                out.append(Diagnosis(
+                    "noisy", "info", p,
+                    f"{p}: samples/s varied by {rel * 100:.0f}% between repeats: the machine is "
+                    "busy or throttling. Use more --repeats, more epochs, or a quieter machine."))
+    return out
+
+
+def _pays(summary, hw):
+    out = []
+    for p in ("mixed_float16", "mixed_bfloat16"):
+        su = _median(summary.get(p, {}), "speedup_vs_float32")
+        if su is not None and su >= PAYS:
+            mem = summary[p].get("memory_ratio_vs_float32")
+            mem_txt = f", {mem:.2f}x the peak memory" if mem is not None else ""
+            out.append(Diagnosis("pays", "info", p,
+                                 f"{p} pays here: {su:.2f}x the speed of float32{mem_txt}."))
+    return out

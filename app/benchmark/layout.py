@@ -1,0 +1,25 @@
+"""What the diagnoses need to know about the built-in models without building them.
+
+Hidden layer widths (Dense units, Conv filters) of ``app.models``; the class-count output
+layer is left out on purpose (its width is the task's, and Keras pads it).  Keep in step
+with ``app/models.py``; ``tests/unit/test_benchmark_diagnose.py`` checks it against the real
+models when TensorFlow is importable.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Mapping, Optional
+
+HIDDEN_WIDTHS = {
+    "mlp": [512, 256],
+    "cnn": [32],
+    "resnet": [32, 32, 32, 64, 64, 64, 128, 128, 128],
+}
+
+
+def layer_widths(model: str, metrics: Optional[Mapping[str, Any]] = None) -> Optional[List[int]]:
+    """Widths from a run's metrics.json when it records them, else from the table above."""
+    if metrics:
+        info = metrics.get("model")
+        if isinstance(info, Mapping) and isinstance(info.get("layer_widths"), list):
+            return [int(w) for w in info["layer_widths"]]
+    return HIDDEN_WIDTHS.get(model)

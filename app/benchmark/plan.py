@@ -1,0 +1,112 @@
+"""Which policies to run on this hardware, and in which order.
+
+Pure functions over a small description of the hardware, so every rule is unit-tested with
+fake machines (a T4, a P100, a CPU with and without bfloat16 instructions).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from app.hardware import HardwareInfo
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+BASELINE = "float32"
+
+# bfloat16 Tensor Cores start with Ampere.
+BF16_TENSOR_CORES = (8, 0)
+
+
+def describe(hw: HardwareInfo) -> str:
+    """``GPU Tesla T4, compute capability 7.5`` or ``CPU only (AVX512_BF16)``."""
+    if hw.gpus:
+        g = hw.gpus[0]
+        more = f" (+{len(hw.gpus) - 1} more)" if len(hw.gpus) > 1 else ""
+        cc = (f", compute capability {g.compute_capability[0]}.{g.compute_capability[1]}"
+              if g.compute_capability else "")
+        return f"GPU {g.name}{cc}{more}"
+    if hw.cpu_amx:
+        return "CPU only (AMX)"
+    return "CPU only (AVX512_BF16)" if hw.cpu_bf16 else "CPU only (no bfloat16 instructions)"
+
+
+def _min_cc(hw: HardwareInfo) -> Optional[Tuple[int, int]]:
+    caps = [tuple(g.compute_capability) for g in hw.gpus if g.compute_capability]
+    return min(caps) if caps else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    run: Tuple[str, ...]
+    skipped: Dict[str, str]
+    baseline_added: bool = False
+
+
+def skip_reason(policy: str, hw: HardwareInfo) -> Optional[str]:
+    """Why ``policy`` is left out of a default benchmark on ``hw``, or None if it runs.
+
+    "Cannot run" here means "cannot give a meaningful number": TensorFlow will execute every
+    policy everywhere, but float16 on a CPU is emulated (tens of times slower), and bfloat16
+    without hardware support is emulated too.  Asking for a policy by name with
+    ``--policies`` runs it anyway; the diagnoses then explain the result.
+    """
+    if policy == BASELINE:
+        return None
+    if policy == "mixed_float16":
+        # A GPU without Tensor Cores still runs: "no speed-up, no Tensor Cores" is exactly
+        # what users need to see measured (the diagnoses explain it).
+        if not hw.gpus:
+            return ("no GPU: float16 arithmetic on a CPU is emulated and runs tens of times slower "
+                    "than float32 (measured here: about 0.4k against 27k samples/s), so the "
+                    "comparison says nothing; name it in --policies to measure it anyway")
+        return None
+    if policy == "mixed_bfloat16":
+        if hw.gpus:
+            cc = _min_cc(hw)
+            if cc is not None and cc < BF16_TENSOR_CORES:
+                return (f"{describe(hw)}: bfloat16 Tensor Cores start with Ampere (compute "
+                        f"capability 8.0), so bfloat16 has no fast path here (slower than float32, or unsupported by some kernels); "
+                        f"name it in --policies to measure it anyway")
+            return None
+        if not hw.cpu_bf16:
+            return ("the CPU has no bfloat16 instructions (AVX512_BF16 or AMX-BF16): bfloat16 is "
+                    "emulated and slower than float32; name it in --policies to measure it anyway")
+        return None
+    raise ValueError(f"unknown policy {policy!r}")
+
+
+def plan_policies(requested: Optional[Sequence[str]], hw: HardwareInfo) -> Plan:
+    """Policies to run, in order, and the ones left out with their reasons.
+
+    ``requested`` is None for the default (all three, minus those without a meaningful
+    number here).  Named policies always run.  float32 is the reference of every relative
+    column, so it is added first when missing (``baseline_added``).
+    """
+    if requested is None:
+        skipped = {p: r for p in POLICIES if (r := skip_reason(p, hw)) is not None}
+        return Plan(run=tuple(p for p in POLICIES if p not in skipped), skipped=skipped)
+    ordered: List[str] = []
+    for p in requested:
+        if p not in POLICIES:
+            raise ValueError(f"unknown policy {p!r}")
+        if p not in ordered:
+            ordered.append(p)
+    added = BASELINE not in ordered
+    if added:
+        ordered.insert(0, BASELINE)
+    return Plan(run=tuple(ordered), skipped={}, baseline_added=added)
+
+
+def interleaved_schedule(policies: Sequence[str], repeats: int) -> List[Dict[str, object]]:
+    """Round-robin order A, B, C, A, B, C, ...: one run of each policy per repeat.
+
+    Drift on a noisy machine (thermal throttling, a neighbour's job) then hits every policy
+    alike instead of all the runs of one policy.  ``order`` counts from 0, ``repeat`` from 1.
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    out: List[Dict[str, object]] = []
+    for r in range(1, repeats + 1):
+        for p in policies:
+            out.append({"order": len(out), "repeat": r, "policy": p})
+    return out

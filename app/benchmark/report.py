@@ -1,0 +1,137 @@
+"""``benchmark.json`` and the Markdown table; files written under a temporary name and renamed.
+
+Units are explicit everywhere: seconds per epoch (s), samples per second, bytes in the JSON and
+MiB in the table, accuracy as a fraction in the JSON and percent in the table, accuracy gap
+in percentage points.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+SCHEMA = "tfmp.benchmark/1"
+MIB = 1024.0 * 1024.0
+
+UNITS = {
+    "seconds_per_epoch": "s (median over post-warm-up epochs of a run; median/min/max over runs)",
+    "samples_per_second": "training samples per second (same statistics)",
+    "speedup_vs_float32": "ratio of samples/s to the float32 run of the same repeat",
+    "peak_memory": "bytes; kind 'gpu' = TensorFlow's peak GPU allocation, 'cpu_rss' = peak "
+                   "resident memory of the training process",
+    "memory_ratio_vs_float32": "median peak memory / float32 median peak memory",
+    "val_accuracy": "fraction 0..1 after the final epoch",
+    "accuracy_gap_points": "percentage points, policy minus float32 (median final val accuracy)",
+    "loss_scale": "dynamic loss scale after the final epoch (null: no loss scaling)",
+    "skipped_steps": "optimizer steps skipped for non-finite gradients, summed over the run",
+}
+
+MEMORY_LABEL = {
+    "gpu": "Peak GPU memory (MiB)",
+    "cpu_rss": "Peak RSS of the CPU process (MiB)",
+}
+
+
+def write_atomic(path: str, data) -> None:
+    """Write ``data`` (str or bytes) to ``path`` via a temporary file in the same folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
+    try:
+        mode = "wb" if isinstance(data, bytes) else "w"
+        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def to_json(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n"
+
+
+# ---- Markdown ---------------------------------------------------------------------------------
+
+def _num(v: Optional[float], fmt: str) -> str:
+    return "–" if v is None else format(v, fmt)
+
+
+def _spread(s: Mapping[str, Any], fmt: str, scale: float = 1.0) -> str:
+    med, lo, hi = s.get("median"), s.get("min"), s.get("max")
+    if med is None:
+        return "–"
+    text = format(med * scale, fmt)
+    if s.get("n", 0) > 1 and lo is not None and hi is not None:
+        text += f" ({format(lo * scale, fmt)}–{format(hi * scale, fmt)})"
+    return text
+
+
+def memory_label(results: Mapping[str, Mapping[str, Any]]) -> str:
+    kinds = {r["peak_memory"].get("kind") for r in results.values() if r["peak_memory"].get("kind")}
+    if len(kinds) == 1:
+        return MEMORY_LABEL.get(next(iter(kinds)), "Peak memory (MiB)")
+    return "Peak memory (MiB)"
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    st = doc["settings"]
+    results = doc["results"]
+    lines: List[str] = []
+    lines.append(f"### Mixed precision benchmark: {st['model']} on {st['dataset']}, "
+                 f"batch {st['batch_size']}, {doc['hardware']['description']}")
+    lines.append("")
+    header = ["Policy", "s/epoch", "samples/s", "Speed-up vs float32", memory_label(results),
+              "Memory vs float32", "Val accuracy (%)", "Gap vs float32 (points)",
+              "Final loss scale", "Skipped steps"]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+    for p, r in results.items():
+        if r["runs_ok"] == 0:
+            lines.append("| " + " | ".join([p, f"failed ({r['runs_failed']} runs)"] + ["–"] * (len(header) - 2)) + " |")
+            continue
+        su = r["speedup_vs_float32"]
+        mem_ratio = r.get("memory_ratio_vs_float32")
+        gap = r.get("accuracy_gap_points")
+        row = [
+            p,
+            _spread(r["seconds_per_epoch"], ".3g"),
+            _spread(r["samples_per_second"], ",.0f"),
+            (_spread(su, ".2f") + "x") if su.get("median") is not None else "–",
+            _spread(r["peak_memory"], ",.0f", 1.0 / MIB),
+            _num(mem_ratio, ".2f") + ("x" if mem_ratio is not None else ""),
+            _spread(r["val_accuracy"], ".2f", 100.0),
+            "–" if gap is None else f"{gap:+.2f}",
+            _spread(r["loss_scale"], "g"),
+            _spread(r["skipped_steps"], ".0f"),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    w = doc["warmup"]
+    lines.append(
+        f"Medians over {st['repeats']} interleaved repeat(s), (min–max) when more than one; each "
+        f"run a fresh process. Timing excludes the first {w['epochs_excluded']} epoch(s) of every "
+        f"run (warm-up) and averages the remaining {st['epochs'] - w['epochs_excluded']}. "
+        f"XLA (--jit): {'on' if st.get('jit') else 'off'}; steps_per_execution: "
+        f"{st.get('steps_per_execution') or 1}; loop: {st.get('loop')}; "
+        f"TensorFlow {doc['environment'].get('tensorflow', '?')}.")
+    if doc.get("baseline_added"):
+        lines.append("float32 was added as the baseline of the relative columns.")
+    if doc["skipped"]:
+        lines.append("")
+        lines.append("Skipped:")
+        for s in doc["skipped"]:
+            lines.append(f"- {s['policy']}: {s['reason']}")
+    if doc["diagnoses"]:
+        lines.append("")
+        lines.append("Diagnoses:")
+        for d in doc["diagnoses"]:
+            lines.append(f"- [{d['severity']}] {d['message']}")
+    lines.append("")
+    return "\n".join(lines)

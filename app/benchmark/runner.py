@@ -1,0 +1,184 @@
+"""Run ``python -m app train`` once per (repeat, policy), each in a fresh process.
+
+A fresh process per run means a policy's peak memory (GPU allocator peak, or the resident
+memory of the CPU process) is its own: nothing allocated by an earlier run is still held,
+and nothing compiled by an earlier run is reused.  This parent process never imports
+TensorFlow, so it holds no GPU memory either.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from app.benchmark import stats
+
+# Flags of ``python -m app train`` that the benchmark passes through unchanged when set.
+PASS_THROUGH = (
+    ("model", "--model"), ("dataset", "--dataset"), ("loop", "--loop"),
+    ("epochs", "--epochs"), ("batch_size", "--batch-size"),
+    ("learning_rate", "--learning-rate"), ("seed", "--seed"),
+    ("max_train_samples", "--max-train-samples"), ("max_val_samples", "--max-val-samples"),
+    ("workspace", "--workspace"), ("data_dir", "--data-dir"), ("image_dir", "--image-dir"),
+    ("image_size", "--image-size"), ("steps_per_execution", "--steps-per-execution"),
+)
+BOOL_PASS_THROUGH = (("jit", "--jit"), ("offline", "--offline"))
+
+# (cmd, log_path, timeout_seconds, env) -> return code
+Launcher = Callable[[List[str], str, Optional[float], Mapping[str, str]], int]
+
+
+def train_command(settings: Mapping[str, Any], policy: str, run_dir: str,
+                  extra_flags: Sequence[str] = ()) -> List[str]:
+    """The exact ``python -m app train`` command line of one run."""
+    cmd = [sys.executable, "-m", "app", "train", "--precision", policy, "--output", run_dir]
+    for key, flag in PASS_THROUGH:
+        val = settings.get(key)
+        if val is not None:
+            cmd += [flag, str(val)]
+    for key, flag in BOOL_PASS_THROUGH:
+        if settings.get(key):
+            cmd.append(flag)
+    cmd += list(extra_flags)
+    return cmd
+
+
+def subprocess_launcher(cmd: List[str], log_path: str, timeout: Optional[float],
+                        env: Mapping[str, str]) -> int:
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env))
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            return -9
+        except BaseException:
+            # Ctrl-C in the parent: do not leave a training process behind.
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+
+def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The child must import this very package, wherever the benchmark was started from.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _tail(path: str, n: int = 1) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = [ln.strip() for ln in fh.read().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def used_policy(metrics: Mapping[str, Any]) -> Optional[str]:
+    """The policy a run actually trained with, as its metrics.json records it."""
+    prec = metrics.get("precision")
+    if isinstance(prec, Mapping):
+        return prec.get("policy")
+    if isinstance(prec, str):
+        return prec
+    cfg = metrics.get("config") or {}
+    return cfg.get("precision")
+
+
+def run_schedule(schedule: Sequence[Mapping[str, Any]], settings: Mapping[str, Any],
+                 runs_dir: str, warmup_epochs: int, *,
+                 launcher: Launcher = subprocess_launcher,
+                 timeout: Optional[float] = None,
+                 extra_flags: Sequence[str] = (),
+                 progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+                 ) -> List[Dict[str, Any]]:
+    """Run every entry of ``schedule`` in order; one record per run, failures included."""
+    env = child_env()
+    records: List[Dict[str, Any]] = []
+    total = len(schedule)
+    for entry in schedule:
+        policy, repeat, order = entry["policy"], entry["repeat"], entry["order"]
+        run_dir = os.path.join(runs_dir, f"{order:02d}-{policy}-r{repeat}")
+        os.makedirs(run_dir, exist_ok=True)
+        log_path = os.path.join(run_dir, "train.log")
+        cmd = train_command(settings, policy, run_dir, extra_flags)
+        progress(f"[benchmark] run {order + 1}/{total}: {policy}, repeat {repeat} ...")
+        started = datetime.now(timezone.utc)
+        t0 = time.monotonic()
+        rc = launcher(cmd, log_path, timeout, env)
+        wall = time.monotonic() - t0
+        rec: Dict[str, Any] = {
+            "order": order, "repeat": repeat, "policy": policy,
+            "started_utc": started.isoformat(timespec="seconds"),
+            "wall_seconds": round(wall, 3), "returncode": rc,
+            "command": cmd, "output_dir": run_dir, "log": log_path,
+            "ok": False, "error": None, "measured": None, "policy_used": None,
+        }
+        metrics_path = os.path.join(run_dir, "metrics.json")
+        metrics = None
+        if os.path.exists(metrics_path):
+            try:
+                with open(metrics_path, encoding="utf-8") as fh:
+                    metrics = json.load(fh)
+            except (OSError, ValueError) as exc:
+                rec["error"] = f"metrics.json unreadable: {exc}"
+        if metrics is not None:
+            rec["policy_used"] = used_policy(metrics)
+            rec["metrics_status"] = metrics.get("status")
+            rec["measured"] = stats.measure_run(metrics, warmup_epochs)
+        if rc == -9:
+            rec["error"] = f"timed out after {timeout:g} s"
+        elif rc != 0:
+            rec["error"] = rec["error"] or _tail(log_path) or f"exit status {rc}"
+        elif metrics is None:
+            rec["error"] = rec["error"] or "no metrics.json written"
+        elif rec["policy_used"] not in (None, policy):
+            rec["error"] = f"train used {rec['policy_used']} instead of {policy}"
+        elif rec["measured"]["epochs_timed"] < 1:
+            rec["error"] = "no epoch left after warm-up"
+        else:
+            rec["ok"] = True
+        if rec["ok"]:
+            m = rec["measured"]
+            sps = m["samples_per_second"]
+            progress(f"[benchmark]   {wall:.1f} s wall, "
+                     f"{m['seconds_per_epoch'] or float('nan'):.3g} s/epoch, "
+                     f"{sps or float('nan'):,.0f} samples/s")
+        else:
+            progress(f"[benchmark]   FAILED: {rec['error']}")
+        records.append(rec)
+    return records
+
+
+def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:
+    """``python -m app env --json`` in a child process (keeps TensorFlow out of this one)."""
+    cmd = [sys.executable, "-m", "app", "env", "--json"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
+    except subprocess.TimeoutExpired:
+        return {"error": f"`{' '.join(cmd[1:])}` timed out"}
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": f"`python -m app env --json` failed: {last}"}
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        return {"error": "`python -m app env --json` printed no JSON"}

@@ -1,0 +1,154 @@
+"""The whole benchmark: environment, plan, interleaved runs, summary, diagnoses, files."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from app.benchmark import chart, diagnose, layout, plan, report, runner, stats
+from app.hardware import HardwareInfo, make_gpu, parse_cpuinfo_flags
+
+OUTPUT_FILES = ("benchmark.json", "benchmark.md", "benchmark.png", "env.json", "env.txt")
+
+
+def hardware_from_env(env: Mapping[str, Any]) -> HardwareInfo:
+    """Rebuild the HardwareInfo that ``python -m app env --json`` reported.
+
+    Falls back to this machine's /proc/cpuinfo (no GPU) when the report failed.
+    """
+    hw = env.get("hardware") if isinstance(env, Mapping) else None
+    if not isinstance(hw, Mapping):
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+                return HardwareInfo(cpu_flags=parse_cpuinfo_flags(fh.read()))
+        except OSError:
+            return HardwareInfo()
+    gpus = [make_gpu(g.get("name", "GPU"), g.get("compute_capability"), g.get("memory_bytes"))
+            for g in hw.get("gpus") or []]
+    flags = set()
+    if hw.get("cpu_avx512_bf16"):
+        flags.add("avx512_bf16")
+    if hw.get("cpu_amx"):
+        flags.update({"amx_bf16", "amx_tile"})
+    return HardwareInfo(gpus=gpus, cpu_flags=frozenset(flags))
+
+
+def _steps_per_epoch(runs: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) -> Optional[int]:
+    for r in runs:
+        m = r.get("metrics_summary") or {}
+        if m.get("train_samples"):
+            return math.ceil(m["train_samples"] / settings["batch_size"])
+    return None
+
+
+def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], output: str, *,
+                  repeats: int, warmup_epochs: int, max_accuracy_gap: float,
+                  timeout: Optional[float] = None, argv: Sequence[str] = (),
+                  launcher: runner.Launcher = runner.subprocess_launcher,
+                  environment: Optional[Mapping[str, Any]] = None,
+                  echo: Callable[[str], None] = print) -> int:
+    """Run, write every file into ``output``, print the table; 0 if every run succeeded."""
+    env = dict(environment) if environment is not None else runner.collect_environment()
+    hw = hardware_from_env(env)
+    the_plan = plan.plan_policies(requested, hw)
+    schedule = plan.interleaved_schedule(the_plan.run, repeats)
+
+    os.makedirs(output, exist_ok=True)
+    runs_dir = os.path.join(output, "runs")
+    records = runner.run_schedule(schedule, settings, runs_dir, warmup_epochs,
+                                  launcher=launcher, timeout=timeout)
+    for rec in records:
+        rec["metrics_summary"] = _metrics_summary(rec["output_dir"])
+
+    results = stats.summarize(records, the_plan.run)
+    # Prefer what the core recorded in a run's metrics.json, else the static table.
+    first_metrics = next((_load(r["output_dir"]) for r in records if r["ok"]), None)
+    widths = layout.layer_widths(settings["model"], first_metrics)
+    failed = [r for r in records if not r["ok"]]
+    diags = diagnose.diagnose(results, hw, settings, layer_widths=widths,
+                              steps_per_epoch=_steps_per_epoch(records, settings),
+                              max_accuracy_gap=max_accuracy_gap, failed_runs=failed)
+    status = "ok" if not failed else ("failed" if len(failed) == len(records) else "partial")
+    doc: Dict[str, Any] = {
+        "schema": report.SCHEMA,
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": ["python", "-m", "app", "benchmark", *argv],
+        "status": status,
+        "settings": dict(settings, repeats=repeats, warmup_epochs=warmup_epochs,
+                         jit=bool(settings.get("jit")),
+                         steps_per_execution=settings.get("steps_per_execution") or 1,
+                         max_accuracy_gap_points=max_accuracy_gap),
+        "warmup": {
+            "epochs_excluded": warmup_epochs,
+            "how": (f"the first {warmup_epochs} epoch(s) of every run are left out of s/epoch "
+                    "and samples/s (graph tracing, XLA compilation, autotuning); accuracy, loss "
+                    "scale and skipped steps come from the whole run"),
+        },
+        "interleaving": {
+            "how": "round-robin: one run of each policy per repeat, in the order listed; every "
+                   "run is a fresh `python -m app train` process",
+            "order": [f"{e['policy']}#{e['repeat']}" for e in schedule],
+        },
+        "hardware": dict(hw.to_dict(), description=plan.describe(hw)),
+        "environment": env,
+        "policies_requested": list(requested) if requested else "default",
+        "policies_run": list(the_plan.run),
+        "baseline_added": the_plan.baseline_added,
+        "skipped": [{"policy": p, "reason": r} for p, r in the_plan.skipped.items()],
+        "units": report.UNITS,
+        "results": results,
+        "diagnoses": [d.to_dict() for d in diags],
+        "runs": records,
+    }
+    table = report.markdown(doc)
+    report.write_atomic(os.path.join(output, "env.json"), report.to_json(env))
+    report.write_atomic(os.path.join(output, "env.txt"), _env_text(env))
+    report.write_atomic(os.path.join(output, "benchmark.md"), table)
+    try:
+        report.write_atomic(os.path.join(output, "benchmark.png"), chart.render_png(doc))
+        doc["chart"] = "benchmark.png"
+    except Exception as exc:  # the numbers matter more than the picture
+        doc["chart"] = None
+        doc["chart_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"[benchmark] chart not written: {doc['chart_error']}", file=sys.stderr)
+    # benchmark.json last: its presence means the benchmark finished.
+    report.write_atomic(os.path.join(output, "benchmark.json"), report.to_json(doc))
+    echo(table)
+    echo(f"Wrote {', '.join(f for f in OUTPUT_FILES if os.path.exists(os.path.join(output, f)))} "
+         f"and runs/ to {output}")
+    return 0 if status == "ok" else 1
+
+
+def _load(run_dir: str) -> Optional[Dict[str, Any]]:
+    import json
+
+    try:
+        with open(os.path.join(run_dir, "metrics.json"), encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _metrics_summary(run_dir: str) -> Dict[str, Any]:
+    """The few facts of a run's metrics.json that the report keeps beside the run."""
+    m = _load(run_dir) or {}
+    data = m.get("data") if isinstance(m.get("data"), Mapping) else {}
+    cfg = m.get("config") if isinstance(m.get("config"), Mapping) else {}
+    return {
+        "status": m.get("status"),
+        "train_samples": m.get("train_samples") or data.get("train_samples"),
+        "val_samples": m.get("val_samples") or data.get("val_samples"),
+        "steps_per_execution": cfg.get("steps_per_execution"),
+        "jit": cfg.get("jit"),
+    }
+
+
+def _env_text(env: Mapping[str, Any]) -> str:
+    try:
+        from app import envreport
+
+        return envreport.format_text(dict(env)) + "\n"
+    except Exception:
+        return report.to_json(env)

@@ -1,0 +1,136 @@
+"""``python -m app benchmark``: float32 against mixed precision on this machine.
+
+Every policy trains the same model on the same data with the same settings, each run in a
+fresh ``python -m app train`` process, interleaved over ``--repeats``.  Writes
+benchmark.json, benchmark.md (also printed), benchmark.png, env.json and env.txt into
+``--output``.  See docs/benchmark.md.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timezone
+
+from app.errors import UsageError
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+
+
+def add_parser(subparsers):
+    from app.config import DATASETS, LOOPS, MODELS
+
+    p = subparsers.add_parser(
+        "benchmark", help="measure float32 against mixed precision on this machine",
+        description="Train the same model under each precision policy, interleaved, and "
+                    "report speed, peak memory and accuracy with plain-word diagnoses.")
+    what = p.add_argument_group("what to train (passed to `python -m app train`)")
+    what.add_argument("--model", choices=MODELS, default="mlp")
+    what.add_argument("--dataset", choices=DATASETS, default="mnist")
+    what.add_argument("--loop", choices=LOOPS, default="fit")
+    what.add_argument("--batch-size", type=int, default=128, metavar="N")
+    what.add_argument("--learning-rate", type=float, default=None, metavar="LR")
+    what.add_argument("--max-train-samples", type=int, default=None, metavar="N")
+    what.add_argument("--max-val-samples", type=int, default=None, metavar="N")
+    what.add_argument("--seed", type=int, default=None)
+    what.add_argument("--workspace", default=None, metavar="DIR")
+    what.add_argument("--data-dir", default=None, metavar="DIR")
+    what.add_argument("--image-dir", default=None, metavar="DIR")
+    what.add_argument("--image-size", type=int, default=None, metavar="N")
+    what.add_argument("--offline", action="store_true", help="never download datasets")
+    speed = p.add_argument_group("speed settings recorded with the results")
+    speed.add_argument("--steps-per-execution", type=int, default=None, metavar="N",
+                       help="training steps per tf.function call (Model.compile(steps_per_execution=N))")
+    speed.add_argument("--jit", action="store_true",
+                       help="XLA: Model.compile(jit_compile=True) / tf.function(jit_compile=True)")
+    how = p.add_argument_group("how to measure")
+    how.add_argument("--policies", default=None, metavar="LIST",
+                     help="comma-separated subset of float32,mixed_float16,mixed_bfloat16 "
+                          "(default: all that make sense on this hardware; named ones always run)")
+    how.add_argument("--repeats", type=int, default=3, metavar="N",
+                     help="runs per policy, interleaved A,B,A,B (default 3)")
+    how.add_argument("--epochs", type=int, default=3, metavar="N",
+                     help="epochs per run, warm-up included (default 3)")
+    how.add_argument("--warmup-epochs", type=int, default=1, metavar="N",
+                     help="epochs left out of the timing at the start of every run (default 1)")
+    how.add_argument("--max-accuracy-gap", type=float, default=1.0, metavar="POINTS",
+                     help="flag a policy whose final val accuracy differs from float32 by more "
+                          "(percentage points, default 1.0)")
+    how.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
+                     help="give up on a single run after this long (default 3600)")
+    how.add_argument("--output", default=None, metavar="DIR",
+                     help="new or empty folder for the results (default: "
+                          "<workspace>/benchmarks/<UTC time>-<model>)")
+    return p
+
+
+def parse_policies(text):
+    """``"float32, mixed_bfloat16"`` -> list; None for the default; UsageError otherwise."""
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in POLICIES]
+    if bad or not names:
+        raise UsageError(f"policies must be a comma-separated list of {', '.join(POLICIES)}. "
+                         f"Received: policies={text!r}", ", ".join(POLICIES))
+    return names
+
+
+def validate(args):
+    """Every check that can fail, before anything is created.  Returns (settings, policies)."""
+    from app import config
+
+    policies = parse_policies(args.policies)
+    if args.repeats < 1:
+        raise UsageError(f"repeats must be at least 1. Received: repeats={args.repeats}",
+                         "an integer >= 1")
+    if args.warmup_epochs < 0:
+        raise UsageError(f"warmup_epochs must be 0 or more. Received: warmup_epochs={args.warmup_epochs}",
+                         "an integer >= 0")
+    if args.epochs <= args.warmup_epochs:
+        raise UsageError(f"epochs must exceed warmup_epochs so some epochs are timed. Received: "
+                         f"epochs={args.epochs}, warmup_epochs={args.warmup_epochs}",
+                         f"epochs >= {args.warmup_epochs + 1}")
+    if args.steps_per_execution is not None and args.steps_per_execution < 1:
+        raise UsageError(f"steps_per_execution must be at least 1. Received: "
+                         f"steps_per_execution={args.steps_per_execution}", "an integer >= 1")
+    if not args.max_accuracy_gap >= 0:
+        raise UsageError(f"max_accuracy_gap must be 0 or more. Received: "
+                         f"max_accuracy_gap={args.max_accuracy_gap}", "percentage points >= 0")
+    if not args.timeout > 0:
+        raise UsageError(f"timeout must be positive. Received: timeout={args.timeout}", "seconds > 0")
+    if args.image_size is not None and args.image_size < 1:
+        raise UsageError(f"image_size must be at least 1. Received: image_size={args.image_size}",
+                         "an integer >= 1")
+    # The training settings go through the same validation as `python -m app train`.
+    flags = {"model": args.model, "dataset": args.dataset, "loop": args.loop,
+             "precision": "float32", "epochs": args.epochs, "batch_size": args.batch_size,
+             "learning_rate": args.learning_rate, "max_train_samples": args.max_train_samples,
+             "max_val_samples": args.max_val_samples, "seed": args.seed,
+             "workspace": args.workspace, "data_dir": args.data_dir, "image_dir": args.image_dir}
+    cfg = config.resolve_config(flags)
+    output = args.output or os.path.join(
+        cfg.workspace, "benchmarks",
+        datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{cfg.model}")
+    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise UsageError(f"output {output!r} already exists and is not an empty folder",
+                         "a new or empty folder, so runs of different benchmarks never mix")
+    config.check_output_writable(output)
+    settings = {
+        "model": cfg.model, "dataset": cfg.dataset, "loop": cfg.loop, "epochs": cfg.epochs,
+        "batch_size": cfg.batch_size, "learning_rate": args.learning_rate,
+        "max_train_samples": cfg.max_train_samples, "max_val_samples": cfg.max_val_samples,
+        "seed": args.seed, "workspace": args.workspace, "data_dir": args.data_dir,
+        "image_dir": args.image_dir, "image_size": args.image_size, "offline": args.offline,
+        "steps_per_execution": args.steps_per_execution, "jit": args.jit,
+    }
+    return settings, policies, output
+
+
+def run(args) -> int:
+    from app.benchmark.suite import run_benchmark
+
+    settings, policies, output = validate(args)
+    return run_benchmark(settings, policies, output, repeats=args.repeats,
+                         warmup_epochs=args.warmup_epochs,
+                         max_accuracy_gap=args.max_accuracy_gap, timeout=args.timeout,
+                         argv=sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "benchmark" else [])
