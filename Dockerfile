@@ -1,0 +1,103 @@
+# Mixed-precision TensorFlow training image: JupyterLab on 8888, sshd on 22,
+# batch jobs (`docker run IMAGE python -m app train ...`).  See docs/image.md.
+#
+# Build (BuildKit is required for the optional CA secret):
+#   docker compose build
+#   docker build -t tfmp/train:dev .                       # with buildx
+#   docker build --build-arg PIP_INDEX_URL=https://mirror.example/simple \
+#                --secret id=pip_ca,src=corp-ca.pem .      # proxies / mirrors
+ARG BASE_IMAGE=tensorflow/tensorflow:2.9.3-gpu
+FROM ${BASE_IMAGE}
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# No final non-root USER, on purpose: the container starts as root (the base's
+# default) only to remap the user's UID/GID, assemble SSH keys and start sshd,
+# which needs root to switch users; entrypoint.sh then drops every user-facing
+# process (JupyterLab, batch jobs, self-test) to `tf` with setpriv.
+# `docker run --user UID:GID` also works (then without SSH).  docs/image.md, "Security".
+
+# --- system packages ---------------------------------------------------------
+# CUDA 11.x bases list NVIDIA's apt repository; when its signing key or
+# metadata changes, every `apt-get update` fails.  Our apt step must not depend
+# on it, so such sources are moved aside (kept in sources.list.d.disabled/).
+#   openssh-server  SSH logins (sshd)
+#   tini            PID 1: reaps zombies, forwards signals (fast `docker stop`)
+# Versions come from the base's distribution release, hence no pins.
+# hadolint ignore=DL3008
+RUN shopt -s nullglob \
+ && mkdir -p /etc/apt/sources.list.d.disabled \
+ && for f in /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do \
+      if grep -qiE 'nvidia|cuda' "$f"; then mv "$f" /etc/apt/sources.list.d.disabled/; fi; \
+    done \
+ && apt-get update -q \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      openssh-server \
+      tini \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/* \
+ # The package generated host keys: never ship keys shared by every container.
+ && rm -f /etc/ssh/ssh_host_*
+
+# --- the unprivileged user ----------------------------------------------------
+# UID/GID are remapped at run time from NB_UID/NB_GID (entrypoint.sh).
+# Password '*' = no password can match, but the account is not locked.
+RUN groupadd -o -g 1000 tf \
+ && useradd -o -m -u 1000 -g tf -s /bin/bash tf \
+ && usermod -p '*' tf \
+ && install -d -o tf -g tf -m 755 /workspace \
+ && install -d -o tf -g tf -m 700 /home/tf/.ssh /home/tf/.jupyter \
+ && install -d -m 755 /etc/tfmp /etc/ssh/host_keys /etc/ssh/authorized_keys
+
+# --- Python packages ------------------------------------------------------------
+# Resolved against the constraints that keep TF 2.9 working; the same file is
+# exported as PIP_CONSTRAINT below for users' own `pip install`.
+# Build options: PIP_INDEX_URL / PIP_EXTRA_INDEX_URL / PIP_TRUSTED_HOST build-args
+# and an extra CA certificate as the BuildKit secret `pip_ca` (mounted only for
+# this RUN, never stored in a layer).
+ARG PIP_INDEX_URL=""
+ARG PIP_EXTRA_INDEX_URL=""
+ARG PIP_TRUSTED_HOST=""
+COPY docker/constraints.txt /etc/tfmp/constraints.txt
+COPY docker/requirements.txt docker/pip-install.sh /tmp/tfmp-build/
+RUN --mount=type=secret,id=pip_ca \
+    PIP_CONSTRAINT=/etc/tfmp/constraints.txt \
+      /tmp/tfmp-build/pip-install.sh -r /tmp/tfmp-build/requirements.txt \
+ && rm -rf /tmp/tfmp-build /root/.cache \
+ && python3 -c 'import tensorflow, numpy; assert numpy.__version__ < "2", numpy.__version__' \
+ # `python -m app` from every shell, kernel and job: /opt/tfmp/src on sys.path.
+ && python3 -c 'import site; print(site.getsitepackages()[0])' \
+      | xargs -I{} sh -c 'echo /opt/tfmp/src > {}/tfmp-app.pth'
+
+ENV PIP_CONSTRAINT=/etc/tfmp/constraints.txt \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1
+
+# --- configuration and start-up ---------------------------------------------------
+COPY docker/sshd_config /etc/ssh/sshd_config
+COPY docker/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
+COPY docker/profile-container-env.sh /etc/profile.d/zz-container-env.sh
+COPY docker/healthcheck.py /usr/local/bin/tfmp-healthcheck
+COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+
+# --- the project's own files, last: an app/ change rebuilds only these layers ----
+# Tests ship for `self-test` (tests/image and tests/benchmarks stay out: .dockerignore).
+COPY pyproject.toml /opt/tfmp/pyproject.toml
+COPY tests /opt/tfmp/tests
+COPY app /opt/tfmp/src/app
+
+ARG IMAGE_VERSION=dev
+ENV TFMP_IMAGE_VERSION=${IMAGE_VERSION}
+LABEL org.opencontainers.image.title="tfmp-train" \
+      org.opencontainers.image.description="TensorFlow 2.9 mixed-precision training: JupyterLab, SSH, batch jobs" \
+      org.opencontainers.image.version="${IMAGE_VERSION}"
+
+WORKDIR /workspace
+EXPOSE 8888 22
+VOLUME ["/etc/ssh/host_keys"]
+# Asks JupyterLab's /api/status (with the token) and sshd's banner.  A short
+# interval because Docker 20.10 has no --start-interval and "healthy" should
+# come within seconds of start.
+HEALTHCHECK --interval=5s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["python3", "/usr/local/bin/tfmp-healthcheck"]
+ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/entrypoint.sh"]
+CMD ["serve"]

@@ -1,0 +1,25 @@
+"""Jupyter Server settings for the training image (/etc/jupyter/).
+
+The token is read from the file entrypoint.sh writes (only the user can read
+it) instead of an environment variable or a command-line flag, so it shows up
+neither in `ps` nor in the environment of kernels and terminals.
+"""
+import os
+
+c = get_config()  # noqa: F821 (provided by Jupyter when it loads this file)
+
+c.ServerApp.ip = "0.0.0.0"
+c.ServerApp.port = 8888
+c.ServerApp.open_browser = False
+c.ServerApp.root_dir = "/workspace"
+c.ServerApp.allow_root = False
+c.ServerApp.allow_remote_access = True
+c.ServerApp.terminado_settings = {"shell_command": ["/bin/bash", "-l"]}
+# Never run without authentication, even if someone passes an empty token.
+c.IdentityProvider.token = ""
+_token_file = os.environ.get("TFMP_JUPYTER_TOKEN_PATH", "")
+if _token_file:
+    with open(_token_file, encoding="utf-8") as fh:
+        c.IdentityProvider.token = fh.read().strip()
+if not c.IdentityProvider.token:
+    raise SystemExit("jupyter_server_config: no token; start the server through entrypoint.sh")

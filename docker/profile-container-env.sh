@@ -1,0 +1,17 @@
+# shellcheck shell=sh
+# Installed as /etc/profile.d/zz-container-env.sh - sourced by login shells (SSH, Jupyter terminals).
+#
+# entrypoint.sh saves the container's environment (PATH, LD_LIBRARY_PATH,
+# CUDA/NVIDIA/TF variables, PIP_CONSTRAINT, variables passed with -e) at
+# start-up.  sshd already applies it to every session (~/.ssh/environment),
+# but Debian's /etc/profile resets PATH for login shells, so re-apply it here.
+# Lines are NAME=value, one per line, no quoting (sshd's format).
+if [ -r /etc/tfmp/container.env ]; then
+    while IFS= read -r _tfmp_line || [ -n "$_tfmp_line" ]; do
+        case "$_tfmp_line" in
+            '' | '#'*) continue ;;
+        esac
+        export "${_tfmp_line?}"
+    done </etc/tfmp/container.env
+    unset _tfmp_line
+fi

@@ -1,0 +1,372 @@
+#!/usr/bin/env bash
+# entrypoint.sh - start-up of the mixed-precision TensorFlow training image.
+#
+# Runs under tini (PID 1).  Starts as root only to prepare the container
+# (user IDs, SSH keys, token), then every user-facing process runs as the
+# unprivileged user `tf` (dropped with setpriv from util-linux); only sshd stays
+# root, because it must switch to the logging-in user itself.
+#
+# Usage (the container's command):
+#   (none) | serve      sshd + JupyterLab on 8888 (root dir /workspace); if either
+#                       dies the container exits non-zero
+#   self-test [ARGS]    the image's own pytest on the shipped tests (GPU tests run
+#                       when a GPU is visible); ARGS go to pytest
+#   anything else       run as user tf, exit status passed through
+#                       (e.g. `python -m app train ...`, `bash -lc '...'`)
+#
+# Environment:
+#   NB_UID, NB_GID       UID/GID for user tf (default 1000/1000).  Set them to
+#                        your host's `id -u` / `id -g` so files written to mounted
+#                        volumes are yours.  0 is refused.
+#   JUPYTER_TOKEN        JupyterLab token (URL-safe characters)
+#   JUPYTER_TOKEN_FILE   file holding the token (e.g. a Docker secret)
+#                        neither: a random token.  The token is written to
+#                        /home/tf/.jupyter/token (mode 600) and printed once as
+#                        a full URL.  An empty token is refused: never no auth.
+#   JUPYTER_HOST_PORT    host port shown in that URL (default 8888)
+#   PUBLIC_KEY           OpenSSH public key(s) allowed to log in as tf
+#   PUBLIC_KEY_FILE      file with public keys; a file mounted at
+#                        /home/tf/.ssh/authorized_keys is used too
+#   SSH_PASSWORD         enables password login for tf (off by default)
+#   SSH_PASSWORD_FILE    same, read from a file
+#   ENABLE_SSH           1 (default) or 0 to run JupyterLab only
+#   TFMP_QUIET           1: no start-up banner for batch commands
+set -euo pipefail
+
+readonly NB_USER=tf
+readonly USER_HOME=/home/tf
+readonly WORKSPACE=/workspace
+readonly TOKEN_FILE=$USER_HOME/.jupyter/token
+readonly STATE_DIR=/run/tfmp
+readonly ENV_FILE=/etc/tfmp/container.env
+readonly HOST_KEY_DIR=/etc/ssh/host_keys
+readonly KEYS_DIR=/etc/ssh/authorized_keys
+readonly TESTS_ROOT=/opt/tfmp
+
+log() { printf '%s [entrypoint] %-5s %s\n' "$(date -u +%H:%M:%S)" "$1" "$2" >&2; }
+info() { log INFO "$*"; }
+warn() { log WARN "$*"; }
+fatal() {
+  log FATAL "$*"
+  exit 64
+}
+
+is_root() { [[ $(id -u) -eq 0 ]]; }
+
+# --- checks of the environment ------------------------------------------------
+
+check_ids() {
+  NB_UID=${NB_UID:-1000}
+  NB_GID=${NB_GID:-1000}
+  [[ $NB_UID =~ ^[0-9]+$ ]] || fatal "NB_UID must be a number (your host's \`id -u\`). Received: NB_UID='$NB_UID'"
+  [[ $NB_GID =~ ^[0-9]+$ ]] || fatal "NB_GID must be a number (your host's \`id -g\`). Received: NB_GID='$NB_GID'"
+  [[ $NB_UID -ne 0 ]] || fatal "NB_UID=0 is refused: the user must not be root (use your host's \`id -u\`)"
+}
+
+read_secret_file() { # $1 = variable name holding a path
+  local var=$1 path=${!1}
+  [[ -f $path && -r $path ]] || fatal "$var='$path' is not a readable file"
+  tr -d '\r\n' <"$path"
+}
+
+# --- user ----------------------------------------------------------------------
+
+remap_user() {
+  local cur_uid cur_gid
+  cur_uid=$(id -u "$NB_USER")
+  cur_gid=$(id -g "$NB_USER")
+  if [[ $NB_GID != "$cur_gid" ]]; then
+    groupmod -o -g "$NB_GID" "$NB_USER"
+    info "group $NB_USER now has GID $NB_GID"
+  fi
+  if [[ $NB_UID != "$cur_uid" ]]; then
+    # usermod also re-owns the files in the home directory.
+    usermod -o -u "$NB_UID" "$NB_USER"
+    info "user $NB_USER now has UID $NB_UID"
+  fi
+  chown -R "$NB_UID:$NB_GID" "$USER_HOME" 2>/dev/null || true
+  # Only the top of the workspace, and only if the user could not write there
+  # (a fresh bind mount created by Docker as root, or a volume from another UID).
+  if ! setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups test -w "$WORKSPACE"; then
+    chown "$NB_UID:$NB_GID" "$WORKSPACE"
+    info "made $WORKSPACE writable for UID $NB_UID (top directory only)"
+  fi
+}
+
+# Variables that are start-up secrets or internal: never passed to user processes.
+readonly PRIVATE_VARS=(JUPYTER_TOKEN SSH_PASSWORD PUBLIC_KEY TFMP_JUPYTER_TOKEN_PATH)
+
+# USER_CMD: the prefix that runs a command as the unprivileged user with a
+# clean identity (setpriv from util-linux: no extra package, no setuid binary).
+USER_CMD=()
+build_user_cmd() {
+  local name
+  USER_CMD=()
+  if is_root; then
+    USER_CMD=(setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups)
+  fi
+  USER_CMD+=(env)
+  for name in "${PRIVATE_VARS[@]}"; do USER_CMD+=(-u "$name"); done
+  if is_root; then
+    USER_CMD+=(HOME="$USER_HOME" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash)
+  fi
+}
+
+# --- environment parity for SSH sessions ---------------------------------------
+
+save_environment() {
+  local tmp entry name value
+  mkdir -p "$(dirname "$ENV_FILE")"
+  tmp=$(mktemp "$ENV_FILE.XXXXXX")
+  while IFS= read -r -d '' entry; do
+    name=${entry%%=*}
+    value=${entry#*=}
+    case $name in
+      HOME | PWD | OLDPWD | SHLVL | _ | HOSTNAME | USER | LOGNAME | SHELL | MAIL | TERM) continue ;;
+    esac
+    case " ${PRIVATE_VARS[*]} " in *" $name "*) continue ;; esac
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
+    if [[ $value == *$'\n'* ]]; then
+      warn "not passing $name to SSH sessions: its value spans several lines"
+      continue
+    fi
+    printf '%s=%s\n' "$name" "$value" >>"$tmp"
+  done < <(env -0)
+  chown "root:$NB_GID" "$tmp"
+  chmod 0640 "$tmp"
+  mv -f "$tmp" "$ENV_FILE"
+  # sshd applies this file to every session (PermitUserEnvironment yes).
+  install -d -m 700 -o "$NB_UID" -g "$NB_GID" "$USER_HOME/.ssh"
+  install -m 600 -o "$NB_UID" -g "$NB_GID" "$ENV_FILE" "$USER_HOME/.ssh/environment"
+}
+
+# --- banner --------------------------------------------------------------------
+
+banner() {
+  local versions gpus shm_kb
+  versions=$(python3 - <<'PY' 2>/dev/null || true
+import platform
+from importlib import metadata
+
+def version(*names):
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return "not installed"
+
+print(f"Python {platform.python_version()}, "
+      f"TensorFlow {version('tensorflow', 'tensorflow-gpu', 'tensorflow-cpu')}, "
+      f"JupyterLab {version('jupyterlab')}, numpy {version('numpy')}")
+PY
+  )
+  info "== Mixed-precision TensorFlow training image ${TFMP_IMAGE_VERSION:-dev} =="
+  info "${versions:-versions unknown}; CUDA ${CUDA_VERSION:-n/a}, cuDNN ${CUDNN_VERSION:-n/a}"
+  gpus=""
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    gpus=$(timeout 10 nvidia-smi -L 2>/dev/null || true)
+  fi
+  if [[ -n $gpus ]]; then
+    while IFS= read -r line; do info "GPU: $line"; done <<<"$gpus"
+  else
+    warn "No GPU is visible: training will run on the CPU (and mixed_float16 would be slow there)." \
+      "For GPUs: NVIDIA Container Toolkit on the host, then \`docker run --gpus all\` or the compose file's GPU reservation."
+  fi
+  shm_kb=$(df -k --output=size /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ' || echo 0)
+  if [[ $shm_kb =~ ^[0-9]+$ ]] && ((shm_kb < 1048576)); then
+    warn "/dev/shm is only $((shm_kb / 1024)) MiB: data pipelines may fail; NVIDIA recommends" \
+      "--shm-size=1g --ulimit memlock=-1 --ulimit stack=67108864 (the compose file sets these)"
+  else
+    info "/dev/shm: $((shm_kb / 1024)) MiB"
+  fi
+}
+
+# --- JupyterLab token ------------------------------------------------------------
+
+setup_token() {
+  local token
+  if [[ -n ${JUPYTER_TOKEN_FILE:-} && -n ${JUPYTER_TOKEN:-} ]]; then
+    fatal "set JUPYTER_TOKEN or JUPYTER_TOKEN_FILE, not both"
+  fi
+  if [[ -n ${JUPYTER_TOKEN_FILE:-} ]]; then
+    token=$(read_secret_file JUPYTER_TOKEN_FILE)
+    [[ -n $token ]] || fatal "JUPYTER_TOKEN_FILE='$JUPYTER_TOKEN_FILE' is empty; an empty token would disable authentication"
+  elif [[ ${JUPYTER_TOKEN+set} == set ]]; then
+    token=$JUPYTER_TOKEN
+    [[ -n $token ]] || fatal "JUPYTER_TOKEN is set but empty; an empty token would disable authentication (unset it for a random one)"
+  else
+    token=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
+  fi
+  [[ $token =~ ^[A-Za-z0-9._~-]+$ ]] || fatal "the Jupyter token may contain only letters, digits and . _ ~ - (it goes into URLs)"
+  ((${#token} >= 8)) || warn "the Jupyter token is shorter than 8 characters"
+  install -d -m 700 -o "$NB_UID" -g "$NB_GID" "$(dirname "$TOKEN_FILE")"
+  (umask 077 && printf '%s\n' "$token" >"$TOKEN_FILE")
+  chown "$NB_UID:$NB_GID" "$TOKEN_FILE"
+  chmod 600 "$TOKEN_FILE"
+  JUPYTER_URL="http://127.0.0.1:${JUPYTER_HOST_PORT:-8888}/lab?token=$token"
+}
+
+# --- SSH -------------------------------------------------------------------------
+
+SSHD_OPTS=()
+
+validate_keys() { # $1 = file with authorized_keys lines, $2 = where they came from
+  local file=$1 origin=$2 line n=0 one
+  one=$(mktemp)
+  while IFS= read -r line || [[ -n $line ]]; do
+    n=$((n + 1))
+    line=${line%$'\r'}
+    [[ -z ${line//[[:space:]]/} || $line == '#'* ]] && continue
+    printf '%s\n' "$line" >"$one"
+    if ! ssh-keygen -l -f "$one" >/dev/null 2>&1; then
+      rm -f "$one"
+      fatal "$origin line $n is not an OpenSSH public key: '${line:0:40}...'"
+    fi
+  done <"$file"
+  rm -f "$one"
+}
+
+setup_ssh() {
+  local keys password="" type
+  install -d -m 755 "$KEYS_DIR"
+  keys=$(mktemp)
+  if [[ -n ${PUBLIC_KEY:-} ]]; then
+    printf '%s\n' "$PUBLIC_KEY" >>"$keys"
+    validate_keys "$keys" PUBLIC_KEY
+  fi
+  if [[ -n ${PUBLIC_KEY_FILE:-} ]]; then
+    [[ -f $PUBLIC_KEY_FILE && -r $PUBLIC_KEY_FILE ]] || fatal "PUBLIC_KEY_FILE='$PUBLIC_KEY_FILE' is not a readable file"
+    validate_keys "$PUBLIC_KEY_FILE" PUBLIC_KEY_FILE
+    cat "$PUBLIC_KEY_FILE" >>"$keys"
+    printf '\n' >>"$keys"
+  fi
+  if [[ -f $USER_HOME/.ssh/authorized_keys ]]; then
+    validate_keys "$USER_HOME/.ssh/authorized_keys" "$USER_HOME/.ssh/authorized_keys"
+  fi
+  # Root-owned copy, read by sshd whatever the ownership of mounted files.
+  chmod 644 "$keys"
+  mv -f "$keys" "$KEYS_DIR/$NB_USER"
+
+  if [[ -n ${SSH_PASSWORD_FILE:-} && -n ${SSH_PASSWORD:-} ]]; then
+    fatal "set SSH_PASSWORD or SSH_PASSWORD_FILE, not both"
+  fi
+  if [[ -n ${SSH_PASSWORD_FILE:-} ]]; then
+    password=$(read_secret_file SSH_PASSWORD_FILE)
+    [[ -n $password ]] || fatal "SSH_PASSWORD_FILE='$SSH_PASSWORD_FILE' is empty"
+  elif [[ ${SSH_PASSWORD+set} == set ]]; then
+    password=$SSH_PASSWORD
+    [[ -n $password ]] || fatal "SSH_PASSWORD is set but empty; unset it to keep password login off"
+  fi
+  if [[ -n $password ]]; then
+    printf '%s:%s\n' "$NB_USER" "$password" | chpasswd
+    SSHD_OPTS+=(-o PasswordAuthentication=yes)
+    info "SSH: password login enabled for $NB_USER (SSH_PASSWORD); keys are safer"
+  else
+    # '*': no password can match, but the account is not "locked" (which
+    # would make sshd refuse key logins too).
+    usermod -p '*' "$NB_USER"
+  fi
+  if [[ ! -s $KEYS_DIR/$NB_USER && ! -s $USER_HOME/.ssh/authorized_keys && -z $password ]]; then
+    warn "SSH: no PUBLIC_KEY, PUBLIC_KEY_FILE, authorized_keys or SSH_PASSWORD given: nobody can log in over SSH"
+  fi
+
+  # Host keys: generated once into the volume, reused on every later start.
+  install -d -m 755 "$HOST_KEY_DIR"
+  for type in ed25519 ecdsa rsa; do
+    if [[ ! -s $HOST_KEY_DIR/ssh_host_${type}_key ]]; then
+      rm -f "$HOST_KEY_DIR/ssh_host_${type}_key" "$HOST_KEY_DIR/ssh_host_${type}_key.pub"
+      ssh-keygen -q -N '' -t "$type" -f "$HOST_KEY_DIR/ssh_host_${type}_key"
+      info "SSH: generated the $type host key in $HOST_KEY_DIR"
+    fi
+    chmod 600 "$HOST_KEY_DIR/ssh_host_${type}_key"
+  done
+  info "SSH host key: $(ssh-keygen -l -f "$HOST_KEY_DIR/ssh_host_ed25519_key.pub" | awk '{print $2, $4}')"
+  install -d -m 755 /run/sshd
+  /usr/sbin/sshd -t "${SSHD_OPTS[@]}" || fatal "sshd refused its configuration (see above)"
+}
+
+# --- modes -----------------------------------------------------------------------
+
+serve() {
+  local ssh_enabled=${ENABLE_SSH:-1} sshd_pid="" jupyter_pid status first
+  [[ $ssh_enabled =~ ^[01]$ ]] || fatal "ENABLE_SSH must be 1 or 0. Received: ENABLE_SSH='$ssh_enabled'"
+  if ! is_root && [[ $ssh_enabled == 1 ]]; then
+    warn "started as a non-root user (--user): SSH needs root to switch users, so only JupyterLab runs"
+    ssh_enabled=0
+  fi
+  setup_token
+  [[ $ssh_enabled == 0 ]] || setup_ssh
+  mkdir -p "$STATE_DIR"
+
+  local stopping=0
+  trap 'stopping=1' TERM INT
+
+  if [[ $ssh_enabled == 1 ]]; then
+    /usr/sbin/sshd -D -e "${SSHD_OPTS[@]}" &
+    sshd_pid=$!
+  fi
+  "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" jupyter lab --no-browser &
+  jupyter_pid=$!
+
+  if [[ -n $sshd_pid ]]; then
+    printf '{"jupyter": {"token_file": "%s"}, "sshd": {"port": 22}}\n' "$TOKEN_FILE" >"$STATE_DIR/services"
+  else
+    printf '{"jupyter": {"token_file": "%s"}}\n' "$TOKEN_FILE" >"$STATE_DIR/services"
+  fi
+  info "==> JupyterLab: $JUPYTER_URL   (token also in $TOKEN_FILE)"
+  [[ -z $sshd_pid ]] || info "==> SSH: ssh -p ${SSH_HOST_PORT:-2222} $NB_USER@127.0.0.1"
+
+  status=0
+  wait -n || status=$?
+  if [[ $stopping == 1 ]]; then
+    info "stopping (signal received)"
+    kill -TERM ${sshd_pid:+"$sshd_pid"} "$jupyter_pid" 2>/dev/null || true
+    wait || true
+    exit 0
+  fi
+  first=JupyterLab
+  if [[ -n $sshd_pid ]] && ! kill -0 "$sshd_pid" 2>/dev/null; then first=sshd; fi
+  log ERROR "$first exited (status $status): stopping the container so its restart policy can act"
+  kill -TERM ${sshd_pid:+"$sshd_pid"} "$jupyter_pid" 2>/dev/null || true
+  wait || true
+  exit $((status == 0 ? 1 : status))
+}
+
+self_test() {
+  info "self-test: the image's pytest on $TESTS_ROOT/tests (GPU tests run only where a GPU is visible)"
+  cd "$TESTS_ROOT"
+  exec "${USER_CMD[@]}" PYTHONDONTWRITEBYTECODE=1 \
+    python3 -m pytest -p no:cacheprovider -q tests/unit tests/gpu "$@"
+}
+
+main() {
+  local mode=${1:-serve}
+  if is_root; then
+    check_ids
+    remap_user
+  else
+    NB_UID=$(id -u)
+    NB_GID=$(id -g)
+  fi
+  build_user_cmd
+  case $mode in
+    serve)
+      [[ $# -le 1 ]] || fatal "serve takes no arguments. Received: ${*:2}"
+      if is_root; then save_environment; fi
+      banner
+      serve
+      ;;
+    self-test)
+      shift
+      banner
+      self_test "$@"
+      ;;
+    *)
+      [[ ${TFMP_QUIET:-0} == 1 ]] || banner
+      exec "${USER_CMD[@]}" "$@"
+      ;;
+  esac
+}
+
+main "$@"
