@@ -1,0 +1,64 @@
+"""Checkpoints (model, optimizer with its loss-scale state, epoch counter) and the final model."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import tensorflow as tf
+
+from app.errors import UsageError
+from app.loss_scale import IS_KERAS3
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class Checkpointer:
+    def __init__(self, output: str, model, optimizer):
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
+        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch)
+        self.manager = tf.train.CheckpointManager(self.ckpt, os.path.join(output, CHECKPOINT_DIR),
+                                                  max_to_keep=3)
+
+    def save(self, completed_epochs: int) -> str:
+        self.epoch.assign(completed_epochs)
+        return self.manager.save()
+
+    def restore_latest(self) -> int:
+        """Restore the newest checkpoint; return the number of completed epochs."""
+        path = self.manager.latest_checkpoint
+        if not path:
+            raise UsageError(f"--resume found no checkpoint in {self.manager.directory!r}",
+                             "--resume with the --output of a run that saved a checkpoint")
+        try:
+            status = self.ckpt.restore(path)
+            status.assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as exc:
+            first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"checkpoint {path!r} does not match this model/optimizer ({first})",
+                             "the same --model, --dataset and --precision as the run being resumed")\
+                from None
+        return int(self.epoch.numpy())
+
+
+def has_checkpoint(output: str) -> bool:
+    return tf.train.latest_checkpoint(os.path.join(output, CHECKPOINT_DIR)) is not None
+
+
+def save_final_model(model, output: str) -> str:
+    """Save in the running Keras' native format: ``model.keras`` on Keras 3, a SavedModel
+    folder ``model/`` on Keras 2.  Written under a temporary name, then renamed."""
+    if IS_KERAS3:
+        final = os.path.join(output, "model.keras")
+        tmp = os.path.join(output, ".model.tmp.keras")
+        model.save(tmp)
+        os.replace(tmp, final)
+        return final
+    final = os.path.join(output, "model")
+    tmp = os.path.join(output, ".model.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    # The optimizer is in the checkpoints; the final model is for inference.
+    model.save(tmp, include_optimizer=False)
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final

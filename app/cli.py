@@ -1,0 +1,47 @@
+"""``python -m app``: registers the subcommands and turns bad input into exit status 2."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Sequence
+
+from app.commands import COMMANDS
+from app.errors import UsageError
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints the whole usage block on a bad flag; we print one line, exit 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        sys.stderr.write(f"error: {message}; see: {self.prog} --help\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="python -m app",
+                            description="Mixed-precision TensorFlow training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
+    sub.required = True
+    for name in COMMANDS:
+        module = importlib.import_module(f"app.commands.{name}")
+        sp = module.add_parser(sub)
+        sp.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Quiet TensorFlow's C++ start-up chatter unless the user asked for it; must be set
+    # before TensorFlow is imported (the commands import it lazily).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args))
+    except UsageError as exc:
+        sys.stderr.write(exc.line() + "\n")
+        return EXIT_USAGE

@@ -1,0 +1,74 @@
+"""``python -m app train``: one training job (flag > TFMP_* environment variable > default)."""
+from __future__ import annotations
+
+import argparse
+
+from app.config import DATASETS, LOOPS, MODELS, PRECISIONS, TrainConfig
+
+EXIT_DIVERGED = 3
+EXIT_SIGTERM = 143  # 128 + SIGTERM, what a shell reports for a job killed by `docker stop`
+EXIT_SIGINT = 130
+
+
+def add_parser(subparsers):
+    d = TrainConfig()
+    p = subparsers.add_parser(
+        "train", help="train a model with mixed precision",
+        description="Train a model. Every flag can also be set with an environment variable "
+                    "TFMP_<FLAG> (e.g. TFMP_EPOCHS=3); a flag wins over the variable.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, argument_default=None)
+    what = p.add_argument_group("what to train")
+    what.add_argument("--model", help=f"one of {', '.join(MODELS)} (default {d.model})")
+    what.add_argument("--dataset", help=f"one of {', '.join(DATASETS)} (default {d.dataset})")
+    what.add_argument("--image-dir", help="for --dataset images: folder with one subfolder per class")
+    what.add_argument("--image-size", type=int, help="images are resized to this square size (32)")
+    how = p.add_argument_group("how to train")
+    how.add_argument("--precision", help=f"one of {', '.join(PRECISIONS)} (default {d.precision})")
+    how.add_argument("--loop", help=f"one of {', '.join(LOOPS)} (default {d.loop})")
+    how.add_argument("--epochs", type=int, help=f"number of epochs (default {d.epochs})")
+    how.add_argument("--batch-size", type=int, help=f"batch size (default {d.batch_size})")
+    how.add_argument("--learning-rate", type=float, help=f"Adam learning rate ({d.learning_rate})")
+    how.add_argument("--seed", type=int, help=f"random seed (default {d.seed})")
+    how.add_argument("--max-train-samples", type=int, help="use at most this many training samples")
+    how.add_argument("--max-val-samples", type=int, help="use at most this many validation samples")
+    how.add_argument("--initial-loss-scale", type=float,
+                     help=f"first loss scale for mixed_float16 (default {d.initial_loss_scale:g})")
+    how.add_argument("--max-skipped-steps", type=int,
+                     help="stop when this many steps in a row have non-finite gradients "
+                          f"(default {d.max_skipped_steps})")
+    where = p.add_argument_group("where")
+    where.add_argument("--workspace", help="base folder (default $TFMP_WORKSPACE or ./workspace)")
+    where.add_argument("--data-dir", help="dataset files (default <workspace>/data)")
+    where.add_argument("--output", help="run folder (default <workspace>/runs/<UTC>-<model>-<policy>)")
+    where.add_argument("--offline", action="store_true", default=None,
+                       help="never download; fail if the dataset files are missing")
+    where.add_argument("--resume", action="store_true", default=None,
+                       help="continue the run in --output from its last checkpoint")
+    where.add_argument("--no-save-model", dest="save_model", action="store_false", default=None,
+                       help="do not save the final model")
+    out = p.add_argument_group("output")
+    out.add_argument("--log-every", type=int,
+                     help=f"log loss, gradient norm and loss scale every N steps ({d.log_every})")
+    out.add_argument("--progress", dest="verbose", choices=["auto", "bar", "lines"],
+                     help="progress bar, plain lines, or auto (bar on a terminal)")
+    return p
+
+
+def run(args) -> int:
+    from app.config import resolve_config
+
+    flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
+    cfg = resolve_config(flags)  # UsageError -> exit 2 (before TensorFlow is even imported)
+
+    from app.training import train
+
+    metrics = train(cfg)
+    status = metrics["status"]
+    if status == "completed":
+        last = metrics["epochs"][-1] if metrics["epochs"] else {}
+        print(f"done: {len(metrics['epochs'])} epoch(s), val_accuracy="
+              f"{last.get('val_accuracy')}, outputs in {cfg.output}")
+        return 0
+    if status == "interrupted":
+        return EXIT_SIGINT if metrics.get("signal") == 2 else EXIT_SIGTERM
+    return EXIT_DIVERGED

@@ -1,0 +1,161 @@
+"""Training configuration: flag, then TFMP_* environment variable, then default.
+
+``TrainConfig`` is what ``app.training.train`` takes; the CLI builds it with
+``resolve_config``.  Validation happens here, before anything is written to disk.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from app.errors import UsageError
+
+MODELS = ("mlp", "cnn", "resnet")
+DATASETS = ("mnist", "fashion_mnist", "cifar10", "synthetic", "images")
+LOOPS = ("fit", "custom")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
+ENV_PREFIX = "TFMP_"
+
+
+@dataclass
+class TrainConfig:
+    model: str = "mlp"
+    dataset: str = "mnist"
+    precision: str = "auto"
+    loop: str = "fit"
+    epochs: int = 5
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    workspace: str = "workspace"
+    data_dir: str | None = None       # default: <workspace>/data
+    image_dir: str | None = None      # for dataset=images: folder of class subfolders
+    output: str | None = None         # default: <workspace>/runs/<UTC>-<model>-<policy>
+    log_every: int = 100
+    max_train_samples: int | None = None
+    max_val_samples: int | None = None
+    seed: int = 0
+    resume: bool = False
+    max_skipped_steps: int = 20       # consecutive skipped steps before giving up
+    initial_loss_scale: float = 2.0 ** 15
+    offline: bool = False
+    save_model: bool = True
+    image_size: int = 32
+    verbose: str = "auto"             # auto: progress bar on a TTY, plain lines otherwise
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# flag name -> (env var, parser)
+def _int(v: str) -> int:
+    return int(v)
+
+
+def _float(v: str) -> float:
+    return float(v)
+
+
+def _bool(v: str) -> bool:
+    low = v.strip().lower()
+    if low in {"1", "true", "yes", "on"}:
+        return True
+    if low in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(v)
+
+
+ENV_FIELDS: dict[str, Callable[[str], Any]] = {
+    "model": str, "dataset": str, "precision": str, "loop": str,
+    "epochs": _int, "batch_size": _int, "learning_rate": _float,
+    "workspace": str, "data_dir": str, "output": str, "log_every": _int,
+    "max_train_samples": _int, "max_val_samples": _int, "seed": _int,
+    "offline": _bool, "image_dir": str,
+}
+_ALLOWED_TEXT = {_int: "an integer", _float: "a number", _bool: "1/0/true/false", str: "text"}
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None,
+                   now: datetime | None = None) -> TrainConfig:
+    """Build a validated TrainConfig.  ``flags`` holds only what was given on the command
+    line (None = not given)."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name in TrainConfig.__dataclass_fields__:
+        if flags.get(name) is not None:
+            values[name] = flags[name]
+            continue
+        if name in ENV_FIELDS and environ.get(env_name(name), "") != "":
+            raw = environ[env_name(name)]
+            parse = ENV_FIELDS[name]
+            try:
+                values[name] = parse(raw)
+            except ValueError:
+                raise UsageError(f"environment variable {env_name(name)}={raw!r} is not valid",
+                                 _ALLOWED_TEXT[parse]) from None
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    if cfg.data_dir is None:
+        cfg.data_dir = os.path.join(cfg.workspace, "data")
+    return cfg
+
+
+def default_output(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    return os.path.join(cfg.workspace, "runs", f"{stamp}-{cfg.model}-{policy}")
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise UsageError(f"{name} must be one of {', '.join(allowed)}. Received: {name}={value!r}",
+                         ", ".join(allowed))
+
+
+def validate(cfg: TrainConfig) -> None:
+    _one_of("precision", cfg.precision, PRECISIONS)
+    _one_of("model", cfg.model, MODELS)
+    _one_of("dataset", cfg.dataset, DATASETS)
+    _one_of("loop", cfg.loop, LOOPS)
+    for name in ("epochs", "batch_size", "log_every", "max_skipped_steps"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or v < 1:
+            raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
+                             "an integer >= 1")
+    for name in ("max_train_samples", "max_val_samples"):
+        v = getattr(cfg, name)
+        if v is not None and v < 1:
+            raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
+                             "an integer >= 1, or leave it unset for all samples")
+    if not cfg.learning_rate > 0:
+        raise UsageError(f"learning_rate must be positive. Received: learning_rate={cfg.learning_rate!r}",
+                         "a number > 0")
+    if cfg.dataset == "images" and not cfg.image_dir:
+        raise UsageError("dataset 'images' needs --image-dir",
+                         "a folder with one subfolder of images per class")
+    if cfg.model in ("mlp", "cnn") and cfg.dataset in ("cifar10", "images"):
+        raise UsageError(f"model {cfg.model!r} expects 28x28x1 images, dataset {cfg.dataset!r} has "
+                         "colour images", "resnet with cifar10/images")
+    if cfg.model == "resnet" and cfg.dataset in ("mnist", "fashion_mnist"):
+        raise UsageError(f"model 'resnet' expects 32x32x3 images, dataset {cfg.dataset!r} has "
+                         "28x28x1", "mlp or cnn with mnist/fashion_mnist")
+
+
+def check_output_writable(path: str) -> None:
+    """Fail early, without creating anything, if ``path`` cannot be made and written."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise UsageError(f"output directory {path!r} cannot be created: {probe!r} is not a directory",
+                         "a writable directory path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"output directory {path!r} is not writable ({probe!r} denies writing)",
+                         "a writable directory path")

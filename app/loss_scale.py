@@ -1,0 +1,154 @@
+"""The one compatibility seam between Keras 2 (TF 2.9-2.15) and Keras 3 (TF 2.16+) for loss scaling.
+
+Keras 2: ``tf.keras.mixed_precision.LossScaleOptimizer`` with ``get_scaled_loss`` /
+``get_unscaled_gradients``; ``apply_gradients`` takes *unscaled* gradients, skips the step
+and halves the scale when they are not finite; the scale is ``opt.loss_scale``.
+
+Keras 3: ``keras.optimizers.LossScaleOptimizer`` with ``scale_loss``; ``apply`` takes the
+*scaled* gradients and unscales them itself, skipping non-finite steps; the scale is
+``opt.dynamic_scale``.
+
+Nothing outside this module asks which Keras is running.  Skipped steps are counted by us
+(``count_nonfinite``), because neither optimizer exposes a counter.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+KERAS_MAJOR = int(str(getattr(tf.keras, "__version__", "2")).split(".")[0])
+IS_KERAS3 = KERAS_MAJOR >= 3
+
+DEFAULT_INITIAL_SCALE = 2.0 ** 15
+DEFAULT_GROWTH_STEPS = 2000
+
+
+def needs_loss_scaling(policy: str) -> bool:
+    """Only float16 needs it: bfloat16 has float32's exponent range, float32 needs nothing."""
+    return policy == "mixed_float16"
+
+
+def _lso_class():
+    if IS_KERAS3:
+        return tf.keras.optimizers.LossScaleOptimizer
+    return tf.keras.mixed_precision.LossScaleOptimizer
+
+
+def is_loss_scaled(opt) -> bool:
+    return isinstance(opt, _lso_class())
+
+
+def wrap_optimizer(opt, policy: str, initial_scale: float = DEFAULT_INITIAL_SCALE,
+                   growth_steps: int = DEFAULT_GROWTH_STEPS):
+    """Wrap ``opt`` in a dynamic LossScaleOptimizer when ``policy`` is mixed_float16."""
+    if not needs_loss_scaling(policy):
+        return opt
+    cls = _lso_class()
+    if IS_KERAS3:
+        return cls(opt, initial_scale=initial_scale, dynamic_growth_steps=growth_steps)
+    return cls(opt, dynamic=True, initial_scale=initial_scale, dynamic_growth_steps=growth_steps)
+
+
+def build_optimizer(opt, variables) -> None:
+    """Create optimizer (and loss-scale) variables now, so a checkpoint can restore into them
+    and a tf.function does not create variables while tracing.  Keras 2 restores slots
+    lazily and creates them on first apply, so it needs nothing here."""
+    if IS_KERAS3 and not opt.built:
+        opt.build(variables)
+
+
+def scale_loss(opt, loss):
+    if not is_loss_scaled(opt):
+        return loss
+    if IS_KERAS3:
+        return opt.scale_loss(loss)
+    return opt.get_scaled_loss(loss)
+
+
+def current_loss_scale(opt):
+    """The loss scale as a float32 tensor (1.0 without loss scaling)."""
+    if not is_loss_scaled(opt):
+        return tf.constant(1.0, tf.float32)
+    if IS_KERAS3:
+        return tf.cast(tf.convert_to_tensor(opt.dynamic_scale), tf.float32)
+    return tf.cast(opt.loss_scale, tf.float32)
+
+
+def all_finite(grads) -> tf.Tensor:
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None])
+
+
+def unscale_and_apply(opt, scaled_grads, variables):
+    """Apply gradients of the *scaled* loss.  Returns (unscaled_grads, finite) as tensors.
+
+    With a LossScaleOptimizer a non-finite step is skipped and the scale lowered by the
+    optimizer itself; ``finite`` tells the caller to count it.
+    """
+    scaled_grads = list(scaled_grads)
+    if not is_loss_scaled(opt):
+        opt.apply_gradients(zip(scaled_grads, variables))
+        return scaled_grads, all_finite(scaled_grads)
+    if IS_KERAS3:
+        scale = current_loss_scale(opt)
+        unscaled = [g / tf.cast(scale, g.dtype) for g in scaled_grads]
+        finite = all_finite(unscaled)
+        opt.apply(scaled_grads, variables)  # unscales inside; skips if non-finite
+        return unscaled, finite
+    unscaled = opt.get_unscaled_gradients(scaled_grads)
+    finite = all_finite(unscaled)
+    opt.apply_gradients(zip(unscaled, variables))  # skips and lowers the scale if non-finite
+    return unscaled, finite
+
+
+def global_norm(grads) -> tf.Tensor:
+    grads = [tf.cast(g, tf.float32) for g in grads if g is not None]
+    return tf.linalg.global_norm(grads)
+
+
+class StepProbe:
+    """Watches the gradients that ``Model.fit`` hands the optimizer.
+
+    ``fit`` computes gradients inside Keras' own train step, out of our reach; the probe
+    wraps the optimizer's apply method on this one instance, and records the global norm
+    of the unscaled gradients and whether they were finite, in variables a callback reads.
+    The cost is one norm per step (a reduction over the parameters).
+    """
+
+    def __init__(self, opt):
+        self.opt = opt
+        self.grad_norm = tf.Variable(0.0, trainable=False, dtype=tf.float32, name="probe_grad_norm")
+        self.nonfinite_steps = tf.Variable(0, trainable=False, dtype=tf.int64,
+                                           name="probe_nonfinite_steps")
+        self._attach()
+
+    def _record(self, grads, scaled: bool):
+        grads = [g for g in grads if g is not None]
+        norm = global_norm(grads)
+        if scaled:
+            norm = norm / current_loss_scale(self.opt)
+        self.grad_norm.assign(norm)
+        finite = tf.math.is_finite(norm)
+        self.nonfinite_steps.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+
+    def _attach(self):
+        opt = self.opt
+        if IS_KERAS3:
+            # Keras 3's train step calls optimizer.apply(grads, vars); LSO receives scaled grads.
+            original = opt.apply
+            scaled = is_loss_scaled(opt)
+
+            def apply(grads, trainable_variables=None):
+                grads = list(grads)
+                self._record(grads, scaled)
+                return original(grads, trainable_variables)
+
+            object.__setattr__(opt, "apply", apply)
+        else:
+            # Keras 2's minimize calls apply_gradients with unscaled grads (LSO unscales first).
+            original = opt.apply_gradients
+
+            def apply_gradients(grads_and_vars, *args, **kwargs):
+                grads_and_vars = list(grads_and_vars)
+                self._record([g for g, _ in grads_and_vars], False)
+                return original(grads_and_vars, *args, **kwargs)
+
+            object.__setattr__(opt, "apply_gradients", apply_gradients)

@@ -1,0 +1,422 @@
+"""Training: ``train(config)`` runs a whole job and returns the metrics dict.
+
+Order of work (nothing is written before every input has been checked):
+  1. validate the config, resolve the precision, load the data, check the output folder
+     and, with --resume, the checkpoint;
+  2. inside ``get_strategy().scope()``: set the policy, build the model and the optimizer
+     (wrapped in a LossScaleOptimizer for mixed_float16);
+  3. run ``--loop fit`` (Keras fit) or ``--loop custom`` (GradientTape step), saving a
+     checkpoint and metrics.json after every epoch;
+  4. save the final model.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from app import checkpointing, data as data_mod, envreport, hardware as hw_mod, loss_scale, models
+from app import precision as prec
+from app.config import TrainConfig, check_output_writable, default_output, validate
+from app.errors import TrainingDiverged, TrainingInterrupted, UsageError
+from app.reporting import peak_memory, write_json_atomic
+
+StepCallback = Callable[[dict], None]
+
+
+def _tensorboard_available() -> bool:
+    # tf.summary needs the tensorboard package (in the TF 2.9 image; not a dependency of
+    # every recent TF wheel).  Without it the run still works, just without event files.
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _Summaries:
+    def __init__(self, logdir: str):
+        self.writer = tf.summary.create_file_writer(logdir) if _tensorboard_available() else None
+
+    def scalars(self, step: int, values: dict):
+        if self.writer is None:
+            return
+        with self.writer.as_default(step=step):
+            for k, v in values.items():
+                if v is not None:
+                    tf.summary.scalar(k, v)
+
+    def flush(self):
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+
+DIAGNOSIS = (
+    "the loss or the gradients became non-finite and loss scaling could not recover. "
+    "Try, in order: lower --learning-rate (e.g. by 10x); check the data for NaN/inf or "
+    "unnormalised inputs (inputs should be float32 in [0, 1]); keep BatchNormalization, "
+    "softmax and the loss in float32 (the built-in models do); if it only happens with "
+    "mixed_float16, compare with --precision float32 or mixed_bfloat16."
+)
+
+
+def get_strategy() -> tf.distribute.Strategy:
+    """The distribution strategy.  Only the default (one device) for now; a --strategy
+    flag (Mirrored/MultiWorker) plugs in here."""
+    return tf.distribute.get_strategy()
+
+
+# ---- interruption ---------------------------------------------------------------------------
+
+class _StopFlag:
+    """SIGTERM/SIGINT set a flag; the loops check it after every step."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def __call__(self, signum, frame):
+        if self.signum is None:
+            print(f"\nreceived signal {signum}: saving a checkpoint and stopping after this step",
+                  file=sys.stderr, flush=True)
+        self.signum = signum
+
+    def check(self):
+        if self.signum is not None:
+            raise TrainingInterrupted(self.signum)
+
+
+@contextlib.contextmanager
+def _signal_handlers(flag: _StopFlag):
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# ---- step monitoring (both loops) -----------------------------------------------------------
+
+class _Monitor:
+    """Per-step bookkeeping shared by both loops: skipped steps, divergence, step logs."""
+
+    def __init__(self, cfg: TrainConfig, loss_scaled: bool, writer, on_step: StepCallback | None,
+                 opt, stop: _StopFlag, plain: bool):
+        self.cfg, self.loss_scaled, self.writer = cfg, loss_scaled, writer
+        self.on_step, self.opt, self.stop, self.plain = on_step, opt, stop, plain
+        self.global_step = 0
+        self.skipped_total = 0
+        self.skipped_epoch = 0
+        self.consecutive = 0
+        self.step_log: list[dict] = []
+
+    def after_step(self, epoch: int, finite: bool, loss_fn, grad_norm_fn):
+        self.global_step += 1
+        if not finite:
+            self.skipped_total += 1
+            self.skipped_epoch += 1
+            self.consecutive += 1
+            if not self.loss_scaled:
+                raise TrainingDiverged(f"step {self.global_step} (epoch {epoch + 1}): non-finite "
+                                       f"gradients under {prec.global_policy_name()}, which has no "
+                                       "loss scaling to recover with")
+            if self.consecutive > self.cfg.max_skipped_steps:
+                raise TrainingDiverged(
+                    f"step {self.global_step} (epoch {epoch + 1}): {self.consecutive} steps in a "
+                    f"row had non-finite gradients (loss scale now "
+                    f"{float(loss_scale.current_loss_scale(self.opt)):g})")
+        else:
+            self.consecutive = 0
+        if self.global_step % self.cfg.log_every == 0:
+            record = {
+                "step": self.global_step, "epoch": epoch + 1,
+                "loss": float(loss_fn()), "grad_norm": float(grad_norm_fn()),
+                "loss_scale": float(loss_scale.current_loss_scale(self.opt)),
+                "skipped_steps": self.skipped_total,
+            }
+            self.step_log.append(record)
+            self.writer.scalars(self.global_step, {f"step/{k}": record[k]
+                                                   for k in ("loss", "grad_norm", "loss_scale")})
+            if self.plain:
+                print(f"step {record['step']}: loss={record['loss']:.4f} "
+                      f"grad_norm={record['grad_norm']:.4g} loss_scale={record['loss_scale']:g} "
+                      f"skipped={record['skipped_steps']}", flush=True)
+            if self.on_step:
+                self.on_step(record)
+        self.stop.check()
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+class _Run:
+    def __init__(self, cfg: TrainConfig, decision, bundle, output: str, on_step, env: dict):
+        self.cfg, self.decision, self.bundle, self.output = cfg, decision, bundle, output
+        self.on_step, self.env = on_step, env
+        self.plain = (cfg.verbose == "lines") or (cfg.verbose == "auto" and not sys.stdout.isatty())
+        self.metrics = {
+            "schema_version": 1,
+            "status": "running",
+            "config": cfg.to_dict(),
+            "precision": decision.to_dict(),
+            "environment": env,
+            "data": {"train_samples": bundle.train_samples, "val_samples": bundle.val_samples,
+                     "input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes},
+            "epochs": [],
+            "steps": [],
+            "peak_memory": None,
+            "model_path": None,
+            "diagnosis": None,
+            "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "finished_utc": None,
+        }
+
+    # metrics.json ----------------------------------------------------------------------------
+    def write_metrics(self):
+        self.metrics["peak_memory"] = peak_memory()
+        self.metrics["steps"] = self.monitor.step_log[-1000:]
+        write_json_atomic(os.path.join(self.output, "metrics.json"), self.metrics)
+
+    def record_epoch(self, epoch: int, logs: dict, epoch_seconds: float, train_seconds: float):
+        row = {
+            "epoch": epoch + 1,
+            "loss": _f(logs.get("loss")), "accuracy": _f(logs.get("accuracy")),
+            "val_loss": _f(logs.get("val_loss")), "val_accuracy": _f(logs.get("val_accuracy")),
+            "epoch_seconds": round(epoch_seconds, 4), "train_seconds": round(train_seconds, 4),
+            "samples_per_second": round(self.bundle.train_samples / max(train_seconds, 1e-9), 2),
+            "loss_scale": float(loss_scale.current_loss_scale(self.opt)),
+            "skipped_steps": self.monitor.skipped_epoch,
+        }
+        self.metrics["epochs"].append(row)
+        self.monitor.skipped_epoch = 0
+        self.writer.scalars(epoch + 1, {f"epoch/{k}": row[k] for k in (
+            "loss", "accuracy", "val_loss", "val_accuracy", "samples_per_second", "loss_scale")})
+        self.writer.flush()
+        self.ckpt.save(epoch + 1)
+        self.write_metrics()
+        if self.plain:
+            print(f"epoch {row['epoch']}/{self.cfg.epochs}: loss={row['loss']:.4f} "
+                  f"accuracy={row['accuracy']:.4f} val_loss={row['val_loss']:.4f} "
+                  f"val_accuracy={row['val_accuracy']:.4f} {row['samples_per_second']:.0f} samples/s "
+                  f"loss_scale={row['loss_scale']:g} skipped={row['skipped_steps']}", flush=True)
+
+    # set-up ----------------------------------------------------------------------------------
+    def build(self, stop: _StopFlag):
+        cfg = self.cfg
+        tf.keras.utils.set_random_seed(cfg.seed)
+        prec.apply_policy(self.decision.policy)
+        self.strategy = get_strategy()
+        with self.strategy.scope():
+            self.model = models.build_model(cfg.model, self.bundle.input_shape,
+                                            self.bundle.num_classes)
+            opt = tf.keras.optimizers.Adam(learning_rate=cfg.learning_rate)
+            self.opt = loss_scale.wrap_optimizer(opt, self.decision.policy,
+                                                 initial_scale=cfg.initial_loss_scale)
+            loss_scale.build_optimizer(self.opt, self.model.trainable_variables)
+        self.loss_scaled = loss_scale.is_loss_scaled(self.opt)
+        self.ckpt = checkpointing.Checkpointer(self.output, self.model, self.opt)
+        self.writer = _Summaries(os.path.join(self.output, "tensorboard"))
+        self.metrics["tensorboard"] = (os.path.join(self.output, "tensorboard")
+                                       if self.writer.writer is not None else None)
+        self.monitor = _Monitor(cfg, self.loss_scaled, self.writer, self.on_step, self.opt, stop,
+                                self.plain)
+
+    # loops -----------------------------------------------------------------------------------
+    def run_fit(self, start_epoch: int):
+        run = self
+        probe = loss_scale.StepProbe(self.opt)
+        self.model.compile(optimizer=self.opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(),
+                           metrics=["accuracy"])
+
+        class _Callback(tf.keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                self.t0 = time.perf_counter()
+                self.t_train = None
+                self.epoch = epoch
+                self.last_bad = int(probe.nonfinite_steps.numpy())
+
+            def on_test_begin(self, logs=None):
+                if self.t_train is None:
+                    self.t_train = time.perf_counter() - self.t0
+
+            def on_train_batch_end(self, batch, logs=None):
+                bad = int(probe.nonfinite_steps.numpy())
+                finite = bad == self.last_bad
+                self.last_bad = bad
+                logs = logs or {}
+                run.monitor.after_step(self.epoch, finite, lambda: logs.get("loss", np.nan),
+                                       lambda: probe.grad_norm.numpy())
+
+            def on_epoch_end(self, epoch, logs=None):
+                total = time.perf_counter() - self.t0
+                run.record_epoch(epoch, logs or {}, total, self.t_train or total)
+
+        self.model.fit(self.bundle.train, validation_data=self.bundle.val, epochs=self.cfg.epochs,
+                       initial_epoch=start_epoch, verbose=0 if self.plain else 1, shuffle=False,
+                       callbacks=[_Callback()])
+
+    def run_custom(self, start_epoch: int):
+        model, opt, strategy = self.model, self.opt, self.strategy
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
+        with strategy.scope():
+            train_loss = tf.keras.metrics.Mean()
+            train_acc = tf.keras.metrics.SparseCategoricalAccuracy()
+            val_loss = tf.keras.metrics.Mean()
+            val_acc = tf.keras.metrics.SparseCategoricalAccuracy()
+
+        def step_fn(x, y):
+            with tf.GradientTape() as tape:
+                probs = model(x, training=True)          # float32: the output layer is float32
+                loss = loss_fn(y, probs)                 # float32 loss
+                scaled = loss_scale.scale_loss(opt, loss)
+            grads = tape.gradient(scaled, model.trainable_variables)
+            unscaled, finite = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
+            train_loss.update_state(loss)
+            train_acc.update_state(y, probs)
+            return loss, loss_scale.global_norm(unscaled), finite
+
+        @tf.function
+        def train_step(x, y):
+            # strategy.run keeps this ready for a multi-replica strategy (then the loss must be
+            # averaged with tf.nn.compute_average_loss and the outputs reduced).
+            return strategy.run(step_fn, args=(x, y))
+
+        @tf.function
+        def eval_step(x, y):
+            probs = model(x, training=False)
+            val_loss.update_state(loss_fn(y, probs))
+            val_acc.update_state(y, probs)
+
+        for epoch in range(start_epoch, self.cfg.epochs):
+            for m in (train_loss, train_acc, val_loss, val_acc):
+                m.reset_state() if hasattr(m, "reset_state") else m.reset_states()
+            bar = None if self.plain else tf.keras.utils.Progbar(
+                None, stateful_metrics=["loss", "accuracy"])
+            t0 = time.perf_counter()
+            for x, y in self.bundle.train:
+                loss, gnorm, finite = train_step(x, y)
+                self.monitor.after_step(epoch, bool(finite.numpy()), lambda: loss, lambda: gnorm)
+                if bar is not None:
+                    bar.add(1, [("loss", float(train_loss.result())),
+                                ("accuracy", float(train_acc.result()))])
+            t_train = time.perf_counter() - t0
+            for x, y in self.bundle.val:
+                eval_step(x, y)
+            logs = {"loss": train_loss.result(), "accuracy": train_acc.result(),
+                    "val_loss": val_loss.result(), "val_accuracy": val_acc.result()}
+            if bar is not None:
+                print(f"epoch {epoch + 1}/{self.cfg.epochs}: " + " ".join(
+                    f"{k}={float(v):.4f}" for k, v in logs.items()), flush=True)
+            self.record_epoch(epoch, logs, time.perf_counter() - t0, t_train)
+
+
+def _f(v):
+    if v is None:
+        return None
+    v = float(np.asarray(v))
+    return v if np.isfinite(v) else None  # JSON has no NaN/inf
+
+
+# ---- public API -------------------------------------------------------------------------------
+
+def prepare(cfg: TrainConfig, hardware=None, output_explicit: bool | None = None):
+    """Check everything and load the data; writes nothing.  Returns (decision, bundle, output)."""
+    validate(cfg)
+    hw = hardware or hw_mod.detect()
+    decision = prec.resolve(cfg.precision, hw)
+    if cfg.resume and not cfg.output:
+        raise UsageError("--resume needs --output (or TFMP_OUTPUT) naming the run to continue",
+                         "--resume --output <folder of the interrupted run>")
+    output = cfg.output or default_output(cfg, decision.policy)
+    check_output_writable(output)
+    if cfg.resume and not checkpointing.has_checkpoint(output):
+        raise UsageError(f"--resume found no checkpoint in {os.path.join(output, 'checkpoints')!r}",
+                         "--resume with the --output of a run that saved a checkpoint")
+    if not cfg.resume and os.path.exists(os.path.join(output, "metrics.json")):
+        raise UsageError(f"output directory {output!r} already holds a run",
+                         "--resume to continue it, or a new --output")
+    data_dir_explicit = cfg.data_dir is not None and cfg.data_dir != os.path.join(cfg.workspace, "data")
+    bundle = data_mod.load(cfg.dataset, models.input_shape_for(cfg.model, cfg.image_size),
+                           cfg.batch_size, cfg.data_dir or os.path.join(cfg.workspace, "data"),
+                           image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
+                           max_val_samples=cfg.max_val_samples, seed=cfg.seed,
+                           offline=cfg.offline, data_dir_explicit=data_dir_explicit)
+    return hw, decision, bundle, output
+
+
+def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=None,
+          announce: bool = True) -> dict:
+    """Run a training job; return the metrics dict (also written to <output>/metrics.json).
+
+    ``on_step`` is called every ``config.log_every`` steps with
+    ``{"step", "epoch", "loss", "grad_norm", "loss_scale", "skipped_steps"}``.
+    ``metrics["status"]`` is ``completed``, ``interrupted`` (SIGTERM/SIGINT; a checkpoint was
+    saved, rerun with ``resume=True``) or ``diverged`` (see ``metrics["diagnosis"]``).
+    Bad input raises ``app.errors.UsageError`` before anything is written.
+    """
+    cfg = config
+    hw, decision, bundle, output = prepare(cfg, hardware)
+    if announce:
+        prec.announce(decision)
+    env = envreport.collect(hw)
+    cfg.output = output
+    previous = None
+    if cfg.resume:
+        import json
+
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(output, "metrics.json"), encoding="utf-8") as fh:
+                previous = json.load(fh)
+    run = _Run(cfg, decision, bundle, output, on_step, env)
+    stop = _StopFlag()
+    old_policy = prec.global_policy_name()
+    try:
+        with _signal_handlers(stop):
+            os.makedirs(output, exist_ok=True)
+            run.build(stop)
+            start = 0
+            if cfg.resume:
+                start = run.ckpt.restore_latest()
+                if previous:
+                    run.metrics["epochs"] = [e for e in previous.get("epochs", [])
+                                             if e["epoch"] <= start]
+                    run.metrics["started_utc"] = previous.get("started_utc", run.metrics["started_utc"])
+                print(f"resuming from {run.ckpt.manager.latest_checkpoint} at epoch {start + 1}",
+                      file=sys.stderr)
+            try:
+                if start < cfg.epochs:
+                    (run.run_fit if cfg.loop == "fit" else run.run_custom)(start)
+                run.metrics["status"] = "completed"
+                if cfg.save_model:
+                    run.metrics["model_path"] = checkpointing.save_final_model(run.model, output)
+            except TrainingInterrupted as exc:
+                done = len(run.metrics["epochs"])
+                path = run.ckpt.save(done)
+                run.metrics["status"] = "interrupted"
+                run.metrics["signal"] = exc.signum
+                print(f"interrupted: checkpoint {path} saved after {done} completed epoch(s); run "
+                      "the same command with --resume to finish", file=sys.stderr, flush=True)
+            except TrainingDiverged as exc:
+                run.metrics["status"] = "diverged"
+                run.metrics["diagnosis"] = f"{exc}; {DIAGNOSIS}"
+                print(f"error: training diverged at {run.metrics['diagnosis']}", file=sys.stderr,
+                      flush=True)
+            run.metrics["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            run.write_metrics()
+            run.writer.close()
+    finally:
+        prec.apply_policy(old_policy)
+    return run.metrics
