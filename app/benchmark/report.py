@@ -15,15 +15,18 @@ SCHEMA = "tfmp.benchmark/1"
 MIB = 1024.0 * 1024.0
 
 UNITS = {
-    "seconds_per_epoch": "s (median over post-warm-up epochs of a run; median/min/max over runs)",
-    "samples_per_second": "training samples per second (same statistics)",
+    "seconds_per_epoch": "s per whole epoch, training plus validation, as Keras reports it "
+                         "(median over the post-warm-up epochs of a run; median/min/max over runs)",
+    "samples_per_second": "training samples per second over the training part of an epoch "
+                          "only, validation excluded (same statistics)",
     "speedup_vs_float32": "ratio of samples/s to the float32 run of the same repeat",
     "peak_memory": "bytes; kind 'gpu' = TensorFlow's peak GPU allocation, 'cpu_rss' = peak "
                    "resident memory of the training process",
     "memory_ratio_vs_float32": "median peak memory / float32 median peak memory",
     "val_accuracy": "fraction 0..1 after the final epoch",
     "accuracy_gap_points": "percentage points, policy minus float32 (median final val accuracy)",
-    "loss_scale": "dynamic loss scale after the final epoch (null: no loss scaling)",
+    "loss_scale": "dynamic loss scale after the final epoch (1.0 for policies without loss "
+                  "scaling: only mixed_float16 scales the loss)",
     "skipped_steps": "optimizer steps skipped for non-finite gradients, summed over the run",
 }
 
@@ -63,13 +66,16 @@ def _num(v: Optional[float], fmt: str) -> str:
     return "–" if v is None else format(v, fmt)
 
 
-def _spread(s: Mapping[str, Any], fmt: str, scale: float = 1.0) -> str:
+def _spread(s: Mapping[str, Any], fmt: str, scale: float = 1.0, suffix: str = "") -> str:
+    """``median`` or ``median (min–max)`` when runs differ at the shown precision."""
     med, lo, hi = s.get("median"), s.get("min"), s.get("max")
     if med is None:
         return "–"
-    text = format(med * scale, fmt)
+    text = format(med * scale, fmt) + suffix
     if s.get("n", 0) > 1 and lo is not None and hi is not None:
-        text += f" ({format(lo * scale, fmt)}–{format(hi * scale, fmt)})"
+        lo_t, hi_t = format(lo * scale, fmt), format(hi * scale, fmt)
+        if lo_t != hi_t:
+            text += f" ({lo_t}–{hi_t})"
     return text
 
 
@@ -101,14 +107,14 @@ def markdown(doc: Mapping[str, Any]) -> str:
         gap = r.get("accuracy_gap_points")
         row = [
             p,
-            _spread(r["seconds_per_epoch"], ".3g"),
+            _spread(r["seconds_per_epoch"], ".2f"),
             _spread(r["samples_per_second"], ",.0f"),
-            (_spread(su, ".2f") + "x") if su.get("median") is not None else "–",
+            _spread(su, ".2f", suffix="x"),
             _spread(r["peak_memory"], ",.0f", 1.0 / MIB),
             _num(mem_ratio, ".2f") + ("x" if mem_ratio is not None else ""),
             _spread(r["val_accuracy"], ".2f", 100.0),
             "–" if gap is None else f"{gap:+.2f}",
-            _spread(r["loss_scale"], "g"),
+            _spread(r["loss_scale"], "g") if p == "mixed_float16" else "none",
             _spread(r["skipped_steps"], ".0f"),
         ]
         lines.append("| " + " | ".join(row) + " |")
@@ -117,7 +123,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
     lines.append(
         f"Medians over {st['repeats']} interleaved repeat(s), (min–max) when more than one; each "
         f"run a fresh process. Timing excludes the first {w['epochs_excluded']} epoch(s) of every "
-        f"run (warm-up) and averages the remaining {st['epochs'] - w['epochs_excluded']}. "
+        f"run (warm-up); s/epoch and samples/s are the median of the remaining "
+        f"{st['epochs'] - w['epochs_excluded']} epoch(s) of each run. "
         f"XLA (--jit): {'on' if st.get('jit') else 'off'}; steps_per_execution: "
         f"{st.get('steps_per_execution') or 1}; loop: {st.get('loop')}; "
         f"TensorFlow {doc['environment'].get('tensorflow', '?')}.")

@@ -27,6 +27,9 @@ PASS_THROUGH = (
     ("image_size", "--image-size"), ("steps_per_execution", "--steps-per-execution"),
 )
 BOOL_PASS_THROUGH = (("jit", "--jit"), ("offline", "--offline"))
+# Always: no model file (its saving time and disk are not what is measured), and plain
+# progress lines in the run's log instead of a progress bar.
+FIXED_FLAGS = ("--no-save-model", "--progress", "lines")
 
 # (cmd, log_path, timeout_seconds, env) -> return code
 Launcher = Callable[[List[str], str, Optional[float], Mapping[str, str]], int]
@@ -43,7 +46,7 @@ def train_command(settings: Mapping[str, Any], policy: str, run_dir: str,
     for key, flag in BOOL_PASS_THROUGH:
         if settings.get(key):
             cmd.append(flag)
-    cmd += list(extra_flags)
+    cmd += list(FIXED_FLAGS) + list(extra_flags)
     return cmd
 
 

@@ -40,7 +40,10 @@ def measure_run(metrics: Mapping[str, Any], warmup_epochs: int) -> Dict[str, Any
     final = epochs[-1] if epochs else {}
     losses = [e.get("loss") for e in epochs] + [e.get("val_loss") for e in epochs]
     nonfinite = any(isinstance(v, (int, float)) and not math.isfinite(v) for v in losses)
+    # The trainer writes a non-finite loss as null (JSON has no NaN) and stops a run whose
+    # loss scaling could not recover with status "diverged".
     nonfinite = nonfinite or any(v is None for v in (e.get("loss") for e in epochs))
+    nonfinite = nonfinite or metrics.get("status") == "diverged"
     skipped = [e.get("skipped_steps") for e in epochs]
     peak = metrics.get("peak_memory") or {}
     return {
@@ -75,6 +78,9 @@ def summarize(runs: Sequence[Mapping[str, Any]], policies: Sequence[str]) -> Dic
     gap compare medians.  The accuracy gap is in percentage points (policy minus float32).
     """
     by_policy: Dict[str, List[Mapping[str, Any]]] = {p: [] for p in policies}
+    # Failed runs count for "did the loss go non-finite" (a diverged run exits non-zero).
+    diverged = {r.get("policy") for r in runs
+                if r.get("measured") and r["measured"].get("nonfinite_loss")}
     for r in runs:
         if r.get("ok") and r.get("policy") in by_policy:
             by_policy[r["policy"]].append(r)
@@ -94,7 +100,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], policies: Sequence[str]) -> Dic
             "val_accuracy": spread(m["val_accuracy"] for m in ms),
             "loss_scale": spread(m["loss_scale"] for m in ms),
             "skipped_steps": spread(m["skipped_steps"] for m in ms),
-            "nonfinite_loss": any(m["nonfinite_loss"] for m in ms),
+            "nonfinite_loss": p in diverged,
         }
 
     base = out.get(BASELINE)

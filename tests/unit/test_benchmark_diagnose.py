@@ -1,0 +1,117 @@
+"""Plain-word diagnoses from measured summaries and fake hardware (pure, no TensorFlow)."""
+from __future__ import annotations
+
+import pytest
+
+from app.benchmark import diagnose, layout
+from app.hardware import HardwareInfo, make_gpu
+
+T4 = HardwareInfo(gpus=[make_gpu("Tesla T4", (7, 5))])
+P100 = HardwareInfo(gpus=[make_gpu("Tesla P100-PCIE-16GB", (6, 0))])
+GTX1660 = HardwareInfo(gpus=[make_gpu("NVIDIA GeForce GTX 1660 SUPER", (7, 5))])
+CPU_BF16 = HardwareInfo(cpu_flags=frozenset({"avx512_bf16"}))
+CPU_PLAIN = HardwareInfo()
+SETTINGS = {"batch_size": 128, "steps_per_execution": 1, "jit": False}
+
+
+def _s(speedup=1.0, gap=0.0, spe=1.0, nonfinite=False, scale=None, skipped=0, sps=(100, 100, 100)):
+    return {"speedup_vs_float32": {"median": speedup}, "accuracy_gap_points": gap,
+            "seconds_per_epoch": {"median": spe}, "nonfinite_loss": nonfinite,
+            "loss_scale": {"median": scale}, "skipped_steps": {"max": skipped},
+            "samples_per_second": {"median": sps[0], "min": sps[1], "max": sps[2], "n": 3},
+            "memory_ratio_vs_float32": 0.6}
+
+
+def codes(diags):
+    return [d.code for d in diags]
+
+
+def test_no_tensor_cores_on_pascal_and_gtx16():
+    for hw in (P100, GTX1660):
+        d = diagnose.diagnose({"float32": _s(), "mixed_float16": _s(0.95)}, hw, SETTINGS)
+        assert "no_tensor_cores" in codes(d)
+        assert "launch_bound" not in codes(d)
+
+
+def test_launch_bound_on_capable_gpu_suggests_steps_jit_batch():
+    d = diagnose.diagnose({"float32": _s(spe=0.5), "mixed_float16": _s(1.02)}, T4, SETTINGS,
+                          steps_per_epoch=469)
+    [lb] = [x for x in d if x.code == "launch_bound"]
+    assert "--steps-per-execution" in lb.message and "--jit" in lb.message
+    assert "--batch-size" in lb.message and "ms" in lb.message
+
+
+def test_launch_bound_drops_hints_already_used():
+    settings = {"batch_size": 128, "steps_per_execution": 32, "jit": True}
+    d = diagnose.diagnose({"float32": _s(), "mixed_float16": _s(1.0)}, T4, settings)
+    [lb] = [x for x in d if x.code == "launch_bound"]
+    assert "--steps-per-execution" not in lb.message and "--jit" not in lb.message
+
+
+def test_long_steps_without_speedup_point_at_input_pipeline():
+    d = diagnose.diagnose({"float32": _s(spe=10.0), "mixed_float16": _s(1.0)}, T4, SETTINGS,
+                          steps_per_epoch=100)
+    assert "no_speedup_input_bound" in codes(d)
+
+
+def test_cpu_fp16_and_plain_cpu_bf16_explained():
+    d = diagnose.diagnose({"float32": _s(), "mixed_float16": _s(0.02)}, CPU_BF16, SETTINGS)
+    assert "fp16_on_cpu" in codes(d)
+    d = diagnose.diagnose({"float32": _s(), "mixed_bfloat16": _s(0.5)}, CPU_PLAIN, SETTINGS)
+    assert "bf16_cpu_without_instructions" in codes(d)
+
+
+def test_bf16_cpu_with_small_speedup_is_launch_bound():
+    d = diagnose.diagnose({"float32": _s(), "mixed_bfloat16": _s(1.03)}, CPU_BF16, SETTINGS)
+    assert "launch_bound" in codes(d)
+
+
+def test_pays_when_fast():
+    d = diagnose.diagnose({"float32": _s(), "mixed_float16": _s(1.6)}, T4, SETTINGS)
+    assert codes(d) == ["pays"]
+
+
+def test_multiples_of_8():
+    d = diagnose.diagnose({"float32": _s(), "mixed_float16": _s(1.6)}, T4,
+                          dict(SETTINGS, batch_size=100), layer_widths=[512, 250])
+    [m] = [x for x in d if x.code == "not_multiple_of_8"]
+    assert "batch size 100" in m.message and "250" in m.message
+    d = diagnose.diagnose({"float32": _s()}, T4, dict(SETTINGS, batch_size=100))
+    assert "not_multiple_of_8" not in codes(d)  # only matters under a mixed policy
+
+
+def test_nonfinite_and_accuracy_gap_flagged():
+    summary = {"float32": _s(), "mixed_float16": _s(1.6, gap=-2.5, nonfinite=True)}
+    d = diagnose.diagnose(summary, T4, SETTINGS, max_accuracy_gap=1.0)
+    assert codes(d)[:2] == ["nonfinite_loss", "accuracy_gap"]
+    assert "2.50 points below" in d[1].message
+    assert "accuracy_gap" not in codes(diagnose.diagnose(summary, T4, SETTINGS, max_accuracy_gap=3))
+
+
+def test_collapsed_loss_scale_and_noise():
+    summary = {"float32": _s(sps=(100, 50, 150)), "mixed_float16": _s(1.6, scale=0.5, skipped=40)}
+    c = codes(diagnose.diagnose(summary, T4, SETTINGS))
+    assert "loss_scale_collapsed" in c and "noisy" in c
+
+
+def test_failed_runs_reported_first():
+    d = diagnose.diagnose({"float32": _s()}, T4, SETTINGS,
+                          failed_runs=[{"order": 1, "policy": "mixed_float16", "repeat": 1,
+                                        "returncode": 3, "error": "diverged"}])
+    assert d[0].code == "run_failed" and "diverged" in d[0].message
+
+
+def test_layer_width_table_matches_models():
+    tf = pytest.importorskip("tensorflow")
+    from app import models
+
+    for name, shape in (("mlp", (784,)), ("cnn", (28, 28, 1)), ("resnet", (32, 32, 3))):
+        m = models.build_model(name, shape, 10)
+        widths = [getattr(l, "units", None) or getattr(l, "filters", None) for l in m.layers]
+        widths = [w for w in widths if w and l_is_hidden(w)]
+        assert sorted(widths) == sorted(layout.HIDDEN_WIDTHS[name]), name
+    del tf
+
+
+def l_is_hidden(width):
+    return width != 10  # the class-count output layer is left out on purpose

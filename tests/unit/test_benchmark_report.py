@@ -1,0 +1,127 @@
+"""benchmark.json / benchmark.md / benchmark.png from a full run with a fake trainer.
+
+The fake launcher stands in for ``python -m app train`` (it writes the same metrics.json
+fields), so these tests check the files, fields and order without TensorFlow.  The real
+trainer is exercised by tests/unit/test_benchmark_cli.py.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+
+from app.benchmark import report, suite
+
+FAKE_ENV = {"tensorflow": "2.x-fake", "hardware": {"gpus": [], "cpu_avx512_bf16": True,
+                                                   "cpu_amx": False}}
+SETTINGS = {"model": "mlp", "dataset": "synthetic", "loop": "fit", "epochs": 2,
+            "batch_size": 64, "max_train_samples": 256, "max_val_samples": 64,
+            "steps_per_execution": None, "jit": False}
+POLICY_FIELDS = ("seconds_per_epoch", "samples_per_second", "speedup_vs_float32", "peak_memory",
+                 "memory_ratio_vs_float32", "val_accuracy", "accuracy_gap_points", "loss_scale",
+                 "skipped_steps", "nonfinite_loss", "runs_ok", "runs_failed")
+
+
+class FakeTrain:
+    """Writes a metrics.json like the real trainer; remembers the order it was called in."""
+
+    def __init__(self, fail_policy=None):
+        self.calls = []
+        self.fail_policy = fail_policy
+
+    def __call__(self, cmd, log_path, timeout, env):
+        policy = cmd[cmd.index("--precision") + 1]
+        out = cmd[cmd.index("--output") + 1]
+        self.calls.append(policy)
+        with open(log_path, "w") as fh:
+            fh.write("fake\n" + ("error: boom\n" if policy == self.fail_policy else ""))
+        if policy == self.fail_policy:
+            return 3
+        fast = {"float32": 1.0, "mixed_bfloat16": 1.2, "mixed_float16": 0.02}[policy]
+        epochs = [{"loss": 0.5, "accuracy": 0.9, "val_loss": 0.5, "val_accuracy": 0.9,
+                   "epoch_seconds": s / fast, "samples_per_second": 256 * fast / s,
+                   "loss_scale": 32768.0 if policy == "mixed_float16" else None,
+                   "skipped_steps": 0} for s in (5.0, 1.0)]
+        doc = {"config": {"precision": policy}, "precision": {"policy": policy},
+               "epochs": epochs, "peak_memory": {"kind": "cpu_rss", "bytes": 300 * 2**20},
+               "status": "completed", "data": {"train_samples": 256}}
+        with open(os.path.join(out, "metrics.json"), "w") as fh:
+            json.dump(doc, fh)
+        return 0
+
+
+def _bench(tmp_path, policies=None, repeats=2, fail_policy=None):
+    fake = FakeTrain(fail_policy)
+    out = str(tmp_path / "bench")
+    lines = []
+    rc = suite.run_benchmark(dict(SETTINGS), policies, out, repeats=repeats, warmup_epochs=1,
+                             max_accuracy_gap=1.0, launcher=fake, environment=FAKE_ENV,
+                             echo=lines.append)
+    return rc, out, fake, "\n".join(lines)
+
+
+def test_files_fields_and_order(tmp_path):
+    rc, out, fake, printed = _bench(tmp_path)
+    assert rc == 0
+    for name in suite.OUTPUT_FILES:
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
+    assert not [f for f in os.listdir(out) if f.startswith(".tmp")]
+    doc = json.load(open(os.path.join(out, "benchmark.json")))
+    assert doc["policies_run"] == ["float32", "mixed_bfloat16"]
+    for p in doc["policies_run"]:
+        for field in POLICY_FIELDS:
+            assert field in doc["results"][p], (p, field)
+    assert doc["settings"]["jit"] is False and doc["settings"]["steps_per_execution"] == 1
+    # interleaved A,B,A,B, both as planned and as actually run
+    expected = ["float32", "mixed_bfloat16"] * 2
+    assert fake.calls == expected
+    assert [r["policy"] for r in sorted(doc["runs"], key=lambda r: r["order"])] == expected
+    starts = [r["started_utc"] for r in doc["runs"]]
+    assert starts == sorted(starts)
+    assert doc["interleaving"]["order"] == ["float32#1", "mixed_bfloat16#1",
+                                            "float32#2", "mixed_bfloat16#2"]
+    su = doc["results"]["mixed_bfloat16"]["speedup_vs_float32"]["median"]
+    assert su == pytest.approx(1.2)
+    # skipped policy with reason, in JSON and in the printed table
+    assert doc["skipped"][0]["policy"] == "mixed_float16" and "no GPU" in doc["skipped"][0]["reason"]
+    assert "mixed_float16: no GPU" in printed
+    assert "| mixed_bfloat16 |" in printed and "1.20x" in printed
+    assert "Peak RSS of the CPU process (MiB)" in printed
+    assert open(os.path.join(out, "benchmark.md")).read().strip() in printed
+
+
+def test_chart_is_a_png(tmp_path):
+    _, out, _, _ = _bench(tmp_path, repeats=1)
+    path = os.path.join(out, "benchmark.png")
+    with open(path, "rb") as fh:
+        data = fh.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(io.BytesIO(data), format="png")
+    assert img.shape[0] > 100 and img.shape[1] > 300
+
+
+def test_failed_policy_is_recorded_and_exit_1(tmp_path):
+    rc, out, _, printed = _bench(tmp_path, policies=["mixed_float16"], repeats=1,
+                                 fail_policy="mixed_float16")
+    assert rc == 1
+    doc = json.load(open(os.path.join(out, "benchmark.json")))
+    assert doc["status"] == "partial" and doc["baseline_added"] is True
+    assert doc["results"]["mixed_float16"]["runs_failed"] == 1
+    assert doc["diagnoses"][0]["code"] == "run_failed"
+    assert "error: boom" in doc["diagnoses"][0]["message"]
+    assert "failed (1 runs)" in printed
+
+
+def test_write_atomic_leaves_old_file_on_error(tmp_path):
+    path = str(tmp_path / "x.json")
+    report.write_atomic(path, "old")
+
+
+    with pytest.raises(TypeError):
+        report.write_atomic(path, 123)  # neither str nor bytes
+    assert open(path).read() == "old"
+    assert os.listdir(tmp_path) == ["x.json"]
