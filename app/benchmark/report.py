@@ -125,7 +125,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"run a fresh process. Timing excludes the first {w['epochs_excluded']} epoch(s) of every "
         f"run (warm-up); s/epoch and samples/s are the median of the remaining "
         f"{st['epochs'] - w['epochs_excluded']} epoch(s) of each run. "
-        f"XLA (--jit): {'on' if st.get('jit') else 'off'}; steps_per_execution: "
+        f"XLA (--jit): {'on' if st.get('jit') else 'not forced (Keras default)'}; steps_per_execution: "
         f"{st.get('steps_per_execution') or 1}; loop: {st.get('loop')}; "
         f"TensorFlow {doc['environment'].get('tensorflow', '?')}.")
     if doc.get("baseline_added"):

@@ -93,6 +93,10 @@ def validate(args):
     if args.steps_per_execution is not None and args.steps_per_execution < 1:
         raise UsageError(f"steps_per_execution must be at least 1. Received: "
                          f"steps_per_execution={args.steps_per_execution}", "an integer >= 1")
+    if (args.steps_per_execution or 1) > 1 and args.loop != "fit":
+        raise UsageError(f"steps_per_execution applies to --loop fit only. Received: "
+                         f"steps_per_execution={args.steps_per_execution}, loop={args.loop!r}",
+                         "--loop fit with --steps-per-execution, or leave it at 1")
     if not args.max_accuracy_gap >= 0:
         raise UsageError(f"max_accuracy_gap must be 0 or more. Received: "
                          f"max_accuracy_gap={args.max_accuracy_gap}", "percentage points >= 0")
