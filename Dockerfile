@@ -70,7 +70,8 @@ RUN --mount=type=secret,id=pip_ca \
 
 ENV PIP_CONSTRAINT=/etc/tfmp/constraints.txt \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    TFMP_WORKSPACE=/workspace
 
 # --- configuration and start-up ---------------------------------------------------
 COPY docker/sshd_config /etc/ssh/sshd_config

@@ -303,7 +303,9 @@ serve() {
   trap 'stopping=1' TERM INT
 
   if [[ $ssh_enabled == 1 ]]; then
-    /usr/sbin/sshd -D -e "${SSHD_OPTS[@]}" &
+    # sshd logs to the container log, minus the healthcheck's connections.
+    /usr/sbin/sshd -D -e "${SSHD_OPTS[@]}" 2> >(grep --line-buffered -v -E \
+      '^Connection closed by 127\.0\.0\.1 port [0-9]+ \[preauth\]$' >&2) &
     sshd_pid=$!
   fi
   "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" jupyter lab --no-browser &
@@ -336,8 +338,11 @@ serve() {
 self_test() {
   info "self-test: the image's pytest on $TESTS_ROOT/tests (GPU tests run only where a GPU is visible)"
   cd "$TESTS_ROOT"
+  local suites=() dir
+  for dir in tests/unit tests/gpu; do [[ -d $dir ]] && suites+=("$dir"); done
+  ((${#suites[@]})) || fatal "no tests shipped in $TESTS_ROOT/tests"
   exec "${USER_CMD[@]}" PYTHONDONTWRITEBYTECODE=1 \
-    python3 -m pytest -p no:cacheprovider -q tests/unit tests/gpu "$@"
+    python3 -m pytest -p no:cacheprovider -q "${suites[@]}" "$@"
 }
 
 main() {
@@ -350,10 +355,11 @@ main() {
     NB_GID=$(id -g)
   fi
   build_user_cmd
+  # Every mode: login shells (`bash -lc`, SSH, Jupyter terminals) re-apply it.
+  if is_root; then save_environment; fi
   case $mode in
     serve)
       [[ $# -le 1 ]] || fatal "serve takes no arguments. Received: ${*:2}"
-      if is_root; then save_environment; fi
       banner
       serve
       ;;

@@ -38,6 +38,9 @@ def main() -> int:
     if "sshd" in services:
         try:
             with socket.create_connection(("127.0.0.1", 22), timeout=3) as sock:
+                # Identify ourselves like a client: sshd then logs one
+                # "[preauth]" line that entrypoint.sh filters from the logs.
+                sock.sendall(b"SSH-2.0-tfmp-healthcheck\r\n")
                 banner = sock.recv(64)
         except OSError as exc:
             print(f"unhealthy: sshd: {exc}")
