@@ -15,12 +15,15 @@ CHECKPOINT_DIR = "checkpoints"
 class Checkpointer:
     def __init__(self, output: str, model, optimizer):
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
-        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch)
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch,
+                                        step=self.step)
         self.manager = tf.train.CheckpointManager(self.ckpt, os.path.join(output, CHECKPOINT_DIR),
                                                   max_to_keep=3)
 
-    def save(self, completed_epochs: int) -> str:
+    def save(self, completed_epochs: int, global_step: int) -> str:
         self.epoch.assign(completed_epochs)
+        self.step.assign(global_step)
         return self.manager.save()
 
     def restore_latest(self) -> int:

@@ -43,6 +43,8 @@ class TrainConfig:
     save_model: bool = True
     image_size: int = 32
     verbose: str = "auto"             # auto: progress bar on a TTY, plain lines otherwise
+    steps_per_execution: int = 1      # fit only: steps per tf.function call
+    jit: bool = False                 # XLA-compile the train step
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,7 +73,7 @@ ENV_FIELDS: dict[str, Callable[[str], Any]] = {
     "epochs": _int, "batch_size": _int, "learning_rate": _float,
     "workspace": str, "data_dir": str, "output": str, "log_every": _int,
     "max_train_samples": _int, "max_val_samples": _int, "seed": _int,
-    "offline": _bool, "image_dir": str,
+    "offline": _bool, "image_dir": str, "steps_per_execution": _int, "jit": _bool,
 }
 _ALLOWED_TEXT = {_int: "an integer", _float: "a number", _bool: "1/0/true/false", str: "text"}
 
@@ -121,7 +123,7 @@ def validate(cfg: TrainConfig) -> None:
     _one_of("model", cfg.model, MODELS)
     _one_of("dataset", cfg.dataset, DATASETS)
     _one_of("loop", cfg.loop, LOOPS)
-    for name in ("epochs", "batch_size", "log_every", "max_skipped_steps"):
+    for name in ("epochs", "batch_size", "log_every", "max_skipped_steps", "steps_per_execution"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 1:
             raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",

@@ -69,6 +69,8 @@ def current_loss_scale(opt):
     if not is_loss_scaled(opt):
         return tf.constant(1.0, tf.float32)
     if IS_KERAS3:
+        if not opt.built:  # the scale variable is created in build()
+            return tf.constant(float(opt.initial_scale), tf.float32)
         return tf.cast(tf.convert_to_tensor(opt.dynamic_scale), tf.float32)
     return tf.cast(opt.loss_scale, tf.float32)
 

@@ -205,7 +205,7 @@ class _Run:
         self.writer.scalars(epoch + 1, {f"epoch/{k}": row[k] for k in (
             "loss", "accuracy", "val_loss", "val_accuracy", "samples_per_second", "loss_scale")})
         self.writer.flush()
-        self.ckpt.save(epoch + 1)
+        self.ckpt.save(epoch + 1, self.monitor.global_step)
         self.write_metrics()
         if self.plain:
             print(f"epoch {row['epoch']}/{self.cfg.epochs}: loss={row['loss']:.4f} "
@@ -238,8 +238,10 @@ class _Run:
     def run_fit(self, start_epoch: int):
         run = self
         probe = loss_scale.StepProbe(self.opt)
+        extra = {"jit_compile": True} if self.cfg.jit else {}  # else Keras' own default
         self.model.compile(optimizer=self.opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(),
-                           metrics=["accuracy"])
+                           metrics=["accuracy"], steps_per_execution=self.cfg.steps_per_execution,
+                           **extra)
 
         class _Callback(tf.keras.callbacks.Callback):
             def on_epoch_begin(self, epoch, logs=None):
@@ -288,7 +290,7 @@ class _Run:
             train_acc.update_state(y, probs)
             return loss, loss_scale.global_norm(unscaled), finite
 
-        @tf.function
+        @tf.function(jit_compile=bool(self.cfg.jit) or None)
         def train_step(x, y):
             # strategy.run keeps this ready for a multi-replica strategy (then the loss must be
             # averaged with tf.nn.compute_average_loss and the outputs reduced).
@@ -390,6 +392,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
             start = 0
             if cfg.resume:
                 start = run.ckpt.restore_latest()
+                run.monitor.global_step = int(run.ckpt.step.numpy())
                 if previous:
                     run.metrics["epochs"] = [e for e in previous.get("epochs", [])
                                              if e["epoch"] <= start]
@@ -404,7 +407,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                     run.metrics["model_path"] = checkpointing.save_final_model(run.model, output)
             except TrainingInterrupted as exc:
                 done = len(run.metrics["epochs"])
-                path = run.ckpt.save(done)
+                path = run.ckpt.save(done, run.monitor.global_step)
                 run.metrics["status"] = "interrupted"
                 run.metrics["signal"] = exc.signum
                 print(f"interrupted: checkpoint {path} saved after {done} completed epoch(s); run "

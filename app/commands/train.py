@@ -36,6 +36,10 @@ def add_parser(subparsers):
     how.add_argument("--max-skipped-steps", type=int,
                      help="stop when this many steps in a row have non-finite gradients "
                           f"(default {d.max_skipped_steps})")
+    how.add_argument("--steps-per-execution", type=int,
+                     help="--loop fit: training steps per tf.function call; step logs and "
+                          "skipped-step checks then happen once per call (default 1)")
+    how.add_argument("--jit", action="store_true", default=None, help="XLA-compile the train step")
     where = p.add_argument_group("where")
     where.add_argument("--workspace", help="base folder (default $TFMP_WORKSPACE or ./workspace)")
     where.add_argument("--data-dir", help="dataset files (default <workspace>/data)")

@@ -1,0 +1,62 @@
+"""Configuration order (flag > TFMP_* variable > default) and validation (no TensorFlow)."""
+import os
+from datetime import datetime, timezone
+
+import pytest
+
+from app.config import TrainConfig, check_output_writable, default_output, resolve_config
+from app.errors import UsageError
+
+
+def test_flag_beats_environment_beats_default():
+    env = {"TFMP_EPOCHS": "7", "TFMP_BATCH_SIZE": "64", "TFMP_PRECISION": "float32"}
+    cfg = resolve_config({"epochs": 3}, environ=env)
+    assert cfg.epochs == 3            # flag
+    assert cfg.batch_size == 64       # environment
+    assert cfg.precision == "float32"
+    assert cfg.loop == "fit"          # default
+
+
+def test_workspace_and_data_dir_defaults():
+    cfg = resolve_config({}, environ={"TFMP_WORKSPACE": "/tmp/wsx"})
+    assert cfg.workspace == "/tmp/wsx"
+    assert cfg.data_dir == os.path.join("/tmp/wsx", "data")
+    out = default_output(cfg, "float32", now=datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc))
+    assert out == os.path.join("/tmp/wsx", "runs", "20240102T030405Z-mlp-float32")
+
+
+def test_bad_environment_value_names_the_variable():
+    with pytest.raises(UsageError) as info:
+        resolve_config({}, environ={"TFMP_EPOCHS": "many"})
+    assert "TFMP_EPOCHS" in str(info.value)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    ({"precision": "fp8"}, "precision must be one of"),
+    ({"model": "vgg"}, "model must be one of mlp, cnn, resnet"),
+    ({"dataset": "imagenet"}, "dataset must be one of"),
+    ({"loop": "manual"}, "loop must be one of fit, custom"),
+    ({"epochs": 0}, "epochs must be at least 1"),
+    ({"batch_size": -4}, "batch_size must be at least 1"),
+    ({"learning_rate": 0.0}, "learning_rate must be positive"),
+    ({"model": "mlp", "dataset": "cifar10"}, "expects 28x28x1"),
+    ({"dataset": "images"}, "needs --image-dir"),
+])
+def test_bad_values(flags, needle):
+    with pytest.raises(UsageError) as info:
+        resolve_config(flags, environ={})
+    assert needle in str(info.value)
+    assert "; allowed: " in info.value.line()
+
+
+def test_output_under_a_file_is_not_writable(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(UsageError, match="cannot be created"):
+        check_output_writable(str(blocker / "run"))
+    check_output_writable(str(tmp_path / "new" / "run"))  # creatable: fine
+    assert not (tmp_path / "new").exists()                # ...and nothing created
+
+
+def test_config_is_a_plain_dataclass():
+    assert TrainConfig().to_dict()["model"] == "mlp"

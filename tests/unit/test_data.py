@@ -1,0 +1,65 @@
+"""Data loading: synthetic, standard files, image folders, and bad input."""
+import os
+
+import numpy as np
+import pytest
+
+from app import data
+from app.errors import UsageError
+
+
+def test_synthetic_is_deterministic_and_shaped():
+    a = data.synthetic_arrays((784,), n_train=64, n_val=16, seed=3)
+    b = data.synthetic_arrays((784,), n_train=64, n_val=16, seed=3)
+    assert np.array_equal(a[0][0], b[0][0])
+    assert a[0][0].shape == (64, 784) and a[0][0].dtype == np.float32
+    bundle = data.load("synthetic", (32, 32, 3), 16, max_train_samples=40, max_val_samples=8)
+    x, y = next(iter(bundle.train))
+    assert tuple(x.shape) == (16, 32, 32, 3) and x.dtype.name == "float32"
+    assert bundle.train_samples == 40 and bundle.num_classes == 10
+
+
+def test_standard_npz_is_read_offline(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "mnist.npz",
+             x_train=rng.integers(0, 255, (50, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 50), x_test=rng.integers(0, 255, (10, 28, 28), dtype=np.uint8),
+             y_test=rng.integers(0, 10, 10))
+    bundle = data.load("mnist", (784,), 8, str(tmp_path), offline=True)
+    x, _ = next(iter(bundle.train))
+    assert tuple(x.shape) == (8, 784)
+    assert float(np.max(x)) <= 1.0
+
+
+def test_missing_file_offline_names_file_and_folder(tmp_path):
+    with pytest.raises(UsageError) as info:
+        data.load("mnist", (784,), 8, str(tmp_path), offline=True)
+    assert "mnist.npz" in str(info.value) and str(tmp_path) in str(info.value)
+
+
+def test_missing_data_dir(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        data.load("mnist", (784,), 8, str(tmp_path / "nope"), offline=True)
+
+
+def test_corrupt_file(tmp_path):
+    (tmp_path / "mnist.npz").write_bytes(b"this is not a zip file")
+    with pytest.raises(UsageError, match="corrupt"):
+        data.load("mnist", (784,), 8, str(tmp_path), offline=True)
+
+
+def test_image_folder(tmp_path):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    for cls, level in (("cats", 30), ("dogs", 220)):
+        os.makedirs(tmp_path / cls)
+        for i in range(10):
+            img = np.clip(rng.normal(level, 10, (20, 20, 3)), 0, 255).astype(np.uint8)
+            tf.io.write_file(str(tmp_path / cls / f"{i}.png"), tf.io.encode_png(img))
+    bundle = data.load("images", (32, 32, 3), 4, image_dir=str(tmp_path))
+    assert bundle.num_classes == 2 and bundle.class_names == ["cats", "dogs"]
+    assert bundle.train_samples + bundle.val_samples == 20
+    x, y = next(iter(bundle.train))
+    assert tuple(x.shape[1:]) == (32, 32, 3) and x.dtype.name == "float32"
+    assert float(np.max(x)) <= 1.0

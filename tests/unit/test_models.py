@@ -1,0 +1,35 @@
+"""Models keep their output and loss in float32 under every policy."""
+import pytest
+import tensorflow as tf
+
+from app import precision
+from app.models import build_model, input_shape_for
+
+POLICIES = ["float32", "mixed_float16", "mixed_bfloat16"]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet"])
+def test_output_is_float32_and_body_uses_the_policy(name, policy):
+    precision.apply_policy(policy)
+    model = build_model(name, input_shape_for(name), 10)
+    assert model.output.dtype == tf.float32 or model.output.dtype == "float32"
+    assert model.layers[-1].name == "probabilities"
+    compute = tf.keras.mixed_precision.Policy(policy).compute_dtype
+    assert model.get_layer("logits").compute_dtype == compute
+    y = model(tf.zeros((2,) + input_shape_for(name)))
+    assert y.dtype == tf.float32
+
+
+def test_seed_architectures():
+    mlp = build_model("mlp", (784,), 10)
+    assert [l.units for l in mlp.layers if isinstance(l, tf.keras.layers.Dense)] == [512, 256, 10]
+    cnn = build_model("cnn", (28, 28, 1), 10)
+    assert [l.filters for l in cnn.layers if isinstance(l, tf.keras.layers.Conv2D)] == [32]
+
+
+def test_resnet_channels_are_multiples_of_8():
+    model = build_model("resnet", (32, 32, 3), 10)
+    filters = [l.filters for l in model.layers if isinstance(l, tf.keras.layers.Conv2D)]
+    assert filters and all(f % 8 == 0 for f in filters)
+    assert any(isinstance(l, tf.keras.layers.Add) for l in model.layers)
