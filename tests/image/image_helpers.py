@@ -1,0 +1,105 @@
+"""Helpers shared by the image tests (imported by conftest.py and the test modules)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+STANDIN_BASE = os.environ.get("STANDIN_IMAGE", "tfmp/standin-base:2.9.3")
+TEST_IMAGE = os.environ.get("TFMP_TEST_IMAGE", "tfmp/train:test")
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# The "host user" whose files the workspace must hold (the tests run as root).
+HOST_UID = 4321
+HOST_GID = 4321
+
+
+def run(cmd: Sequence[str], *, timeout: float = 60, check: bool = True, env: dict | None = None,
+        input: str | None = None, cwd: Path | None = REPO) -> subprocess.CompletedProcess:
+    """subprocess.run with a timeout always, text output, and a readable failure."""
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+                          env=env, input=input, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} -> exit {proc.returncode}\n"
+                             f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.25,
+               what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value (returned) or time runs out."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # the predicate may fail while a service starts
+            last_exc = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}"
+                                 + (f" (last error: {last_exc!r})" if last_exc else ""))
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def memlock_limit() -> str:
+    """-1 (unlimited) as NVIDIA recommends, unless this engine may not raise it.
+
+    Sandboxed engines (like the development machines here) have a hard
+    RLIMIT_MEMLOCK they cannot exceed; the compose file takes MEMLOCK_LIMIT.
+    """
+    try:
+        pid = run(["pgrep", "-o", "-x", "dockerd"], check=False).stdout.strip()
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max locked memory"):
+                hard = line.split()[4]
+                return "-1" if hard == "unlimited" else hard
+    except (OSError, ValueError, IndexError):
+        pass
+    return "-1"
+
+
+def health(container: str) -> str:
+    out = run(["docker", "inspect", "-f",
+               "{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}|{{.State.Status}}",
+               container], check=False).stdout.strip()
+    return out
+
+
+def exec_in(container: str, *cmd: str, user: str | None = None, timeout: float = 60,
+            check: bool = True) -> subprocess.CompletedProcess:
+    args = ["docker", "exec"]
+    if user:
+        args += ["-u", user]
+    return run(args + [container, *cmd], timeout=timeout, check=check)
+
+
+def docker_run(image: str, *args: str, command: Sequence[str] = (), timeout: float = 180,
+               check: bool = False) -> subprocess.CompletedProcess:
+    """`docker run --rm` (a batch job) with a timeout."""
+    return run(["docker", "run", "--rm", *args, image, *command], timeout=timeout, check=check)
+
+
+def container_env(container: str) -> dict:
+    out = exec_in(container, "env", "-0", user="tf").stdout
+    return dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+
+
+def json_of(proc: subprocess.CompletedProcess):
+    return json.loads(proc.stdout)
+
+
+def have(tool: str) -> bool:
+    return shutil.which(tool) is not None
