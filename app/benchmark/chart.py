@@ -33,24 +33,24 @@ def render_png(doc: Mapping[str, Any]) -> bytes:
             meds.append(0.0 if m is None else m * scale)
             los.append(0.0 if m is None or s.get("min") is None else (m - s["min"]) * scale)
             his.append(0.0 if m is None or s.get("max") is None else (s["max"] - m) * scale)
+        ticks = list(names)
         if results:
-            bars = ax.bar(range(len(meds)), meds, yerr=[los, his], capsize=4,
-                          color=[COLOURS.get(p, "#8172b2") for p in results])
+            ax.bar(range(len(meds)), meds, yerr=[los, his], capsize=4,
+                   color=[COLOURS.get(p, "#8172b2") for p in results])
+            # Values go under the policy name, where whiskers cannot hide them.
             for j, p in enumerate(results):
-                label = f"{meds[j]:,.0f}" if key != "val_accuracy" else f"{meds[j]:.1f}"
+                value = f"{meds[j]:,.0f}" if key != "val_accuracy" else f"{meds[j]:.2f}"
                 if key == "samples_per_second":
                     su = results[p]["speedup_vs_float32"].get("median")
-                    if su is not None:
-                        label += f"\n{su:.2f}x"
-                ax.annotate(label, (bars[j].get_x() + bars[j].get_width() / 2, meds[j]),
-                            ha="center", va="bottom", fontsize=8,
-                            xytext=(0, 2), textcoords="offset points")
-        ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names, fontsize=8)
+                    value += f" ({su:.2f}x)" if su is not None else ""
+                ticks[j] = f"{p}\n{value}"
+        ax.set_xticks(range(len(ticks)))
+        ax.set_xticklabels(ticks, fontsize=8)
         ax.set_title(title, fontsize=10)
         if key == "val_accuracy" and results:
-            low = min(m for m in meds) if meds else 0.0
-            ax.set_ylim(max(0.0, low - 5.0), 100.0)
+            low = min(m - d for m, d in zip(meds, los)) if meds else 0.0
+            high = max(m + d for m, d in zip(meds, his)) if meds else 100.0
+            ax.set_ylim(max(0.0, low - 5.0), min(100.0, high) + 1.0)
     st = doc["settings"]
     fig.suptitle(f"{st['model']} / {st['dataset']}, batch {st['batch_size']}, "
                  f"{doc['hardware']['description']}: medians of {st['repeats']} repeat(s), "
