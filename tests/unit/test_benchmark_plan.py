@@ -72,3 +72,21 @@ def test_schedule_rejects_zero_repeats():
 def test_describe():
     assert plan.describe(T4) == "GPU Tesla T4, compute capability 7.5"
     assert plan.describe(CPU_BF16) == "CPU only (AVX512_BF16)"
+
+
+@pytest.mark.parametrize("hw", [CPU_BF16, CPU_PLAIN, T4, A100, P100,
+                                HardwareInfo(cpu_flags=frozenset({"amx_bf16", "amx_tile"}))])
+def test_hardware_survives_the_env_report_round_trip(hw):
+    # The benchmark learns the hardware from `python -m app env --json` (a child process).
+    from app.benchmark.suite import hardware_from_env
+
+    back = hardware_from_env({"hardware": hw.to_dict()})
+    assert plan.plan_policies(None, back) == plan.plan_policies(None, hw)
+    assert [g.tensor_cores for g in back.gpus] == [g.tensor_cores for g in hw.gpus]
+    assert (back.cpu_bf16, back.cpu_amx) == (hw.cpu_bf16, hw.cpu_amx)
+
+
+def test_failed_env_report_falls_back_to_cpuinfo():
+    from app.benchmark.suite import hardware_from_env
+
+    assert hardware_from_env({"error": "boom"}).gpus == []
