@@ -303,9 +303,10 @@ serve() {
   trap 'stopping=1' TERM INT
 
   if [[ $ssh_enabled == 1 ]]; then
-    # sshd logs to the container log, minus the healthcheck's connections.
-    /usr/sbin/sshd -D -e "${SSHD_OPTS[@]}" 2> >(grep --line-buffered -v -E \
-      '^Connection closed by 127\.0\.0\.1 port [0-9]+ \[preauth\]$' >&2) &
+    # sshd logs to the container log (it ends lines with CR LF), minus the
+    # healthcheck's connections.
+    /usr/sbin/sshd -D -e "${SSHD_OPTS[@]}" 2> >(sed -u -e 's/\r$//' \
+      -e '/^Connection closed by 127\.0\.0\.1 port [0-9]* \[preauth\]$/d' >&2) &
     sshd_pid=$!
   fi
   "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" jupyter lab --no-browser &

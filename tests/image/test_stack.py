@@ -1,0 +1,256 @@
+"""The compose stack as users start it (`docker compose up` with the CPU override),
+driven from the host: Jupyter's HTTP + websocket API, a headless browser, an SSH
+client.  One stack is shared by the module; the host-key test at the end
+restarts it with `down`/`up`."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import uuid
+from pathlib import Path
+
+import paramiko
+import pytest
+import requests
+import websocket
+
+from image_helpers import HOST_GID, HOST_UID, container_env, exec_in, run, wait_until
+
+pytestmark = pytest.mark.docker
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+# --- helpers -----------------------------------------------------------------------
+
+def ssh_client(stack, username="tf", key: paramiko.PKey | None = None, password=None,
+               use_default_key=True) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    if key is None and use_default_key and password is None:
+        key = paramiko.Ed25519Key.from_private_key_file(str(stack.private_key))
+    client.connect("127.0.0.1", port=stack.ssh_port, username=username, pkey=key,
+                   password=password, allow_agent=False, look_for_keys=False, timeout=15,
+                   banner_timeout=15, auth_timeout=15)
+    return client
+
+
+def ssh_run(client: paramiko.SSHClient, command: str, timeout: float = 120) -> tuple[int, str, str]:
+    _, stdout, stderr = client.exec_command(command, timeout=timeout)
+    out = stdout.read().decode()
+    err = stderr.read().decode()
+    return stdout.channel.recv_exit_status(), out, err
+
+
+# --- health and PID 1 ----------------------------------------------------------------
+
+def test_stack_becomes_healthy(stack):
+    state = run(["docker", "inspect", "-f", "{{.State.Health.Status}}", stack.container]).stdout
+    assert state.strip() == "healthy"
+
+
+def test_pid1_is_tini(stack):
+    cmdline = exec_in(stack.container, "cat", "/proc/1/cmdline").stdout.split("\0")
+    assert Path(cmdline[0]).name == "tini", cmdline
+
+
+def test_token_is_announced_once_and_stored_user_only(stack):
+    logs = stack.compose("logs", "--no-color", "jupyter").stdout
+    lines = [line for line in logs.splitlines() if "==> JupyterLab: http://" in line]
+    assert len(lines) == 1, lines
+    token = stack.token()
+    assert f":{stack.jupyter_port}/lab?token={token}" in lines[0]
+    mode = exec_in(stack.container, "stat", "-c", "%a %u", "/home/tf/.jupyter/token").stdout.split()
+    assert mode == ["600", str(HOST_UID)]
+
+
+# --- Jupyter: authentication --------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/api/status", "/api/kernels", "/api/terminals", "/lab",
+                                  "/lab/terminals/1", "/api/contents"])
+def test_unauthenticated_requests_are_refused(stack, path):
+    resp = requests.get(stack.base_url + path, allow_redirects=False, timeout=10)
+    if resp.status_code in (301, 302, 303, 307):
+        assert "/login" in resp.headers["Location"], resp.headers["Location"]
+    else:
+        assert resp.status_code in (401, 403), (resp.status_code, resp.text[:200])
+
+
+@pytest.mark.parametrize("path", ["/terminals/websocket/1", "/api/events/subscribe"])
+def test_unauthenticated_websockets_are_refused(stack, path):
+    requests.post(stack.base_url + "/api/terminals", timeout=10,
+                  headers={"Authorization": f"token {stack.token()}"})  # make terminal 1 exist
+    with pytest.raises(websocket.WebSocketBadStatusException) as err:
+        websocket.create_connection(f"ws://127.0.0.1:{stack.jupyter_port}{path}", timeout=15)
+    assert err.value.status_code in (401, 403)
+
+
+def test_wrong_token_is_refused(stack):
+    resp = requests.get(stack.base_url + "/api/status", timeout=10,
+                        headers={"Authorization": "token not-the-token"})
+    assert resp.status_code == 403
+
+
+def test_kernel_via_rest_and_websocket_imports_app_and_tensorflow(stack):
+    token = stack.token()
+    headers = {"Authorization": f"token {token}"}
+    resp = requests.post(stack.base_url + "/api/kernels", json={"name": "python3"},
+                         headers=headers, timeout=30)
+    assert resp.status_code == 201, resp.text
+    kernel_id = resp.json()["id"]
+    code = ("import app, tensorflow as tf\n"
+            "tf.keras.mixed_precision.set_global_policy('mixed_bfloat16')\n"
+            "print('TF', tf.__version__, 'POLICY', tf.keras.mixed_precision.global_policy().name,"
+            " 'APP', app.__file__)\n")
+    try:
+        ws = websocket.create_connection(
+            f"ws://127.0.0.1:{stack.jupyter_port}/api/kernels/{kernel_id}/channels",
+            header=[f"Authorization: token {token}"], timeout=60)
+        msg_id = uuid.uuid4().hex
+        ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
+                       "msg_type": "execute_request", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+        }))
+        output, errors = [], []
+
+        def idle():
+            msg = json.loads(ws.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                return False
+            kind = msg["msg_type"]
+            if kind == "stream" and msg["content"]["name"] == "stdout":
+                output.append(msg["content"]["text"])
+            elif kind == "error":
+                errors.append("\n".join(msg["content"]["traceback"]))
+            return kind == "status" and msg["content"]["execution_state"] == "idle"
+
+        wait_until(idle, timeout=120, interval=0, what="the kernel to finish")
+        ws.close()
+    finally:
+        requests.delete(f"{stack.base_url}/api/kernels/{kernel_id}", headers=headers, timeout=30)
+    assert not errors, errors
+    text = "".join(output)
+    assert re.search(r"TF 2\.9\.3 POLICY mixed_bfloat16 APP /opt/tfmp/src/app/", text), text
+
+
+# --- Jupyter: a real browser -----------------------------------------------------------
+
+def _chromium(*args: str, user_data: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing (.ci/run installs Debian's chromium)")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--no-first-run", "--hide-scrollbars", f"--user-data-dir={user_data}",
+             "--window-size=1280,800", "--virtual-time-budget=20000"]
+    return run([CHROMIUM, *flags, *args], timeout=timeout, check=False)
+
+
+def test_browser_logs_in_with_token_and_shows_the_launcher(stack, tmp_path):
+    url = f"{stack.base_url}/lab?token={stack.token()}"
+    dom = _chromium("--dump-dom", url, user_data=tmp_path / "profile-dom")
+    assert "jp-Launcher" in dom.stdout, dom.stdout[-2000:] + dom.stderr[-2000:]
+    shot = tmp_path / "lab.png"
+    _chromium(f"--screenshot={shot}", url, user_data=tmp_path / "profile-shot")
+    assert shot.is_file() and shot.stat().st_size > 10_000
+    from PIL import Image
+
+    with Image.open(shot) as img:
+        assert img.size == (1280, 800)
+        colours = img.convert("RGB").getcolors(maxcolors=1_000_000) or []
+        assert len(colours) > 20, "the screenshot is blank"
+    keep = os.environ.get("TFMP_SCREENSHOT_DIR")
+    if keep:
+        shutil.copy(shot, Path(keep) / "jupyterlab-launcher.png")
+
+
+def test_browser_without_token_gets_the_login_page(stack, tmp_path):
+    dom = _chromium("--dump-dom", f"{stack.base_url}/lab", user_data=tmp_path / "profile")
+    assert "jp-Launcher" not in dom.stdout
+    assert "password" in dom.stdout.lower() or "token" in dom.stdout.lower()
+
+
+# --- SSH -----------------------------------------------------------------------------
+
+def test_ssh_key_login_works(stack):
+    with ssh_client(stack) as client:
+        status, out, _ = ssh_run(client, "id -u; whoami; pwd")
+    assert status == 0
+    assert out.split() == [str(HOST_UID), "tf", "/home/tf"]
+
+
+def test_ssh_root_login_is_refused(stack):
+    with pytest.raises(paramiko.AuthenticationException):
+        ssh_client(stack, username="root")
+
+
+def test_ssh_wrong_key_is_refused(stack):
+    with pytest.raises(paramiko.AuthenticationException):
+        ssh_client(stack, key=paramiko.RSAKey.generate(2048))
+
+
+def test_ssh_password_is_refused_by_default(stack):
+    with pytest.raises(paramiko.AuthenticationException):
+        ssh_client(stack, password="tf", use_default_key=False)
+
+
+PARITY_VARS = ["PATH", "LD_LIBRARY_PATH", "CUDA_VERSION", "NVIDIA_VISIBLE_DEVICES",
+               "NVIDIA_DRIVER_CAPABILITIES", "TF_CPP_MIN_LOG_LEVEL", "PIP_CONSTRAINT",
+               "TFMP_WORKSPACE", "TFMP_TEST_USER_VAR", "LANG"]
+
+
+@pytest.mark.parametrize("shell", ["exec", "login shell"])
+def test_ssh_environment_matches_docker_exec(stack, shell):
+    expected = container_env(stack.container)
+    assert expected.get("TFMP_TEST_USER_VAR") == "passed-with-dash-e"
+    command = "env -0" if shell == "exec" else "bash -lc 'env -0'"
+    with ssh_client(stack) as client:
+        status, out, err = ssh_run(client, command)
+    assert status == 0, err
+    got = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    diff = {v: (expected.get(v), got.get(v)) for v in PARITY_VARS if expected.get(v) != got.get(v)}
+    assert not diff, f"differs over SSH ({shell}): {diff}"
+    for secret in ("JUPYTER_TOKEN", "SSH_PASSWORD", "PUBLIC_KEY"):
+        assert secret not in got
+
+
+def test_training_over_ssh_writes_metrics_owned_by_the_host_user(stack):
+    """A short `python -m app train` (CLI of docs/training.md) in the bind-mounted workspace."""
+    cmd = ("cd /workspace && python -m app train --dataset synthetic --model mlp --epochs 1 "
+           "--precision float32 --max-train-samples 256 --max-val-samples 64 --batch-size 64 "
+           "--output /workspace/runs/ssh-smoke --no-save-model --progress lines")
+    with ssh_client(stack) as client:
+        status, out, err = ssh_run(client, cmd, timeout=300)
+    assert status == 0, out[-2000:] + err[-3000:]
+    metrics = stack.workspace / "runs" / "ssh-smoke" / "metrics.json"
+    assert metrics.is_file(), sorted(str(p) for p in stack.workspace.rglob("*"))
+    assert json.loads(metrics.read_text())["status"] == "completed"
+    for path in [metrics, metrics.parent, metrics.parent.parent]:
+        st = path.stat()
+        assert (st.st_uid, st.st_gid) == (HOST_UID, HOST_GID), (path, st.st_uid, st.st_gid)
+    assert not stat.S_IWOTH & metrics.stat().st_mode
+
+
+# --- restart: host keys persist (last: it restarts the shared stack) -----------------
+
+def _host_key_fingerprint(stack) -> str:
+    transport = paramiko.Transport(("127.0.0.1", stack.ssh_port))
+    try:
+        transport.start_client(timeout=15)
+        return transport.get_remote_server_key().fingerprint
+    finally:
+        transport.close()
+
+
+def test_host_keys_survive_compose_down_and_up(stack):
+    before = _host_key_fingerprint(stack)
+    stack.compose("down", "-t", "5", timeout=120)  # keeps named volumes
+    stack.compose("up", "-d", "--no-build", "jupyter", timeout=180)
+    stack.wait_healthy()
+    assert _host_key_fingerprint(stack) == before
