@@ -1,0 +1,169 @@
+"""The command line as a user meets it: subprocesses, exit statuses, one-line errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, error_lines, run_app
+
+QUICK = ["--dataset", "synthetic", "--max-train-samples", "128", "--max-val-samples", "32",
+         "--batch-size", "32", "--precision", "float32", "--progress", "lines", "--offline",
+         "--no-save-model"]
+
+
+def assert_usage_error(proc, needle, *not_created):
+    assert proc.returncode == 2, proc.stderr
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 1, proc.stderr
+    assert needle in errors[0], errors[0]
+    assert "Traceback" not in proc.stderr
+    for path in not_created:
+        assert not os.path.exists(path), f"{path} was created"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--precision", "fp8"], "precision must be one of float32, mixed_float16, mixed_bfloat16, "
+                             "auto. Received: precision='fp8'"),
+    (["--model", "vgg"], "model must be one of mlp, cnn, resnet"),
+    (["--dataset", "imagenet"], "dataset must be one of"),
+    (["--loop", "manual"], "loop must be one of fit, custom"),
+    (["--batch-size", "0"], "batch_size must be at least 1"),
+    (["--epochs", "0"], "epochs must be at least 1"),
+    (["--epochs", "two"], "invalid int value"),
+    (["--no-such-flag"], "unrecognized arguments"),
+])
+def test_bad_flags(tmp_path, args, needle):
+    out = tmp_path / "run"
+    proc = run_app("train", "--output", str(out), *args)
+    assert_usage_error(proc, needle, out)
+
+
+def test_bad_environment_variable(tmp_path):
+    out = tmp_path / "run"
+    proc = run_app("train", "--output", str(out), env={"TFMP_EPOCHS": "lots"})
+    assert_usage_error(proc, "TFMP_EPOCHS", out)
+
+
+def test_missing_data_dir(tmp_path):
+    out = tmp_path / "run"
+    proc = run_app("train", "--dataset", "mnist", "--data-dir", str(tmp_path / "nodata"),
+                   "--output", str(out))
+    assert_usage_error(proc, "does not exist", out)
+
+
+def test_missing_file_offline(tmp_path):
+    out = tmp_path / "run"
+    proc = run_app("train", "--dataset", "mnist", "--data-dir", str(tmp_path), "--offline",
+                   "--output", str(out))
+    assert_usage_error(proc, "mnist.npz", out)
+
+
+def test_corrupt_data_file(tmp_path):
+    (tmp_path / "mnist.npz").write_bytes(b"\x00garbage" * 10)
+    out = tmp_path / "run"
+    proc = run_app("train", "--dataset", "mnist", "--data-dir", str(tmp_path), "--output", str(out))
+    assert_usage_error(proc, "corrupt", out)
+
+
+def test_unwritable_output(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = run_app("train", *QUICK, "--output", str(blocker / "run"))
+    assert_usage_error(proc, "cannot be created")
+
+
+def test_resume_without_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = run_app("train", *QUICK, "--output", str(out), "--resume")
+    assert_usage_error(proc, "no checkpoint", out)
+
+
+@pytest.mark.slow
+def test_resume_with_incompatible_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    first = run_app("train", *QUICK, "--epochs", "1", "--output", str(out))
+    assert first.returncode == 0, first.stderr
+    before = (out / "metrics.json").read_text()
+    proc = run_app("train", *QUICK, "--epochs", "2", "--output", str(out), "--resume",
+                   "--model", "cnn")
+    assert_usage_error(proc, "does not match")
+    assert (out / "metrics.json").read_text() == before   # the old run is untouched
+
+
+def test_existing_run_is_not_overwritten(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.json").write_text("{}")
+    proc = run_app("train", *QUICK, "--output", str(out))
+    assert_usage_error(proc, "already holds a run")
+
+
+def test_env_text_and_json():
+    text = run_app("env")
+    assert text.returncode == 0, text.stderr
+    for label in ("TensorFlow:", "Keras:", "NumPy:", "CUDA build:", "CPU bfloat16:",
+                  "auto precision:"):
+        assert label in text.stdout
+    js = run_app("env", "--json")
+    report = json.loads(js.stdout)
+    assert report["auto_precision"]["policy"] in ("float32", "mixed_float16", "mixed_bfloat16")
+    assert {"tensorflow", "keras", "python", "numpy", "cuda_version", "cudnn_version",
+            "hardware"} <= set(report)
+
+
+def test_env_text_format_from_a_fake_report():
+    from app.envreport import format_text
+
+    text = format_text({
+        "python": "3.9.2", "platform": "Linux", "tensorflow": "2.9.3", "keras": "2.9.0",
+        "keras_major": 2, "numpy": "1.23.5", "built_with_cuda": True, "cuda_version": "64_112",
+        "cudnn_version": "64_8", "auto_precision": {"policy": "mixed_float16", "reason": "T4"},
+        "hardware": {"gpus": [{"name": "Tesla T4", "compute_capability": [7, 5],
+                               "memory_bytes": 15 * 2**30, "tensor_cores": True}],
+                     "cpu_avx512_bf16": False, "cpu_amx": False}})
+    assert "GPU 0:         Tesla T4, compute capability 7.5, memory 15.0 GiB, Tensor Cores yes" in text
+    assert "CUDA 64_112, cuDNN 64_8" in text
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--dataset", "synthetic", "--max-train-samples", "20000",
+            "--max-val-samples", "256", "--batch-size", "32", "--precision", "float32",
+            "--epochs", "5", "--offline", "--no-save-model", "--progress", "lines",
+            "--log-every", "50", "--output", str(out)]
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen([sys.executable, "-m", "app", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:   # wait until the first epoch is on disk
+            metrics = out / "metrics.json"
+            if metrics.exists() and json.loads(metrics.read_text())["epochs"]:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(0.5)                 # now somewhere inside epoch 2
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert time.time() - sent < 10, "SIGTERM took too long"
+    assert proc.returncode == 143, err
+    assert "--resume" in err
+    interrupted = json.loads((out / "metrics.json").read_text())
+    assert interrupted["status"] == "interrupted"
+    assert len(interrupted["epochs"]) < 5
+
+    resumed = run_app(*args, "--resume", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    final = json.loads((out / "metrics.json").read_text())
+    assert final["status"] == "completed"
+    assert [e["epoch"] for e in final["epochs"]] == [1, 2, 3, 4, 5]
