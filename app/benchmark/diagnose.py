@@ -184,14 +184,14 @@ def _launch_bound(summary, hw, settings, steps_per_epoch):
             # Long steps on capable hardware: not launch-bound; likely input-bound.
             out.append(Diagnosis(
                 "no_speedup_input_bound", "warning", p,
-                f"{p} is only {su} of float32 on capable hardware although steps are long "
+                f"{p} runs at only {su} the speed of float32 on capable hardware although steps are long "
                 f"({step_ms:.1f} ms): the input pipeline or non-matmul work likely dominates. "
                 "Check the data pipeline (prefetch, cache) and that the heavy layers are Dense or "
                 "Conv with sizes that are multiples of 8."))
             continue
         out.append(Diagnosis(
             "launch_bound", "warning", p,
-            f"{p} is only {su} of float32 although this {where} supports it: the model is too "
+            f"{p} runs at only {su} the speed of float32 although this {where} supports it: the model is too "
             f"small to keep the {where} busy, so time goes to launching operations and Python "
             f"overhead, not to arithmetic that lower precision speeds up.{timing} "
             f"Try {'; '.join(hints)}."))
