@@ -1,0 +1,285 @@
+"""The guide notebooks: stored clean, seeded into a workspace without overwriting edits, and
+executed top to bottom with small parameters on whatever TensorFlow this is (Keras 3 on the
+host, Keras 2 / TF 2.9.3 in the image's self-test).
+
+Execution tests inject a cell after the one tagged ``parameters`` (papermill's convention), run
+the notebook in a real kernel with nbclient, then read back the ``summary`` dict the notebook
+builds and check the values in it: the policy is the one asked for, dtypes, loss-scale
+behaviour, an accuracy floor, the benchmark's files.
+
+Precision choices: this 2-core CPU runs mixed_float16 about 60x slower than float32, so fp16
+runs here use a few hundred samples; the bigger runs use mixed_bfloat16.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app import notebooks
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = ["01_policy_and_fit.ipynb", "02_custom_loop_loss_scaling.ipynb", "03_benchmark.ipynb"]
+SUMMARY_MARK = "__NOTEBOOK_SUMMARY__"
+
+
+def _read(name):
+    nbformat = pytest.importorskip("nbformat")
+    return nbformat.read(str(notebooks.SOURCE_DIR / name), as_version=4)
+
+
+def _parameters_index(nb) -> int:
+    tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, "exactly one cell must be tagged 'parameters'"
+    return tagged[0]
+
+
+# ---- what is shipped --------------------------------------------------------------------------
+
+def test_the_three_notebooks_are_shipped():
+    assert list(notebooks.shipped()) == NAMES
+
+
+def test_pyproject_ships_them_as_package_data():
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    if "[tool.setuptools.package-data]" not in text:  # the image has no pyproject at ROOT
+        pytest.skip("pyproject.toml not beside the tests")
+    assert '"app.notebooks" = ["*.ipynb"]' in text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stored_clean_with_a_parameters_cell(name):
+    nbformat = pytest.importorskip("nbformat")
+    nb = _read(name)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{name}: a code cell has stored outputs"
+            assert cell.execution_count is None, f"{name}: a code cell has an execution count"
+    params = nb.cells[_parameters_index(nb)].source
+    for key in ("epochs", "dataset", "workspace"):
+        assert f"{key} = " in params
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    # They call the package rather than copying it.
+    assert "from app" in "".join(c.source for c in nb.cells if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("name", ["01_policy_and_fit.ipynb", "02_custom_loop_loss_scaling.ipynb"])
+def test_training_notebooks_default_to_auto_precision(name):
+    assert 'precision = "auto"' in _read(name).cells[_parameters_index(_read(name))].source
+
+
+# ---- install: copy missing, refresh unedited, never overwrite edits ----------------------------
+
+@pytest.fixture
+def source(tmp_path):
+    src = tmp_path / "shipped"
+    src.mkdir()
+    (src / "a.ipynb").write_text('{"v": 1}')
+    (src / "b.ipynb").write_text('{"b": 1}')
+    return src
+
+
+def _actions(outcomes):
+    return {o.name: o.action for o in outcomes}
+
+
+def test_install_copies_into_a_fresh_folder(tmp_path, source):
+    target = tmp_path / "ws" / "notebooks"
+    assert _actions(notebooks.install(target, source)) == {"a.ipynb": "copied", "b.ipynb": "copied"}
+    assert (target / "a.ipynb").read_text() == '{"v": 1}'
+    manifest = notebooks.read_manifest(target)
+    assert manifest["a.ipynb"] == notebooks.sha256(b'{"v": 1}')
+    assert not [p for p in target.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_install_again_changes_nothing(tmp_path, source):
+    target = tmp_path / "nb"
+    notebooks.install(target, source)
+    before = (target / "a.ipynb").stat().st_mtime_ns
+    assert set(_actions(notebooks.install(target, source)).values()) == {"up to date"}
+    assert (target / "a.ipynb").stat().st_mtime_ns == before
+
+
+def test_an_edited_notebook_is_never_overwritten(tmp_path, source):
+    target = tmp_path / "nb"
+    notebooks.install(target, source)
+    (target / "a.ipynb").write_text('{"v": 1, "mine": true}')
+    (source / "a.ipynb").write_text('{"v": 2}')          # a newer image ships a new version
+    for _ in range(2):                                  # and stays kept on every later start
+        assert _actions(notebooks.install(target, source))["a.ipynb"] == "kept"
+        assert (target / "a.ipynb").read_text() == '{"v": 1, "mine": true}'
+
+
+def test_an_unedited_old_copy_is_refreshed(tmp_path, source):
+    target = tmp_path / "nb"
+    notebooks.install(target, source)
+    (source / "a.ipynb").write_text('{"v": 2}')
+    assert _actions(notebooks.install(target, source)) == {"a.ipynb": "refreshed",
+                                                           "b.ipynb": "up to date"}
+    assert (target / "a.ipynb").read_text() == '{"v": 2}'
+    assert notebooks.read_manifest(target)["a.ipynb"] == notebooks.sha256(b'{"v": 2}')
+
+
+def test_a_users_own_file_of_the_same_name_is_kept(tmp_path, source):
+    target = tmp_path / "nb"
+    target.mkdir()
+    (target / "a.ipynb").write_text("my own notebook")  # no manifest: not ours
+    assert _actions(notebooks.install(target, source))["a.ipynb"] == "kept"
+    assert (target / "a.ipynb").read_text() == "my own notebook"
+
+
+def test_a_deleted_notebook_comes_back(tmp_path, source):
+    target = tmp_path / "nb"
+    notebooks.install(target, source)
+    (target / "b.ipynb").unlink()
+    assert _actions(notebooks.install(target, source))["b.ipynb"] == "copied"
+
+
+def test_a_corrupt_manifest_keeps_everything_that_differs(tmp_path, source):
+    target = tmp_path / "nb"
+    notebooks.install(target, source)
+    (target / notebooks.MANIFEST).write_text("{not json")
+    (source / "a.ipynb").write_text('{"v": 2}')
+    assert _actions(notebooks.install(target, source))["a.ipynb"] == "kept"
+
+
+def test_cli_installs_the_real_notebooks_and_rejects_a_file(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    target = tmp_path / "notebooks"
+    cmd = [sys.executable, "-m", "app", "notebooks", "--install", str(target)]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in target.glob("*.ipynb")) == NAMES
+    assert first.stdout.count(": copied") == 3
+    second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert second.stdout.count(": up to date") == 3
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    bad = subprocess.run(cmd[:-1] + [str(a_file / "sub")], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: notebook folder") and len(bad.stderr.splitlines()) == 1
+
+
+# ---- execution -----------------------------------------------------------------------------------
+
+def execute(name: str, params: dict, tmp_path: Path, monkeypatch, timeout: int = 600):
+    """Run notebook ``name`` with ``params`` injected; return (executed notebook, summary)."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = _read(name)
+    at = _parameters_index(nb) + 1
+    injected = "\n".join(f"{k} = {v!r}" for k, v in params.items())
+    nb.cells.insert(at, nbformat.v4.new_code_cell(injected, metadata={"tags": ["injected-parameters"]}))
+    nb.cells.append(nbformat.v4.new_code_cell(
+        f"import json as _json\nprint({SUMMARY_MARK!r} + _json.dumps(summary))"))
+    # The kernel must import this checkout's `app` (in the image it is on sys.path already).
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.delenv("TFMP_WORKSPACE", raising=False)
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
+    line = next(ln for ln in text.splitlines() if ln.startswith(SUMMARY_MARK))
+    return nb, json.loads(line[len(SUMMARY_MARK):])
+
+
+def _all_text(nb) -> str:
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            out.append(o.get("text", ""))
+            out.append(str(o.get("data", {}).get("text/plain", "")))
+    return "\n".join(out)
+
+
+def _small(tmp_path, **kw):
+    base = dict(dataset="synthetic", model_name="mlp", epochs=2, batch_size=32,
+                max_train_samples=1024, max_val_samples=256, workspace=str(tmp_path / "ws"))
+    base.update(kw)
+    return base
+
+
+@pytest.mark.slow
+def test_01_bfloat16_fit_dtypes_and_accuracy(tmp_path, monkeypatch):
+    nb, s = execute(NAMES[0], _small(tmp_path, precision="mixed_bfloat16"), tmp_path, monkeypatch)
+    assert s["policy"] == "mixed_bfloat16"
+    assert s["compute_dtype"] == "bfloat16"
+    assert s["variable_dtypes"] == ["float32"]
+    assert s["output_dtype"] == "float32"
+    assert s["loss_scaled"] is False and s["final_loss_scale"] == 1.0
+    assert s["val_accuracy"] >= 0.80   # the synthetic classes are easy: float32 reaches ~1.0
+    shown = _all_text(nb)
+    assert "policy mixed_bfloat16: computes in bfloat16, keeps variables in float32" in shown
+    assert "dense" in shown and "bfloat16 shape" in shown
+
+
+@pytest.mark.slow
+def test_01_float16_uses_loss_scaling(tmp_path, monkeypatch):
+    # A few hundred samples only: float16 has no fast kernels on a CPU.
+    nb, s = execute(NAMES[0], _small(tmp_path, precision="mixed_float16", epochs=1,
+                                     max_train_samples=256, max_val_samples=128),
+                    tmp_path, monkeypatch)
+    assert s["policy"] == "mixed_float16" and s["compute_dtype"] == "float16"
+    assert s["variable_dtypes"] == ["float32"] and s["output_dtype"] == "float32"
+    assert s["loss_scaled"] is True and s["final_loss_scale"] > 1
+    assert s["val_accuracy"] >= 0.30   # 8 steps: well above the 10% of guessing
+    assert "WARNING: mixed_float16 on a CPU is very slow" in _all_text(nb)
+
+
+@pytest.mark.slow
+def test_02_custom_loop_records_the_loss_scale_backing_off(tmp_path, monkeypatch):
+    # Start at 2**24: the first gradients overflow float16, so steps are skipped and the
+    # scale halves until they fit; the live view must have been drawn and updated.
+    params = _small(tmp_path, precision="mixed_float16", epochs=1, max_train_samples=384,
+                    max_val_samples=128, initial_loss_scale=2.0 ** 24, growth_steps=2000,
+                    plot_every=4)
+    nb, s = execute(NAMES[1], params, tmp_path, monkeypatch)
+    assert s["policy"] == "mixed_float16" and s["loss_scaled"] is True
+    assert s["steps"] == 12
+    assert s["skipped_steps"] >= 1
+    assert s["final_loss_scale"] < 2.0 ** 24
+    assert s["initial_loss_scale"] <= 2.0 ** 24
+    assert s["final_loss"] is not None and s["final_loss"] < 2.31  # below chance: it learned
+    outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+    assert any(o.output_type == "display_data" and "image/png" in o.data for o in outputs)
+    assert any(o.output_type == "update_display_data" for o in outputs) or \
+        sum(1 for o in outputs if "image/png" in o.get("data", {})) >= 1
+
+
+@pytest.mark.slow
+def test_02_bfloat16_has_no_loss_scale(tmp_path, monkeypatch):
+    nb, s = execute(NAMES[1], _small(tmp_path, precision="mixed_bfloat16", plot_every=16),
+                    tmp_path, monkeypatch)
+    assert s["policy"] == "mixed_bfloat16" and s["loss_scaled"] is False
+    assert s["steps"] == 2 * 1024 // 32
+    assert s["skipped_steps"] == 0
+    assert s["initial_loss_scale"] == s["final_loss_scale"] == 1.0
+    assert s["val_accuracy"] >= 0.80
+
+
+@pytest.mark.slow
+def test_03_benchmark_table_chart_and_json(tmp_path, monkeypatch):
+    params = dict(model_name="mlp", dataset="synthetic", policies="float32,mixed_bfloat16",
+                  epochs=2, warmup_epochs=1, repeats=1, batch_size=64, max_train_samples=512,
+                  max_val_samples=128, workspace=str(tmp_path / "ws"))
+    nb, s = execute(NAMES[2], params, tmp_path, monkeypatch, timeout=900)
+    assert s["status"] == "ok"
+    assert s["policies_run"] == ["float32", "mixed_bfloat16"]
+    assert all(v and v > 0 for v in s["samples_per_second"].values())
+    assert s["speedup_vs_float32"]["float32"] == pytest.approx(1.0)
+    out = Path(s["output"])
+    assert out.parent == tmp_path / "ws" / "benchmarks"
+    report = json.loads((out / "benchmark.json").read_text())
+    assert report["settings"]["model"] == "mlp" and report["settings"]["repeats"] == 1
+    # The notebook rendered the table and the chart.
+    data = [o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])]
+    assert any("mixed_bfloat16" in d.get("text/markdown", "") for d in data)
+    assert any("image/png" in d for d in data)
