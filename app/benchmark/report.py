@@ -7,6 +7,7 @@ in percentage points.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -56,8 +57,20 @@ def write_atomic(path: str, data) -> None:
         raise
 
 
+def _finite_only(obj):
+    """NaN/Inf become null: strict JSON, readable by every parser."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: _finite_only(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_only(v) for v in obj]
+    return obj
+
+
 def to_json(doc: Mapping[str, Any]) -> str:
-    return json.dumps(doc, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n"
+    return json.dumps(_finite_only(doc), indent=2, sort_keys=False, default=str,
+                      allow_nan=False) + "\n"
 
 
 # ---- Markdown ---------------------------------------------------------------------------------

@@ -7,9 +7,12 @@ TensorFlow, so it holds no GPU memory either.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
+import threading
 import sys
 import time
 from datetime import datetime, timezone
@@ -30,6 +33,20 @@ BOOL_PASS_THROUGH = (("jit", "--jit"), ("offline", "--offline"))
 # Always: no model file (its saving time and disk are not what is measured), and plain
 # progress lines in the run's log instead of a progress bar.
 FIXED_FLAGS = ("--no-save-model", "--progress", "lines")
+
+EXIT_USAGE = 2  # `python -m app train` rejected its input
+
+
+class TrainRejectedInput(Exception):
+    """A run exited with status 2: the settings are wrong (e.g. dataset files missing offline).
+
+    Every other run would fail the same way, so the benchmark stops at once.
+    """
+
+    def __init__(self, line: str):
+        self.line = line
+        super().__init__(line)
+
 
 # (cmd, log_path, timeout_seconds, env) -> return code
 Launcher = Callable[[List[str], str, Optional[float], Mapping[str, str]], int]
@@ -95,6 +112,16 @@ def _tail(path: str, n: int = 1) -> str:
     return " | ".join(lines[-n:])
 
 
+def _error_line(path: str) -> str:
+    """The trainer's one-line ``error: ...`` message from a run's log, without the prefix."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = [ln.strip() for ln in fh if ln.startswith("error:")]
+    except OSError:
+        return ""
+    return lines[-1][len("error:"):].strip() if lines else ""
+
+
 def used_policy(metrics: Mapping[str, Any]) -> Optional[str]:
     """The policy a run actually trained with, as its metrics.json records it."""
     prec = metrics.get("precision")
@@ -106,6 +133,24 @@ def used_policy(metrics: Mapping[str, Any]) -> Optional[str]:
     return cfg.get("precision")
 
 
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """SIGTERM (``docker stop``, a scheduler's kill) unwinds like Ctrl-C, so the launcher
+    stops the running training process instead of leaving it orphaned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_schedule(schedule: Sequence[Mapping[str, Any]], settings: Mapping[str, Any],
                  runs_dir: str, warmup_epochs: int, *,
                  launcher: Launcher = subprocess_launcher,
@@ -114,6 +159,13 @@ def run_schedule(schedule: Sequence[Mapping[str, Any]], settings: Mapping[str, A
                  progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
                  ) -> List[Dict[str, Any]]:
     """Run every entry of ``schedule`` in order; one record per run, failures included."""
+    with _sigterm_as_exit():
+        return _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout,
+                             extra_flags, progress)
+
+
+def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout, extra_flags,
+                  progress) -> List[Dict[str, Any]]:
     env = child_env()
     records: List[Dict[str, Any]] = []
     total = len(schedule)
@@ -147,6 +199,8 @@ def run_schedule(schedule: Sequence[Mapping[str, Any]], settings: Mapping[str, A
             rec["policy_used"] = used_policy(metrics)
             rec["metrics_status"] = metrics.get("status")
             rec["measured"] = stats.measure_run(metrics, warmup_epochs)
+        if rc == EXIT_USAGE:
+            raise TrainRejectedInput(_error_line(log_path) or "train rejected its arguments")
         if rc == -9:
             rec["error"] = f"timed out after {timeout:g} s"
         elif rc != 0:

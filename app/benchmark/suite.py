@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
 from datetime import datetime, timezone
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from app.benchmark import chart, diagnose, layout, plan, report, runner, stats
+from app.errors import UsageError
 from app.hardware import HardwareInfo, make_gpu, parse_cpuinfo_flags
 
 OUTPUT_FILES = ("benchmark.json", "benchmark.md", "benchmark.png", "env.json", "env.txt")
@@ -55,10 +57,17 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     the_plan = plan.plan_policies(requested, hw)
     schedule = plan.interleaved_schedule(the_plan.run, repeats)
 
+    # The command checked that ``output`` is new or empty, so removing it on a rejected
+    # input takes nothing of the user's with it.
     os.makedirs(output, exist_ok=True)
     runs_dir = os.path.join(output, "runs")
-    records = runner.run_schedule(schedule, settings, runs_dir, warmup_epochs,
-                                  launcher=launcher, timeout=timeout)
+    try:
+        records = runner.run_schedule(schedule, settings, runs_dir, warmup_epochs,
+                                      launcher=launcher, timeout=timeout)
+    except runner.TrainRejectedInput as exc:
+        shutil.rmtree(output, ignore_errors=True)
+        # The trainer's line already says what is allowed.
+        raise UsageError(f"python -m app train rejected the settings: {exc.line}") from None
     for rec in records:
         rec["metrics_summary"] = _metrics_summary(rec["output_dir"])
 

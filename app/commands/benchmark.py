@@ -24,10 +24,11 @@ def add_parser(subparsers):
         description="Train the same model under each precision policy, interleaved, and "
                     "report speed, peak memory and accuracy with plain-word diagnoses.")
     what = p.add_argument_group("what to train (passed to `python -m app train`)")
-    what.add_argument("--model", choices=MODELS, default="mlp")
-    what.add_argument("--dataset", choices=DATASETS, default="mnist")
-    what.add_argument("--loop", choices=LOOPS, default="fit")
-    what.add_argument("--batch-size", type=int, default=128, metavar="N")
+    # Defaults of None: resolved like `train` does (flag, then TFMP_* variable, then default).
+    what.add_argument("--model", choices=MODELS, default=None, help="default mlp")
+    what.add_argument("--dataset", choices=DATASETS, default=None, help="default mnist")
+    what.add_argument("--loop", choices=LOOPS, default=None, help="default fit")
+    what.add_argument("--batch-size", type=int, default=None, metavar="N", help="default 128")
     what.add_argument("--learning-rate", type=float, default=None, metavar="LR")
     what.add_argument("--max-train-samples", type=int, default=None, metavar="N")
     what.add_argument("--max-val-samples", type=int, default=None, metavar="N")
@@ -36,11 +37,11 @@ def add_parser(subparsers):
     what.add_argument("--data-dir", default=None, metavar="DIR")
     what.add_argument("--image-dir", default=None, metavar="DIR")
     what.add_argument("--image-size", type=int, default=None, metavar="N")
-    what.add_argument("--offline", action="store_true", help="never download datasets")
+    what.add_argument("--offline", action="store_true", default=None, help="never download datasets")
     speed = p.add_argument_group("speed settings recorded with the results")
     speed.add_argument("--steps-per-execution", type=int, default=None, metavar="N",
                        help="training steps per tf.function call (Model.compile(steps_per_execution=N))")
-    speed.add_argument("--jit", action="store_true",
+    speed.add_argument("--jit", action="store_true", default=None,
                        help="XLA: Model.compile(jit_compile=True) / tf.function(jit_compile=True)")
     how = p.add_argument_group("how to measure")
     how.add_argument("--policies", default=None, metavar="LIST",
@@ -93,10 +94,6 @@ def validate(args):
     if args.steps_per_execution is not None and args.steps_per_execution < 1:
         raise UsageError(f"steps_per_execution must be at least 1. Received: "
                          f"steps_per_execution={args.steps_per_execution}", "an integer >= 1")
-    if (args.steps_per_execution or 1) > 1 and args.loop != "fit":
-        raise UsageError(f"steps_per_execution applies to --loop fit only. Received: "
-                         f"steps_per_execution={args.steps_per_execution}, loop={args.loop!r}",
-                         "--loop fit with --steps-per-execution, or leave it at 1")
     if not args.max_accuracy_gap >= 0:
         raise UsageError(f"max_accuracy_gap must be 0 or more. Received: "
                          f"max_accuracy_gap={args.max_accuracy_gap}", "percentage points >= 0")
@@ -106,12 +103,20 @@ def validate(args):
         raise UsageError(f"image_size must be at least 1. Received: image_size={args.image_size}",
                          "an integer >= 1")
     # The training settings go through the same validation as `python -m app train`.
+    # TFMP_* variables are resolved here, and the result is passed to every run as explicit
+    # flags, so what the report records is what the runs used.
     flags = {"model": args.model, "dataset": args.dataset, "loop": args.loop,
              "precision": "float32", "epochs": args.epochs, "batch_size": args.batch_size,
              "learning_rate": args.learning_rate, "max_train_samples": args.max_train_samples,
              "max_val_samples": args.max_val_samples, "seed": args.seed,
-             "workspace": args.workspace, "data_dir": args.data_dir, "image_dir": args.image_dir}
+             "workspace": args.workspace, "data_dir": args.data_dir, "image_dir": args.image_dir,
+             "image_size": args.image_size, "offline": args.offline,
+             "steps_per_execution": args.steps_per_execution, "jit": args.jit}
     cfg = config.resolve_config(flags)
+    if cfg.steps_per_execution > 1 and cfg.loop != "fit":
+        raise UsageError(f"steps_per_execution applies to --loop fit only. Received: "
+                         f"steps_per_execution={cfg.steps_per_execution}, loop={cfg.loop!r}",
+                         "--loop fit with --steps-per-execution, or leave it at 1")
     output = args.output or os.path.join(
         cfg.workspace, "benchmarks",
         datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{cfg.model}")
@@ -121,11 +126,13 @@ def validate(args):
     config.check_output_writable(output)
     settings = {
         "model": cfg.model, "dataset": cfg.dataset, "loop": cfg.loop, "epochs": cfg.epochs,
-        "batch_size": cfg.batch_size, "learning_rate": args.learning_rate,
+        "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
         "max_train_samples": cfg.max_train_samples, "max_val_samples": cfg.max_val_samples,
-        "seed": args.seed, "workspace": args.workspace, "data_dir": args.data_dir,
-        "image_dir": args.image_dir, "image_size": args.image_size, "offline": args.offline,
-        "steps_per_execution": args.steps_per_execution, "jit": args.jit,
+        "seed": cfg.seed, "workspace": cfg.workspace,
+        # Passed on only when chosen: the trainer's own default is <workspace>/data.
+        "data_dir": (cfg.data_dir if cfg.data_dir != os.path.join(cfg.workspace, "data") else None),
+        "image_dir": cfg.image_dir, "image_size": cfg.image_size, "offline": bool(cfg.offline),
+        "steps_per_execution": cfg.steps_per_execution, "jit": bool(cfg.jit),
     }
     return settings, policies, output
 

@@ -92,3 +92,81 @@ def test_real_benchmark_on_cpu(tmp_path):
     table = (out / "benchmark.md").read_text()
     assert table.strip() in proc.stdout
     assert "| float32 |" in table and "Peak RSS of the CPU process (MiB)" in table
+
+
+def test_settings_rejected_by_train_exit_2_and_remove_output(tmp_path, capsys):
+    # Only the trainer can tell that MNIST is missing in an offline, empty workspace.
+    out = tmp_path / "bench"
+    rc = cli.main(["benchmark", "--dataset", "mnist", "--offline", "--workspace",
+                   str(tmp_path / "ws"), "--epochs", "2", "--repeats", "1", "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err[-1].startswith("error: python -m app train rejected the settings: ")
+    assert "data directory" in err[-1] and err[-1].count("allowed:") == 1
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_named_mixed_float16_runs_on_cpu_and_is_explained(tmp_path):
+    # Microscopic: float16 on a CPU is emulated and very slow.
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "app", "benchmark", "--model", "mlp", "--dataset", "synthetic",
+           "--policies", "mixed_float16", "--max-train-samples", "64", "--max-val-samples", "32",
+           "--batch-size", "32", "--epochs", "2", "--repeats", "1", "--output", str(out),
+           "--workspace", str(tmp_path / "ws")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "benchmark.json").read_text())
+    assert doc["policies_run"] == ["float32", "mixed_float16"] and doc["baseline_added"]
+    assert doc["skipped"] == []
+    fp16 = doc["results"]["mixed_float16"]
+    assert fp16["runs_ok"] == 1 and fp16["loss_scale"]["median"] > 1  # loss scaling was on
+    assert "fp16_on_cpu" in [d["code"] for d in doc["diagnoses"]]
+
+
+def test_sigterm_stops_the_running_training_process(tmp_path):
+    # `docker stop` or a scheduler sends SIGTERM to the benchmark; its child must not linger.
+    script = tmp_path / "bench.py"
+    pidfile = tmp_path / "child.pid"
+    script.write_text(f"""
+import subprocess, sys
+from app.benchmark import runner
+
+def launcher(cmd, log_path, timeout, env):
+    def popen(*a, **k):
+        p = real_popen([sys.executable, "-c", "import time; time.sleep(120)"], **k)
+        open({str(pidfile)!r}, "w").write(str(p.pid))
+        return p
+    real_popen, subprocess.Popen = subprocess.Popen, popen
+    try:
+        return runner.subprocess_launcher(cmd, log_path, timeout, env)
+    finally:
+        subprocess.Popen = real_popen
+
+runner.run_schedule([{{"order": 0, "repeat": 1, "policy": "float32"}}], {{"model": "mlp"}},
+                    {str(tmp_path / "runs")!r}, 1, launcher=launcher)
+""")
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env)
+    try:
+        for _ in range(200):
+            if pidfile.exists() and pidfile.read_text():
+                break
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        for _ in range(100):
+            if not os.path.exists(f"/proc/{child}") or \
+                    open(f"/proc/{child}/stat").read().split()[2] == "Z":
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError("the training process outlived the benchmark")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
