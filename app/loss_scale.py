@@ -106,41 +106,52 @@ def global_norm(grads) -> tf.Tensor:
     return tf.linalg.global_norm(grads)
 
 
-class StepProbe:
-    """Watches the gradients that ``Model.fit`` hands the optimizer.
-
-    ``fit`` computes gradients inside Keras' own train step, out of our reach; the probe
-    wraps the optimizer's apply method on this one instance, and records the global norm
-    of the unscaled gradients and whether they were finite, in variables a callback reads.
-    The cost is one norm per step (a reduction over the parameters).
+class StepStats:
+    """Per-step gradient statistics, kept in variables so the training step never waits
+    for Python: the global norm of the unscaled gradients, how many steps had non-finite
+    gradients (in total and in a row), and the step count.  The loops read them only every
+    ``--log-every`` steps and at the end of an epoch.
     """
 
-    def __init__(self, opt):
-        self.opt = opt
-        self.grad_norm = tf.Variable(0.0, trainable=False, dtype=tf.float32, name="probe_grad_norm")
-        self.nonfinite_steps = tf.Variable(0, trainable=False, dtype=tf.int64,
-                                           name="probe_nonfinite_steps")
-        self._attach()
+    def __init__(self):
+        def var(name, dtype):
+            return tf.Variable(tf.zeros((), dtype), trainable=False, name=name)
+        self.grad_norm = var("stats_grad_norm", tf.float32)
+        self.nonfinite_total = var("stats_nonfinite_total", tf.int64)
+        self.consecutive = var("stats_nonfinite_in_a_row", tf.int64)
+        self.max_consecutive = var("stats_max_nonfinite_in_a_row", tf.int64)
+        self.steps = var("stats_steps", tf.int64)
 
-    def _record(self, grads, scaled: bool):
-        grads = [g for g in grads if g is not None]
+    def record(self, grads, scale=None):
+        """Record one step (inside the tf.function).  ``scale``: divide the norm by it when
+        ``grads`` are still multiplied by the loss scale."""
         norm = global_norm(grads)
-        if scaled:
-            norm = norm / current_loss_scale(self.opt)
+        if scale is not None:
+            norm = norm / scale
+        finite = tf.math.is_finite(norm)  # inf/NaN in any gradient makes the norm non-finite
+        in_a_row = tf.where(finite, tf.constant(0, tf.int64), self.consecutive + 1)
         self.grad_norm.assign(norm)
-        finite = tf.math.is_finite(norm)
-        self.nonfinite_steps.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        self.nonfinite_total.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        self.consecutive.assign(in_a_row)
+        self.max_consecutive.assign(tf.maximum(self.max_consecutive, in_a_row))
+        self.steps.assign_add(1)
+        return finite
 
-    def _attach(self):
-        opt = self.opt
+    def attach_to(self, opt) -> None:
+        """Record the gradients ``Model.fit`` hands ``opt``.
+
+        fit computes gradients inside Keras' own train step, out of our reach, so this wraps
+        the optimizer's apply method on this one instance.
+        """
         if IS_KERAS3:
-            # Keras 3's train step calls optimizer.apply(grads, vars); LSO receives scaled grads.
+            # Keras 3's train step calls optimizer.apply(grads, vars); an LSO gets scaled grads.
             original = opt.apply
             scaled = is_loss_scaled(opt)
 
             def apply(grads, trainable_variables=None):
                 grads = list(grads)
-                self._record(grads, scaled)
+                self.record([g for g in grads if g is not None],
+                            current_loss_scale(opt) if scaled else None)
                 return original(grads, trainable_variables)
 
             object.__setattr__(opt, "apply", apply)
@@ -150,7 +161,7 @@ class StepProbe:
 
             def apply_gradients(grads_and_vars, *args, **kwargs):
                 grads_and_vars = list(grads_and_vars)
-                self._record([g for g, _ in grads_and_vars], False)
+                self.record([g for g, _ in grads_and_vars if g is not None])
                 return original(grads_and_vars, *args, **kwargs)
 
             object.__setattr__(opt, "apply_gradients", apply_gradients)

@@ -112,52 +112,70 @@ def _signal_handlers(flag: _StopFlag):
 # ---- step monitoring (both loops) -----------------------------------------------------------
 
 class _Monitor:
-    """Per-step bookkeeping shared by both loops: skipped steps, divergence, step logs."""
+    """Bookkeeping shared by both loops.  ``tick()`` runs after every step and costs no
+    device synchronisation; every ``log_every`` steps (and at the end of each epoch)
+    ``check()`` reads the in-graph ``StepStats``: it counts skipped steps, stops a run whose
+    gradients stay non-finite, and logs loss, gradient norm and loss scale."""
 
     def __init__(self, cfg: TrainConfig, loss_scaled: bool, writer, on_step: StepCallback | None,
-                 opt, stop: _StopFlag, plain: bool):
+                 opt, stats: loss_scale.StepStats, loss_metric, stop: _StopFlag, plain: bool,
+                 calls_per_check: int):
         self.cfg, self.loss_scaled, self.writer = cfg, loss_scaled, writer
-        self.on_step, self.opt, self.stop, self.plain = on_step, opt, stop, plain
+        self.on_step, self.opt, self.stats, self.stop, self.plain = on_step, opt, stats, stop, plain
+        self.loss_metric = loss_metric      # running mean of the loss over the epoch
+        self.calls_per_check = max(1, calls_per_check)
+        self.calls = 0
         self.global_step = 0
-        self.skipped_total = 0
+        self.skipped_seen = 0
         self.skipped_epoch = 0
-        self.consecutive = 0
         self.step_log: list[dict] = []
 
-    def after_step(self, epoch: int, finite: bool, loss_fn, grad_norm_fn):
-        self.global_step += 1
-        if not finite:
-            self.skipped_total += 1
-            self.skipped_epoch += 1
-            self.consecutive += 1
-            if not self.loss_scaled:
-                raise TrainingDiverged(f"step {self.global_step} (epoch {epoch + 1}): non-finite "
-                                       f"gradients under {prec.global_policy_name()}, which has no "
-                                       "loss scaling to recover with")
-            if self.consecutive > self.cfg.max_skipped_steps:
-                raise TrainingDiverged(
-                    f"step {self.global_step} (epoch {epoch + 1}): {self.consecutive} steps in a "
-                    f"row had non-finite gradients (loss scale now "
-                    f"{float(loss_scale.current_loss_scale(self.opt)):g})")
-        else:
-            self.consecutive = 0
-        if self.global_step % self.cfg.log_every == 0:
-            record = {
-                "step": self.global_step, "epoch": epoch + 1,
-                "loss": float(loss_fn()), "grad_norm": float(grad_norm_fn()),
-                "loss_scale": float(loss_scale.current_loss_scale(self.opt)),
-                "skipped_steps": self.skipped_total,
-            }
-            self.step_log.append(record)
-            self.writer.scalars(self.global_step, {f"step/{k}": record[k]
-                                                   for k in ("loss", "grad_norm", "loss_scale")})
-            if self.plain:
-                print(f"step {record['step']}: loss={record['loss']:.4f} "
-                      f"grad_norm={record['grad_norm']:.4g} loss_scale={record['loss_scale']:g} "
-                      f"skipped={record['skipped_steps']}", flush=True)
-            if self.on_step:
-                self.on_step(record)
-        self.stop.check()
+    def tick(self, epoch: int, check_stop: bool = True):
+        if check_stop:
+            self.stop.check()
+        self.calls += 1
+        if self.calls % self.calls_per_check == 0:
+            self.check(epoch, log=True)
+
+    def check(self, epoch: int, log: bool = False):
+        st = self.stats
+        self.global_step = int(st.steps.numpy())
+        total = int(st.nonfinite_total.numpy())
+        worst_run = int(st.max_consecutive.numpy())
+        st.max_consecutive.assign(st.consecutive)
+        self.skipped_epoch += total - self.skipped_seen
+        self.skipped_seen = total
+        where = f"step {self.global_step} (epoch {epoch + 1})"
+        if total and not self.loss_scaled:
+            raise TrainingDiverged(f"{where}: non-finite loss/gradients under "
+                                   f"{prec.global_policy_name()}, which has no loss scaling to "
+                                   "recover with")
+        if worst_run > self.cfg.max_skipped_steps:
+            raise TrainingDiverged(
+                f"{where}: {worst_run} steps in a row had non-finite gradients (more than "
+                f"--max-skipped-steps {self.cfg.max_skipped_steps}; loss scale now "
+                f"{float(loss_scale.current_loss_scale(self.opt)):g})")
+        if not log:
+            return
+        record = {
+            "step": self.global_step, "epoch": epoch + 1,
+            "loss": _f(self.loss_metric.result()), "grad_norm": _f(st.grad_norm.numpy()),
+            "loss_scale": float(loss_scale.current_loss_scale(self.opt)),
+            "skipped_steps": total,
+        }
+        self.step_log.append(record)
+        self.writer.scalars(self.global_step, {f"step/{k}": record[k]
+                                               for k in ("loss", "grad_norm", "loss_scale")})
+        if self.plain:
+            print(f"step {record['step']}: loss={_fmt(record['loss'])} "
+                  f"grad_norm={_fmt(record['grad_norm'], '.4g')} "
+                  f"loss_scale={record['loss_scale']:g} skipped={total}", flush=True)
+        if self.on_step:
+            self.on_step(record)
+
+
+def _fmt(v, spec=".4f"):
+    return "nan/inf" if v is None else format(v, spec)
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -167,6 +185,7 @@ class _Run:
         self.cfg, self.decision, self.bundle, self.output = cfg, decision, bundle, output
         self.on_step, self.env = on_step, env
         self.plain = (cfg.verbose == "lines") or (cfg.verbose == "auto" and not sys.stdout.isatty())
+        self.previous_steps: list = []
         self.metrics = {
             "schema_version": 1,
             "status": "running",
@@ -176,7 +195,7 @@ class _Run:
             "data": {"train_samples": bundle.train_samples, "val_samples": bundle.val_samples,
                      "input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes},
             "epochs": [],
-            "steps": [],
+            "steps": [],          # every --log-every steps: loss, grad_norm, loss_scale
             "peak_memory": None,
             "model_path": None,
             "diagnosis": None,
@@ -187,7 +206,8 @@ class _Run:
     # metrics.json ----------------------------------------------------------------------------
     def write_metrics(self):
         self.metrics["peak_memory"] = peak_memory()
-        self.metrics["steps"] = self.monitor.step_log[-1000:]
+        monitor = getattr(self, "monitor", None)
+        self.metrics["steps"] = (self.previous_steps + (monitor.step_log if monitor else []))[-1000:]
         write_json_atomic(os.path.join(self.output, "metrics.json"), self.metrics)
 
     def record_epoch(self, epoch: int, logs: dict, epoch_seconds: float, train_seconds: float):
@@ -199,13 +219,14 @@ class _Run:
             "samples_per_second": round(self.bundle.train_samples / max(train_seconds, 1e-9), 2),
             "loss_scale": float(loss_scale.current_loss_scale(self.opt)),
             "skipped_steps": self.monitor.skipped_epoch,
+            "steps": int(self.stats.steps.numpy()),
         }
         self.metrics["epochs"].append(row)
         self.monitor.skipped_epoch = 0
         self.writer.scalars(epoch + 1, {f"epoch/{k}": row[k] for k in (
             "loss", "accuracy", "val_loss", "val_accuracy", "samples_per_second", "loss_scale")})
         self.writer.flush()
-        self.ckpt.save(epoch + 1, self.monitor.global_step)
+        self.ckpt.save(epoch + 1, int(self.stats.steps.numpy()))
         self.write_metrics()
         if self.plain:
             print(f"epoch {row['epoch']}/{self.cfg.epochs}: loss={row['loss']:.4f} "
@@ -231,41 +252,49 @@ class _Run:
         self.writer = _Summaries(os.path.join(self.output, "tensorboard"))
         self.metrics["tensorboard"] = (os.path.join(self.output, "tensorboard")
                                        if self.writer.writer is not None else None)
-        self.monitor = _Monitor(cfg, self.loss_scaled, self.writer, self.on_step, self.opt, stop,
-                                self.plain)
+        self.stats = loss_scale.StepStats()
+        self.stop = stop
+
+    def make_monitor(self, loss_metric, calls_per_check: int):
+        self.monitor = _Monitor(self.cfg, self.loss_scaled, self.writer, self.on_step, self.opt,
+                                self.stats, loss_metric, self.stop, self.plain, calls_per_check)
+        self.monitor.global_step = int(self.stats.steps.numpy())
 
     # loops -----------------------------------------------------------------------------------
     def run_fit(self, start_epoch: int):
         run = self
-        probe = loss_scale.StepProbe(self.opt)
+        self.stats.attach_to(self.opt)
         extra = {"jit_compile": True} if self.cfg.jit else {}  # else Keras' own default
         self.model.compile(optimizer=self.opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(),
                            metrics=["accuracy"], steps_per_execution=self.cfg.steps_per_execution,
                            **extra)
+        spe = self.cfg.steps_per_execution
 
         class _Callback(tf.keras.callbacks.Callback):
+            # Only *begin* batch hooks: overriding on_train_batch_end would make Keras turn
+            # the logs into Python numbers after every step, a device sync that costs speed.
             def on_epoch_begin(self, epoch, logs=None):
                 self.t0 = time.perf_counter()
                 self.t_train = None
                 self.epoch = epoch
-                self.last_bad = int(probe.nonfinite_steps.numpy())
+                self.started = False
+
+            def on_train_batch_begin(self, batch, logs=None):
+                if self.started:
+                    run.monitor.tick(self.epoch)
+                self.started = True
 
             def on_test_begin(self, logs=None):
                 if self.t_train is None:
                     self.t_train = time.perf_counter() - self.t0
 
-            def on_train_batch_end(self, batch, logs=None):
-                bad = int(probe.nonfinite_steps.numpy())
-                finite = bad == self.last_bad
-                self.last_bad = bad
-                logs = logs or {}
-                run.monitor.after_step(self.epoch, finite, lambda: logs.get("loss", np.nan),
-                                       lambda: probe.grad_norm.numpy())
-
             def on_epoch_end(self, epoch, logs=None):
                 total = time.perf_counter() - self.t0
+                run.monitor.tick(epoch, check_stop=False)  # the epoch's last batch
+                run.monitor.check(epoch)
                 run.record_epoch(epoch, logs or {}, total, self.t_train or total)
 
+        self.make_monitor(_LossMetric(self.model), self.cfg.log_every // spe)
         self.model.fit(self.bundle.train, validation_data=self.bundle.val, epochs=self.cfg.epochs,
                        initial_epoch=start_epoch, verbose=0 if self.plain else 1, shuffle=False,
                        callbacks=[_Callback()])
@@ -285,10 +314,10 @@ class _Run:
                 loss = loss_fn(y, probs)                 # float32 loss
                 scaled = loss_scale.scale_loss(opt, loss)
             grads = tape.gradient(scaled, model.trainable_variables)
-            unscaled, finite = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
+            unscaled, _ = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
+            self.stats.record(unscaled)
             train_loss.update_state(loss)
             train_acc.update_state(y, probs)
-            return loss, loss_scale.global_norm(unscaled), finite
 
         @tf.function(jit_compile=bool(self.cfg.jit) or None)
         def train_step(x, y):
@@ -302,18 +331,21 @@ class _Run:
             val_loss.update_state(loss_fn(y, probs))
             val_acc.update_state(y, probs)
 
+        self.make_monitor(train_loss, self.cfg.log_every)
         for epoch in range(start_epoch, self.cfg.epochs):
             for m in (train_loss, train_acc, val_loss, val_acc):
                 m.reset_state() if hasattr(m, "reset_state") else m.reset_states()
+            steps = -(-self.bundle.train_samples // self.cfg.batch_size)
             bar = None if self.plain else tf.keras.utils.Progbar(
-                None, stateful_metrics=["loss", "accuracy"])
+                steps, stateful_metrics=["loss", "accuracy"])
             t0 = time.perf_counter()
-            for x, y in self.bundle.train:
-                loss, gnorm, finite = train_step(x, y)
-                self.monitor.after_step(epoch, bool(finite.numpy()), lambda: loss, lambda: gnorm)
-                if bar is not None:
-                    bar.add(1, [("loss", float(train_loss.result())),
-                                ("accuracy", float(train_acc.result()))])
+            for i, (x, y) in enumerate(self.bundle.train):
+                train_step(x, y)
+                self.monitor.tick(epoch)
+                if bar is not None and ((i + 1) % 10 == 0 or i + 1 == steps):
+                    bar.update(i + 1, [("loss", float(train_loss.result())),
+                                       ("accuracy", float(train_acc.result()))])
+            self.monitor.check(epoch)
             t_train = time.perf_counter() - t0
             for x, y in self.bundle.val:
                 eval_step(x, y)
@@ -323,6 +355,19 @@ class _Run:
                 print(f"epoch {epoch + 1}/{self.cfg.epochs}: " + " ".join(
                     f"{k}={float(v):.4f}" for k, v in logs.items()), flush=True)
             self.record_epoch(epoch, logs, time.perf_counter() - t0, t_train)
+
+
+class _LossMetric:
+    """The running mean of the training loss that Keras' fit keeps (both Kerases name it 'loss')."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def result(self):
+        for m in self.model.metrics:
+            if m.name == "loss":
+                return m.result()
+        return float("nan")
 
 
 def _f(v):
@@ -392,11 +437,13 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
             start = 0
             if cfg.resume:
                 start = run.ckpt.restore_latest()
-                run.monitor.global_step = int(run.ckpt.step.numpy())
+                run.stats.steps.assign(run.ckpt.step)
                 if previous:
                     run.metrics["epochs"] = [e for e in previous.get("epochs", [])
                                              if e["epoch"] <= start]
                     run.metrics["started_utc"] = previous.get("started_utc", run.metrics["started_utc"])
+                    run.previous_steps = [r for r in previous.get("steps", [])
+                                          if r["step"] <= int(run.ckpt.step.numpy())]
                 print(f"resuming from {run.ckpt.manager.latest_checkpoint} at epoch {start + 1}",
                       file=sys.stderr)
             try:
@@ -407,7 +454,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                     run.metrics["model_path"] = checkpointing.save_final_model(run.model, output)
             except TrainingInterrupted as exc:
                 done = len(run.metrics["epochs"])
-                path = run.ckpt.save(done, run.monitor.global_step)
+                path = run.ckpt.save(done, int(run.stats.steps.numpy()))
                 run.metrics["status"] = "interrupted"
                 run.metrics["signal"] = exc.signum
                 print(f"interrupted: checkpoint {path} saved after {done} completed epoch(s); run "

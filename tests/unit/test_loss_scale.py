@@ -53,13 +53,15 @@ def test_overflow_lowers_the_scale_skips_the_step_then_recovers():
     assert not np.array_equal(before, model.get_layer("logits").kernel.numpy())
 
 
-def test_step_probe_sees_fit_gradients():
+def test_step_stats_see_fit_gradients():
     precision.apply_policy("float32")
     model = build_model("mlp", (16,), 3)
     opt = tf.keras.optimizers.Adam()
-    probe = loss_scale.StepProbe(opt)
+    probe = loss_scale.StepStats()
+    probe.attach_to(opt)
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     x = np.random.default_rng(0).uniform(size=(32, 16)).astype("float32")
     model.fit(x, np.arange(32) % 3, epochs=1, batch_size=16, verbose=0)
     assert float(probe.grad_norm.numpy()) > 0
-    assert int(probe.nonfinite_steps.numpy()) == 0
+    assert int(probe.nonfinite_total.numpy()) == 0
+    assert int(probe.steps.numpy()) == 2
