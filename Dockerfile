@@ -46,7 +46,9 @@ RUN groupadd -o -g 1000 tf \
  && usermod -p '*' tf \
  && install -d -o tf -g tf -m 755 /workspace \
  && install -d -o tf -g tf -m 700 /home/tf/.ssh /home/tf/.jupyter \
- && install -d -m 755 /etc/tfmp /etc/ssh/host_keys /etc/ssh/authorized_keys
+ && install -d -m 755 /etc/tfmp /etc/ssh/host_keys /etc/ssh/authorized_keys \
+ # Service list for the healthcheck; writable by a non-root start (--user) too.
+ && install -d -m 1777 /run/tfmp
 
 # --- Python packages ------------------------------------------------------------
 # Resolved against the constraints that keep TF 2.9 working; the same file is
@@ -76,6 +78,8 @@ ENV PIP_CONSTRAINT=/etc/tfmp/constraints.txt \
 # --- configuration and start-up ---------------------------------------------------
 COPY docker/sshd_config /etc/ssh/sshd_config
 COPY docker/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
+# No "news"/update checks: training boxes are often offline; no pop-up over the launcher.
+COPY docker/jupyterlab-overrides.json /usr/local/share/jupyter/lab/settings/overrides.json
 COPY docker/profile-container-env.sh /etc/profile.d/zz-container-env.sh
 COPY docker/healthcheck.py /usr/local/bin/tfmp-healthcheck
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh

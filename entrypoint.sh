@@ -36,7 +36,7 @@ set -euo pipefail
 readonly NB_USER=tf
 readonly USER_HOME=/home/tf
 readonly WORKSPACE=/workspace
-readonly TOKEN_FILE=$USER_HOME/.jupyter/token
+TOKEN_FILE=$USER_HOME/.jupyter/token # moved under $HOME when started as non-root
 readonly STATE_DIR=/run/tfmp
 readonly ENV_FILE=/etc/tfmp/container.env
 readonly HOST_KEY_DIR=/etc/ssh/host_keys
@@ -200,10 +200,10 @@ setup_token() {
   fi
   [[ $token =~ ^[A-Za-z0-9._~-]+$ ]] || fatal "the Jupyter token may contain only letters, digits and . _ ~ - (it goes into URLs)"
   ((${#token} >= 8)) || warn "the Jupyter token is shorter than 8 characters"
-  install -d -m 700 -o "$NB_UID" -g "$NB_GID" "$(dirname "$TOKEN_FILE")"
+  install -d -m 700 "$(dirname "$TOKEN_FILE")"
   (umask 077 && printf '%s\n' "$token" >"$TOKEN_FILE")
-  chown "$NB_UID:$NB_GID" "$TOKEN_FILE"
   chmod 600 "$TOKEN_FILE"
+  if is_root; then chown -R "$NB_UID:$NB_GID" "$(dirname "$TOKEN_FILE")"; fi
   JUPYTER_URL="http://127.0.0.1:${JUPYTER_HOST_PORT:-8888}/lab?token=$token"
 }
 
@@ -354,6 +354,12 @@ main() {
   else
     NB_UID=$(id -u)
     NB_GID=$(id -g)
+    # `--user UID:GID` with a UID the image does not know: a private HOME.
+    if [[ ! -w ${HOME:-/nonexistent} ]]; then
+      export HOME=/tmp/home-$NB_UID
+      install -d -m 700 "$HOME"
+    fi
+    TOKEN_FILE=$HOME/.jupyter/token
   fi
   build_user_cmd
   # Every mode: login shells (`bash -lc`, SSH, Jupyter terminals) re-apply it.

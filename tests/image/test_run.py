@@ -1,0 +1,195 @@
+"""The image run directly (`docker run`): batch jobs, bad settings, signals,
+supervision, password login, pip constraints, the self-test, build hygiene."""
+from __future__ import annotations
+
+import os
+import time
+
+import paramiko
+import pytest
+
+from image_helpers import (HOST_CA_BUNDLE, REPO, docker_run, exec_in, free_port, health, run,
+                           wait_until)
+
+pytestmark = pytest.mark.docker
+
+
+# --- batch jobs ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("status", [0, 3, 42])
+def test_batch_run_passes_the_exit_status_through(image, status):
+    proc = docker_run(image, "-e", "TFMP_QUIET=1",
+                      command=["bash", "-lc", f"test \"$(id -un)\" = tf && exit {status}"])
+    assert proc.returncode == status, proc.stderr
+
+
+def test_batch_python_module_runs_as_the_user(image):
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", command=[
+        "python", "-c", "import os, app, tensorflow as tf; print(os.getuid(), tf.__version__)"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1000", "2.9.3"]
+
+
+def test_batch_app_usage_error_is_exit_2(image):
+    proc = docker_run(image, "-e", "TFMP_QUIET=1",
+                      command=["python", "-m", "app", "train", "--precision", "fp8"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+
+
+def test_compose_batch_profile_runs_training(image, tmp_path):
+    env = dict(os.environ, COMPOSE_PROJECT_NAME=f"tfmpbatch{os.getpid()}", IMAGE=image,
+               MEMLOCK_LIMIT=_memlock())
+    args = ["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml"]
+    try:
+        proc = run(args + ["run", "--rm", "train", "--dataset", "synthetic",
+                           "--model", "mlp", "--epochs", "1", "--precision", "float32",
+                           "--max-train-samples", "128", "--max-val-samples", "32",
+                           "--output", "/workspace/runs/batch", "--no-save-model",
+                           "--progress", "lines"], env=env, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        assert "done: 1 epoch(s)" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+        check = run(args + ["run", "--rm", "--entrypoint", "cat", "train",
+                            "/workspace/runs/batch/metrics.json"], env=env, timeout=120)
+        assert '"completed"' in check.stdout
+    finally:
+        run(args + ["down", "-v"], env=env, timeout=120, check=False)
+
+
+def _memlock() -> str:
+    from image_helpers import memlock_limit
+
+    return memlock_limit()
+
+
+# --- bad settings: one clear line, non-zero exit -------------------------------------
+
+@pytest.mark.parametrize("env, message", [
+    (["-e", "NB_UID=0"], "NB_UID=0 is refused"),
+    (["-e", "NB_UID=abc"], "NB_UID must be a number"),
+    (["-e", "PUBLIC_KEY=ssh-ed25519 not-a-key"], "PUBLIC_KEY line 1 is not an OpenSSH public key"),
+    (["-e", "JUPYTER_TOKEN_FILE=/nonexistent/token"], "JUPYTER_TOKEN_FILE='/nonexistent/token' is not a readable file"),
+    (["-e", "JUPYTER_TOKEN="], "JUPYTER_TOKEN is set but empty"),
+    (["-e", "JUPYTER_TOKEN=a b"], "may contain only"),
+    (["-e", "SSH_PASSWORD="], "SSH_PASSWORD is set but empty"),
+    (["-e", "ENABLE_SSH=maybe"], "ENABLE_SSH must be 1 or 0"),
+], ids=["uid0", "uid-text", "bad-key", "token-file", "empty-token", "token-space",
+        "empty-password", "enable-ssh"])
+def test_bad_environment_fails_with_one_clear_line(image, env, message):
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", *env, timeout=60)
+    assert proc.returncode != 0
+    fatal = [line for line in proc.stderr.splitlines() if "FATAL" in line]
+    assert len(fatal) == 1 and message in fatal[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+# --- serve mode: signals, supervision, tini ------------------------------------------
+
+def _serve(container, *args):
+    name = container("--shm-size=256m", "-e", "JUPYTER_TOKEN=test-token-123", *args)
+    wait_until(lambda: health(name).startswith("healthy"), 90, what=f"{name} healthy")
+    return name
+
+
+def test_docker_stop_takes_under_3_seconds(container):
+    name = _serve(container)
+    t0 = time.monotonic()
+    run(["docker", "stop", "-t", "10", name], timeout=30)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 3, f"docker stop took {elapsed:.1f}s"
+    code = run(["docker", "inspect", "-f", "{{.State.ExitCode}}", name]).stdout.strip()
+    assert code == "0"
+
+
+@pytest.mark.parametrize("victim", ["jupyter-lab", "sshd"])
+def test_container_exits_non_zero_when_a_service_dies(container, victim):
+    name = _serve(container)
+    pattern = "jupyter-lab" if victim == "jupyter-lab" else "sshd -D"
+    exec_in(name, "pkill", "-KILL", "-f", pattern, timeout=20)
+    wait_until(lambda: health(name).endswith("|exited"), 30, what=f"{name} to exit")
+    code = int(run(["docker", "inspect", "-f", "{{.State.ExitCode}}", name]).stdout.strip())
+    assert code != 0
+    logs = run(["docker", "logs", name]).stderr
+    assert "exited (status" in logs
+
+
+def test_pid1_is_tini_for_batch_jobs(image):
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", command=["cat", "/proc/1/cmdline"])
+    assert proc.stdout.split("\0")[0].endswith("tini"), proc.stdout
+
+
+def test_password_login_only_when_configured(container):
+    port = free_port()
+    name = _serve(container, "-p", f"127.0.0.1:{port}:22", "-e", "SSH_PASSWORD=s3cret-pass")
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect("127.0.0.1", port=port, username="tf", password="s3cret-pass",
+                   allow_agent=False, look_for_keys=False, timeout=15)
+    try:
+        _, out, _ = client.exec_command("whoami", timeout=30)
+        assert out.read().decode().strip() == "tf"
+    finally:
+        client.close()
+    with pytest.raises(paramiko.AuthenticationException):
+        client.connect("127.0.0.1", port=port, username="tf", password="wrong",
+                       allow_agent=False, look_for_keys=False, timeout=15)
+    assert name
+
+
+def test_non_root_start_runs_jupyter_only(container):
+    name = container("-u", "1234:1234", "-e", "JUPYTER_TOKEN=test-token-123")
+    wait_until(lambda: health(name).startswith("healthy"), 90, what=f"{name} healthy")
+    logs = run(["docker", "logs", name]).stderr
+    assert "only JupyterLab runs" in logs
+
+
+# --- pip cannot break TensorFlow ----------------------------------------------------------
+
+def test_pip_upgrade_of_numpy_keeps_tensorflow_importable(image):
+    """`pip install -U numpy` would bring numpy 2 (TF 2.9 then fails to import);
+    PIP_CONSTRAINT keeps it below 2.  Needs the index (the host's CA, as a user
+    behind a TLS proxy would pass theirs)."""
+    script = ("pip install --upgrade numpy >/tmp/pip.log 2>&1; echo pip-exit=$?; "
+              "python -c 'import numpy, tensorflow as tf; print(\"numpy\", numpy.__version__, \"tf\", tf.__version__)'")
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{HOST_CA_BUNDLE}:/tmp/host-ca.crt:ro",
+                      "-e", "PIP_CERT=/tmp/host-ca.crt",
+                      command=["bash", "-lc", script], timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "pip-exit=0" in proc.stdout, proc.stdout
+    numpy_version = proc.stdout.split("numpy ")[1].split()[0]
+    assert int(numpy_version.split(".")[0]) < 2 and "tf 2.9.3" in proc.stdout
+
+
+def test_pip_install_of_numpy_2_is_refused_clearly(image):
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{HOST_CA_BUNDLE}:/tmp/host-ca.crt:ro",
+                      "-e", "PIP_CERT=/tmp/host-ca.crt",
+                      command=["bash", "-lc", "pip install 'numpy>=2'"], timeout=300)
+    assert proc.returncode != 0
+    assert "numpy" in (proc.stdout + proc.stderr) and "conflict" in (proc.stdout + proc.stderr).lower()
+
+
+# --- self-test, build hygiene -------------------------------------------------------------
+
+def test_self_test_runs_the_apps_unit_tests_in_the_image(image):
+    proc = docker_run(image, "--shm-size=256m", command=["self-test", "-q"], timeout=1200)
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout and " failed" not in proc.stdout, tail
+
+
+def test_no_build_secret_or_nvidia_apt_source_left_in_the_image(image):
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", command=["bash", "-c",
+                      "find /run/secrets -type f 2>/dev/null; ls /tmp/pip-ca.* 2>/dev/null; env | grep -c PIP_CERT; "
+                      "grep -rlis 'nvidia\\|cuda' /etc/apt/sources.list /etc/apt/sources.list.d/; "
+                      "ls /etc/ssh/ssh_host_* 2>/dev/null; true"])
+    assert proc.stdout.split() == ["0"], proc.stdout
+
+
+def test_app_change_only_rebuilds_the_last_layers(image):
+    """Build-order check: every layer before `COPY app` comes from the cache."""
+    history = run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", image]).stdout
+    lines = [line for line in history.splitlines() if line.strip()]
+    app_idx = next(i for i, line in enumerate(lines) if "/opt/tfmp/src/app" in line and "COPY" in line)
+    pip_idx = next(i for i, line in enumerate(lines) if "pip-install.sh" in line)
+    assert app_idx < pip_idx  # history is newest first: app is copied after pip ran
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert dockerfile.index("COPY app ") > dockerfile.index("pip-install.sh -r")
