@@ -317,7 +317,7 @@ serve() {
   else
     printf '{"jupyter": {"token_file": "%s"}}\n' "$TOKEN_FILE" >"$STATE_DIR/services"
   fi
-  info "==> JupyterLab: $JUPYTER_URL   (token also in $TOKEN_FILE)"
+  info "==> Jupyter URL: $JUPYTER_URL   (token also in $TOKEN_FILE)"
   [[ -z $sshd_pid ]] || info "==> SSH: ssh -p ${SSH_HOST_PORT:-2222} $NB_USER@127.0.0.1"
 
   status=0

@@ -40,7 +40,7 @@ def image(docker_ok) -> str:
     if Path(HOST_CA_BUNDLE).is_file():
         env["PIP_CA_FILE"] = HOST_CA_BUNDLE
     run(["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml",
-         "build", "jupyter"], timeout=1800, env=env)
+         "build", "tfmp"], timeout=1800, env=env)
     return TEST_IMAGE
 
 
@@ -57,7 +57,7 @@ class Stack:
 
     @property
     def container(self) -> str:
-        return f"{self.project}-jupyter-1"
+        return f"{self.project}-tfmp-1"
 
     @property
     def base_url(self) -> str:
@@ -95,7 +95,7 @@ def stack(image, ssh_keypair, tmp_path_factory):
     override = tmp_path_factory.mktemp("compose") / "workspace-bind.yml"
     # Same mount target as the named volume: Compose replaces it with this bind mount.
     override.write_text(
-        "services:\n  jupyter:\n    volumes:\n"
+        "services:\n  tfmp:\n    volumes:\n"
         f"      - type: bind\n        source: {workspace}\n        target: /workspace\n"
     )
     key, pub = ssh_keypair
@@ -114,7 +114,7 @@ def stack(image, ssh_keypair, tmp_path_factory):
     override.write_text(override.read_text()
                         + "    environment:\n      TFMP_TEST_USER_VAR: ${TFMP_TEST_USER_VAR}\n")
     try:
-        st.compose("up", "-d", "--no-build", "jupyter", timeout=180)
+        st.compose("up", "-d", "--no-build", "tfmp", timeout=180)
         st.wait_healthy()
         yield st
     finally:

@@ -41,7 +41,8 @@ def test_compose_batch_profile_runs_training(image, tmp_path):
                MEMLOCK_LIMIT=_memlock())
     args = ["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml"]
     try:
-        proc = run(args + ["run", "--rm", "train", "--dataset", "synthetic",
+        proc = run(args + ["run", "--rm", "train", "python", "-m", "app", "train",
+                           "--dataset", "synthetic",
                            "--model", "mlp", "--epochs", "1", "--precision", "float32",
                            "--max-train-samples", "128", "--max-val-samples", "32",
                            "--output", "/workspace/runs/batch", "--no-save-model",

@@ -59,8 +59,8 @@ def test_pid1_is_tini(stack):
 
 
 def test_token_is_announced_once_and_stored_user_only(stack):
-    logs = stack.compose("logs", "--no-color", "jupyter").stdout
-    lines = [line for line in logs.splitlines() if "==> JupyterLab: http://" in line]
+    logs = stack.compose("logs", "--no-color", "tfmp").stdout
+    lines = [line for line in logs.splitlines() if "==> Jupyter URL: http://" in line]
     assert len(lines) == 1, lines
     token = stack.token()
     assert f":{stack.jupyter_port}/lab?token={token}" in lines[0]
@@ -251,6 +251,6 @@ def _host_key_fingerprint(stack) -> str:
 def test_host_keys_survive_compose_down_and_up(stack):
     before = _host_key_fingerprint(stack)
     stack.compose("down", "-t", "5", timeout=120)  # keeps named volumes
-    stack.compose("up", "-d", "--no-build", "jupyter", timeout=180)
+    stack.compose("up", "-d", "--no-build", "tfmp", timeout=180)
     stack.wait_healthy()
     assert _host_key_fingerprint(stack) == before

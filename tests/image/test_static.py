@@ -77,10 +77,10 @@ def test_compose_files_are_valid(files):
     import json
 
     cfg = json.loads(proc.stdout)
-    jupyter = cfg["services"]["jupyter"]
+    jupyter = cfg["services"]["tfmp"]
     has_gpu = "deploy" in jupyter
     assert has_gpu == (len(files) == 1)
     assert {p["target"] for p in jupyter["ports"]} == {8888, 22}
     assert all(p["host_ip"] == "127.0.0.1" for p in jupyter["ports"])
     assert jupyter["shm_size"] and jupyter["ulimits"]["stack"] == 67108864
-    assert cfg["services"]["train"]["entrypoint"][-4:] == ["python", "-m", "app", "train"]
+    assert cfg["services"]["train"]["command"] == ["python", "-m", "app", "train"]
