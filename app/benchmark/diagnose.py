@@ -48,11 +48,13 @@ def diagnose(summary: Mapping[str, Mapping[str, Any]],
              layer_widths: Optional[Sequence[int]] = None,
              steps_per_epoch: Optional[int] = None,
              max_accuracy_gap: float = DEFAULT_MAX_ACCURACY_GAP,
-             failed_runs: Sequence[Mapping[str, Any]] = ()) -> List[Diagnosis]:
+             failed_runs: Sequence[Mapping[str, Any]] = (),
+             max_load: Optional[float] = None, cpu_count: Optional[int] = None) -> List[Diagnosis]:
     """All diagnoses, most important first.
 
     ``settings`` needs ``batch_size``, ``steps_per_execution`` and ``jit``;
-    ``layer_widths`` are the model's Dense units / Conv filters when known.
+    ``layer_widths`` are the model's Dense units / Conv filters when known; ``max_load`` is
+    the highest 1-minute load average seen around the runs, ``cpu_count`` the CPUs.
     """
     out: List[Diagnosis] = []
     out += _failures(failed_runs)
@@ -62,7 +64,7 @@ def diagnose(summary: Mapping[str, Mapping[str, Any]],
     out += _launch_bound(summary, hw, settings, steps_per_epoch)
     out += _multiples_of_8(summary, settings, layer_widths)
     out += _loss_scale(summary)
-    out += _noise(summary)
+    out += _noise(summary, max_load, cpu_count)
     out += _pays(summary, hw)
     return out
 
@@ -231,8 +233,12 @@ def _loss_scale(summary):
     return out
 
 
-def _noise(summary):
+def _noise(summary, max_load=None, cpu_count=None):
     out = []
+    # One training process keeps the load near the CPU count; clearly more is other work.
+    busy = (max_load is not None and cpu_count and max_load > cpu_count + 1.0)
+    why = (f"other work competed for the CPUs (load average up to {max_load:.1f} on "
+           f"{cpu_count} CPUs)" if busy else "the machine is busy or throttling")
     for p, s in summary.items():
         sps = s.get("samples_per_second") or {}
         med, lo, hi = sps.get("median"), sps.get("min"), sps.get("max")
@@ -241,8 +247,8 @@ def _noise(summary):
             if rel > NOISY:
                 out.append(Diagnosis(
                     "noisy", "info", p,
-                    f"{p}: samples/s varied by {rel * 100:.0f}% between repeats: the machine is "
-                    "busy or throttling. Use more --repeats, more epochs, or a quieter machine."))
+                    f"{p}: samples/s varied by {rel * 100:.0f}% between repeats: {why}. Use more "
+                    "--repeats, more epochs, or a quieter machine."))
     return out
 
 

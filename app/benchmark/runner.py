@@ -112,6 +112,13 @@ def _tail(path: str, n: int = 1) -> str:
     return " | ".join(lines[-n:])
 
 
+def _load_average() -> Optional[float]:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def _error_line(path: str) -> str:
     """The trainer's one-line ``error: ...`` message from a run's log, without the prefix."""
     try:
@@ -177,6 +184,7 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
         cmd = train_command(settings, policy, run_dir, extra_flags)
         progress(f"[benchmark] run {order + 1}/{total}: {policy}, repeat {repeat} ...")
         started = datetime.now(timezone.utc)
+        load_before = _load_average()
         t0 = time.monotonic()
         rc = launcher(cmd, log_path, timeout, env)
         wall = time.monotonic() - t0
@@ -184,6 +192,8 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
             "order": order, "repeat": repeat, "policy": policy,
             "started_utc": started.isoformat(timespec="seconds"),
             "wall_seconds": round(wall, 3), "returncode": rc,
+            # 1-minute load average before and after: other work competing for the CPUs.
+            "load_average": [load_before, _load_average()],
             "command": cmd, "output_dir": run_dir, "log": log_path,
             "ok": False, "error": None, "measured": None, "policy_used": None,
         }

@@ -76,9 +76,12 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     first_metrics = next((_load(r["output_dir"]) for r in records if r["ok"]), None)
     widths = layout.layer_widths(settings["model"], first_metrics)
     failed = [r for r in records if not r["ok"]]
+    loads = [v for r in records for v in (r.get("load_average") or []) if v is not None]
     diags = diagnose.diagnose(results, hw, settings, layer_widths=widths,
                               steps_per_epoch=_steps_per_epoch(records, settings),
-                              max_accuracy_gap=max_accuracy_gap, failed_runs=failed)
+                              max_accuracy_gap=max_accuracy_gap, failed_runs=failed,
+                              max_load=max(loads) if loads else None,
+                              cpu_count=os.cpu_count())
     status = "ok" if not failed else ("failed" if len(failed) == len(records) else "partial")
     doc: Dict[str, Any] = {
         "schema": report.SCHEMA,
@@ -100,7 +103,8 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                    "run is a fresh `python -m app train` process",
             "order": [f"{e['policy']}#{e['repeat']}" for e in schedule],
         },
-        "hardware": dict(hw.to_dict(), description=plan.describe(hw)),
+        "hardware": dict(hw.to_dict(), description=plan.describe(hw), cpu_count=os.cpu_count()),
+        "load_average_max": max(loads) if loads else None,
         "environment": env,
         "policies_requested": list(requested) if requested else "default",
         "policies_run": list(the_plan.run),

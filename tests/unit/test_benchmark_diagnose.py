@@ -115,3 +115,11 @@ def test_layer_width_table_matches_models():
 
 def l_is_hidden(width):
     return width != 10  # the class-count output layer is left out on purpose
+
+
+def test_noise_names_competing_work_when_the_load_was_high():
+    summary = {"float32": _s(sps=(100, 50, 150))}
+    [quiet] = diagnose.diagnose(summary, CPU_BF16, SETTINGS, max_load=2.5, cpu_count=2)
+    [busy] = diagnose.diagnose(summary, CPU_BF16, SETTINGS, max_load=5.4, cpu_count=2)
+    assert "throttling" in quiet.message
+    assert "load average up to 5.4 on 2 CPUs" in busy.message

@@ -78,6 +78,7 @@ def test_files_fields_and_order(tmp_path):
     expected = ["float32", "mixed_bfloat16"] * 2
     assert fake.calls == expected
     assert [r["policy"] for r in sorted(doc["runs"], key=lambda r: r["order"])] == expected
+    assert all(len(r["load_average"]) == 2 for r in doc["runs"])
     starts = [r["started_utc"] for r in doc["runs"]]
     assert starts == sorted(starts)
     assert doc["interleaving"]["order"] == ["float32#1", "mixed_bfloat16#1",
