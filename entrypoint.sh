@@ -72,19 +72,23 @@ read_secret_file() { # $1 = variable name holding a path
 # --- user ----------------------------------------------------------------------
 
 remap_user() {
-  local cur_uid cur_gid
+  local cur_uid cur_gid changed=0
   cur_uid=$(id -u "$NB_USER")
   cur_gid=$(id -g "$NB_USER")
   if [[ $NB_GID != "$cur_gid" ]]; then
     groupmod -o -g "$NB_GID" "$NB_USER"
     info "group $NB_USER now has GID $NB_GID"
+    changed=1
   fi
   if [[ $NB_UID != "$cur_uid" ]]; then
-    # usermod also re-owns the files in the home directory.
     usermod -o -u "$NB_UID" "$NB_USER"
     info "user $NB_USER now has UID $NB_UID"
+    changed=1
   fi
-  chown -R "$NB_UID:$NB_GID" "$USER_HOME" 2>/dev/null || true
+  if [[ $changed == 1 ]]; then
+    # Read-only mounts below the home (an authorized_keys file) stay as they are.
+    chown -R "$NB_UID:$NB_GID" "$USER_HOME" 2>/dev/null || true
+  fi
   # Only the top of the workspace, and only if the user could not write there
   # (a fresh bind mount created by Docker as root, or a volume from another UID).
   if ! setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups test -w "$WORKSPACE"; then
