@@ -188,7 +188,9 @@ def execute(name: str, params: dict, tmp_path: Path, monkeypatch, timeout: int =
     client.execute()
     text = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
     line = next(ln for ln in text.splitlines() if ln.startswith(SUMMARY_MARK))
-    return nb, json.loads(line[len(SUMMARY_MARK):])
+    summary = json.loads(line[len(SUMMARY_MARK):])
+    print(f"{name} {params}: {summary}")  # shown when a check below fails
+    return nb, summary
 
 
 def _all_text(nb) -> str:
