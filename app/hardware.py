@@ -90,28 +90,30 @@ def _cpu_flags() -> frozenset[str]:
         return frozenset()
 
 
-def _gpu_memory_bytes(index: int) -> int | None:
+def _gpu_memory_limits() -> list[int]:
     # Total memory is not in get_device_details; the local device list knows the limit
-    # TensorFlow would use.  Best effort only: it allocates the GPU context.
+    # TensorFlow would use.  Best effort only: it creates the GPU contexts.
     try:
         from tensorflow.python.client import device_lib  # noqa: internal but stable since 1.x
 
-        gpus = [d for d in device_lib.list_local_devices() if d.device_type == "GPU"]
-        return int(gpus[index].memory_limit) if index < len(gpus) else None
+        return [int(d.memory_limit) for d in device_lib.list_local_devices()
+                if d.device_type == "GPU"]
     except Exception:  # pragma: no cover - GPU only
-        return None
+        return []
 
 
 def detect() -> HardwareInfo:
     import tensorflow as tf
 
     gpus = []
-    for i, dev in enumerate(tf.config.list_physical_devices("GPU")):
+    physical = tf.config.list_physical_devices("GPU")
+    limits = _gpu_memory_limits() if physical else []
+    for i, dev in enumerate(physical):
         try:
             details = tf.config.experimental.get_device_details(dev)
         except Exception:  # pragma: no cover - GPU only
             details = {}
         gpus.append(make_gpu(details.get("device_name", dev.name),
                              details.get("compute_capability"),
-                             _gpu_memory_bytes(i)))
+                             limits[i] if i < len(limits) else None))
     return HardwareInfo(gpus=gpus, cpu_flags=_cpu_flags())

@@ -249,11 +249,15 @@ class _Run:
             loss_scale.build_optimizer(self.opt, self.model.trainable_variables)
         self.loss_scaled = loss_scale.is_loss_scaled(self.opt)
         self.ckpt = checkpointing.Checkpointer(self.output, self.model, self.opt)
+        self.stats = loss_scale.StepStats()
+        self.stop = stop
+
+    def open_outputs(self):
+        """The first thing that writes into the output folder (after any --resume check)."""
+        os.makedirs(self.output, exist_ok=True)
         self.writer = _Summaries(os.path.join(self.output, "tensorboard"))
         self.metrics["tensorboard"] = (os.path.join(self.output, "tensorboard")
                                        if self.writer.writer is not None else None)
-        self.stats = loss_scale.StepStats()
-        self.stop = stop
 
     def make_monitor(self, loss_metric, calls_per_check: int):
         self.monitor = _Monitor(self.cfg, self.loss_scaled, self.writer, self.on_step, self.opt,
@@ -432,11 +436,10 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     old_policy = prec.global_policy_name()
     try:
         with _signal_handlers(stop):
-            os.makedirs(output, exist_ok=True)
             run.build(stop)
             start = 0
             if cfg.resume:
-                start = run.ckpt.restore_latest()
+                start = run.ckpt.restore_latest()  # UsageError if incompatible: nothing written
                 run.stats.steps.assign(run.ckpt.step)
                 if previous:
                     run.metrics["epochs"] = [e for e in previous.get("epochs", [])
@@ -446,6 +449,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                                           if r["step"] <= int(run.ckpt.step.numpy())]
                 print(f"resuming from {run.ckpt.manager.latest_checkpoint} at epoch {start + 1}",
                       file=sys.stderr)
+            run.open_outputs()
             try:
                 if start < cfg.epochs:
                     (run.run_fit if cfg.loop == "fit" else run.run_custom)(start)
@@ -464,6 +468,13 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                 run.metrics["diagnosis"] = f"{exc}; {DIAGNOSIS}"
                 print(f"error: training diverged at {run.metrics['diagnosis']}", file=sys.stderr,
                       flush=True)
+            except Exception as exc:
+                # Unexpected (e.g. out of memory): leave an honest metrics.json, then re-raise.
+                run.metrics["status"] = "failed"
+                run.metrics["diagnosis"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+                run.metrics["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                run.write_metrics()
+                raise
             run.metrics["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             run.write_metrics()
             run.writer.close()
