@@ -232,7 +232,7 @@ def test_01_float16_uses_loss_scaling(tmp_path, monkeypatch):
     assert s["policy"] == "mixed_float16" and s["compute_dtype"] == "float16"
     assert s["variable_dtypes"] == ["float32"] and s["output_dtype"] == "float32"
     assert s["loss_scaled"] is True and s["final_loss_scale"] > 1
-    assert s["val_accuracy"] >= 0.30   # 8 steps: well above the 10% of guessing
+    assert s["val_accuracy"] >= 0.50   # after 8 steps; guessing gives 10%
     assert "WARNING: mixed_float16 on a CPU is very slow" in _all_text(nb)
 
 
@@ -249,7 +249,8 @@ def test_02_custom_loop_records_the_loss_scale_backing_off(tmp_path, monkeypatch
     assert s["skipped_steps"] >= 1
     assert s["final_loss_scale"] < 2.0 ** 24
     assert s["initial_loss_scale"] <= 2.0 ** 24
-    assert s["final_loss"] is not None and s["final_loss"] < 2.31  # below chance: it learned
+    assert s["final_loss"] is not None and s["final_loss"] < 2.0  # chance is ln(10) = 2.30
+    assert s["val_accuracy"] >= 0.50
     outputs = [o for c in nb.cells for o in c.get("outputs", [])]
     assert any(o.output_type == "display_data" and "image/png" in o.data for o in outputs)
     assert any(o.output_type == "update_display_data" for o in outputs) or \
