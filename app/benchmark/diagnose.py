@@ -191,12 +191,18 @@ def _launch_bound(summary, hw, settings, steps_per_epoch):
                 "Check the data pipeline (prefetch, cache) and that the heavy layers are Dense or "
                 "Conv with sizes that are multiples of 8."))
             continue
+        if hw.gpus:
+            why = ("the model is too small to keep the GPU busy, so time goes to launching "
+                   "operations and Python overhead, not to arithmetic that lower precision "
+                   "speeds up.")
+        else:
+            why = ("on a CPU, bfloat16 speeds up only the matrix multiplications and "
+                   "convolutions (oneDNN with AVX512_BF16/AMX); in a model this small, the "
+                   "conversions, element-wise work and per-step Python overhead eat the gain.")
         out.append(Diagnosis(
             "launch_bound", "warning", p,
-            f"{p} runs at only {su} the speed of float32 although this {where} supports it: the model is too "
-            f"small to keep the {where} busy, so time goes to launching operations and Python "
-            f"overhead, not to arithmetic that lower precision speeds up.{timing} "
-            f"Try {'; '.join(hints)}."))
+            f"{p} runs at only {su} the speed of float32 although this {where} supports it: "
+            f"{why}{timing} Try {'; '.join(hints)}."))
     return out
 
 
