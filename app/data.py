@@ -3,7 +3,7 @@
 Standard files are read from the data directory (``mnist.npz``; ``fashion-mnist/*.gz`` or
 ``fashion_mnist.npz``; ``cifar-10-batches-py/`` or ``cifar10.npz``).  When a file is missing
 and downloads are allowed, Keras' own loader fetches it and the arrays are stored in the data
-directory as ``<name>.npz``.  ``synthetic`` needs no files; ``images`` reads a folder with
+directory as ``<name>.npz`` (written to a temporary name, then renamed).  ``synthetic`` needs no files; ``images`` reads a folder with
 one subfolder of images per class.  Inputs are float32 in [0, 1].
 """
 from __future__ import annotations
@@ -96,10 +96,9 @@ def _download(name: str, data_dir: str):
     import tensorflow as tf
 
     target = os.path.join(data_dir, f"{name}.npz")
-    if name == "mnist":
-        arrays = tf.keras.datasets.mnist.load_data(path=os.path.abspath(target))
-        return arrays  # the loader saved the standard file at target itself
-    loader = {"fashion_mnist": tf.keras.datasets.fashion_mnist,
+    # Keras' loaders download into Keras' own cache (recent Keras refuses a path as the
+    # file name), so the arrays are stored again here, in the standard npz layout.
+    loader = {"mnist": tf.keras.datasets.mnist, "fashion_mnist": tf.keras.datasets.fashion_mnist,
               "cifar10": tf.keras.datasets.cifar10}[name]
     (xtr, ytr), (xte, yte) = loader.load_data()
     tmp = target + ".tmp.npz"
@@ -123,12 +122,16 @@ def load_arrays(name: str, data_dir: str, offline: bool = False, data_dir_explic
     if offline:
         raise UsageError(f"dataset {name!r} not found: no {wanted} in {data_dir!r} and downloads "
                          "are off", f"put {wanted} into {data_dir!r}, or allow downloads")
+    created = not os.path.isdir(data_dir)
     os.makedirs(data_dir, exist_ok=True)
     try:
         return _download(name, data_dir)
     except Exception as exc:
+        if created and not os.listdir(data_dir):
+            os.rmdir(data_dir)  # leave nothing behind for a download that never happened
+        why = (str(exc).strip().splitlines() or [""])[0][:160]
         raise UsageError(f"dataset {name!r} not found: no {wanted} in {data_dir!r} and the download "
-                         f"failed ({type(exc).__name__})",
+                         f"failed ({type(exc).__name__}: {why})",
                          f"put {wanted} into {data_dir!r} (copy it from a machine that is online)") \
             from None
 
