@@ -13,24 +13,37 @@ CHECKPOINT_DIR = "checkpoints"
 
 
 class Checkpointer:
-    def __init__(self, output: str, model, optimizer):
+    """``write_dir``: multi-worker, a non-chief worker takes part in every save (TensorFlow
+    requires it) but into its own temporary folder, deleted after each save; every worker
+    restores from the chief's folder (``<output>/checkpoints``)."""
+
+    def __init__(self, output: str, model, optimizer, write_dir=None):
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch,
                                         step=self.step)
-        self.manager = tf.train.CheckpointManager(self.ckpt, os.path.join(output, CHECKPOINT_DIR),
+        self.read_dir = os.path.join(output, CHECKPOINT_DIR)
+        self.temporary = write_dir is not None and write_dir != self.read_dir
+        self.manager = tf.train.CheckpointManager(self.ckpt, write_dir or self.read_dir,
                                                   max_to_keep=3)
+
+    @property
+    def latest_checkpoint(self):
+        return tf.train.latest_checkpoint(self.read_dir)
 
     def save(self, completed_epochs: int, global_step: int) -> str:
         self.epoch.assign(completed_epochs)
         self.step.assign(global_step)
-        return self.manager.save()
+        path = self.manager.save()
+        if self.temporary:
+            shutil.rmtree(self.manager.directory, ignore_errors=True)
+        return path
 
     def restore_latest(self) -> int:
         """Restore the newest checkpoint; return the number of completed epochs."""
-        path = self.manager.latest_checkpoint
+        path = self.latest_checkpoint
         if not path:
-            raise UsageError(f"--resume found no checkpoint in {self.manager.directory!r}",
+            raise UsageError(f"--resume found no checkpoint in {self.read_dir!r}",
                              "--resume with the --output of a run that saved a checkpoint")
         try:
             status = self.ckpt.restore(path)

@@ -15,6 +15,7 @@ from app.errors import UsageError
 MODELS = ("mlp", "cnn", "resnet")
 DATASETS = ("mnist", "fashion_mnist", "cifar10", "synthetic", "images")
 LOOPS = ("fit", "custom")
+STRATEGIES = ("auto", "one", "mirrored", "multi-worker")  # see app/distribute.py
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 ENV_PREFIX = "TFMP_"
 
@@ -45,6 +46,7 @@ class TrainConfig:
     verbose: str = "auto"             # auto: progress bar on a TTY, plain lines otherwise
     steps_per_execution: int = 1      # fit only: steps per tf.function call
     jit: bool = False                 # XLA-compile the train step
+    strategy: str = "auto"            # tf.distribute: auto | one | mirrored | multi-worker
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,6 +76,7 @@ ENV_FIELDS: dict[str, Callable[[str], Any]] = {
     "workspace": str, "data_dir": str, "output": str, "log_every": _int,
     "max_train_samples": _int, "max_val_samples": _int, "seed": _int,
     "offline": _bool, "image_dir": str, "steps_per_execution": _int, "jit": _bool,
+    "strategy": str,
 }
 _ALLOWED_TEXT = {_int: "an integer", _float: "a number", _bool: "1/0/true/false", str: "text"}
 
@@ -123,6 +126,7 @@ def validate(cfg: TrainConfig) -> None:
     _one_of("model", cfg.model, MODELS)
     _one_of("dataset", cfg.dataset, DATASETS)
     _one_of("loop", cfg.loop, LOOPS)
+    _one_of("strategy", cfg.strategy, STRATEGIES)
     for name in ("epochs", "batch_size", "log_every", "max_skipped_steps", "steps_per_execution"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 1:

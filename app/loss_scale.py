@@ -79,6 +79,31 @@ def all_finite(grads) -> tf.Tensor:
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None])
 
 
+def _multi_replica_context():
+    """The replica context when several replicas train in sync, else None."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return None
+    return ctx
+
+
+def agree_on_nonfinite(grads):
+    """Several replicas: if any replica's gradients are non-finite, make every replica's
+    non-finite, so that all of them skip the step together.
+
+    Keras 3's LossScaleOptimizer (TF backend) checks each replica's *own* gradients before
+    the all-reduce, so without this one replica could apply a step that another skips (a
+    hang in the all-reduce, or NaN weights).  Keras 2's aggregates first.  Costs one scalar
+    all-reduce per step."""
+    ctx = _multi_replica_context()
+    if ctx is None:
+        return grads
+    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                         tf.cast(tf.logical_not(all_finite(grads)), tf.float32))
+    poison = tf.where(bad > 0, tf.constant(float("nan")), tf.constant(0.0))
+    return [g if g is None else g + tf.cast(poison, g.dtype) for g in grads]
+
+
 def unscale_and_apply(opt, scaled_grads, variables):
     """Apply gradients of the *scaled* loss.  Returns (unscaled_grads, finite) as tensors.
 
@@ -90,6 +115,7 @@ def unscale_and_apply(opt, scaled_grads, variables):
         opt.apply_gradients(zip(scaled_grads, variables))
         return scaled_grads, all_finite(scaled_grads)
     if IS_KERAS3:
+        scaled_grads = agree_on_nonfinite(scaled_grads)
         scale = current_loss_scale(opt)
         unscaled = [g / tf.cast(scale, g.dtype) for g in scaled_grads]
         finite = all_finite(unscaled)
@@ -129,13 +155,31 @@ class StepStats:
         if scale is not None:
             norm = norm / scale
         finite = tf.math.is_finite(norm)  # inf/NaN in any gradient makes the norm non-finite
+        ctx = _multi_replica_context()
+        if ctx is None:
+            self._write(norm, finite)
+            return finite
+        # Several replicas: a step counts as skipped when any replica's gradients were
+        # non-finite (that is what the optimizer decides), and only the first replica of
+        # each worker writes these per-process variables, once per step.  grad_norm is then
+        # that replica's own contribution, not the norm of the all-reduced gradient.
+        bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                             tf.cast(tf.logical_not(finite), tf.float32))
+        finite = tf.equal(bad, 0.0)
+        local = len(tf.distribute.get_strategy().extended.worker_devices)
+        first = tf.equal(tf.math.floormod(
+            tf.cast(ctx.replica_id_in_sync_group, tf.int32), local), 0)
+        tf.cond(first, lambda: self._write(norm, finite), lambda: tf.constant(False))
+        return finite
+
+    def _write(self, norm, finite):
         in_a_row = tf.where(finite, tf.constant(0, tf.int64), self.consecutive + 1)
         self.grad_norm.assign(norm)
         self.nonfinite_total.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
         self.consecutive.assign(in_a_row)
         self.max_consecutive.assign(tf.maximum(self.max_consecutive, in_a_row))
         self.steps.assign_add(1)
-        return finite
+        return tf.constant(True)
 
     def attach_to(self, opt) -> None:
         """Record the gradients ``Model.fit`` hands ``opt``.
@@ -150,6 +194,8 @@ class StepStats:
 
             def apply(grads, trainable_variables=None):
                 grads = list(grads)
+                if scaled:
+                    grads = agree_on_nonfinite(grads)  # all replicas skip together
                 self.record([g for g in grads if g is not None],
                             current_loss_scale(opt) if scaled else None)
                 return original(grads, trainable_variables)

@@ -23,7 +23,8 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from app import checkpointing, data as data_mod, envreport, hardware as hw_mod, loss_scale, models
+from app import checkpointing, data as data_mod, distribute, envreport, hardware as hw_mod
+from app import loss_scale, models
 from app import precision as prec
 from app.config import TrainConfig, check_output_writable, default_output, validate
 from app.errors import TrainingDiverged, TrainingInterrupted, UsageError
@@ -43,8 +44,10 @@ def _tensorboard_available() -> bool:
 
 
 class _Summaries:
-    def __init__(self, logdir: str):
-        self.writer = tf.summary.create_file_writer(logdir) if _tensorboard_available() else None
+    def __init__(self, logdir: str | None):
+        # logdir None: a non-chief worker, which writes no TensorBoard logs.
+        self.writer = (tf.summary.create_file_writer(logdir)
+                       if logdir and _tensorboard_available() else None)
 
     def scalars(self, step: int, values: dict):
         if self.writer is None:
@@ -71,10 +74,10 @@ DIAGNOSIS = (
 )
 
 
-def get_strategy() -> tf.distribute.Strategy:
-    """The distribution strategy.  Only the default (one device) for now; a --strategy
-    flag (Mirrored/MultiWorker) plugs in here."""
-    return tf.distribute.get_strategy()
+def get_strategy(dist: distribute.Distribution | None = None) -> tf.distribute.Strategy:
+    """The distribution strategy chosen by ``--strategy`` (see ``app.distribute``); the
+    default one-device strategy when none was set up."""
+    return dist.strategy if dist is not None else tf.distribute.get_strategy()
 
 
 # ---- interruption ---------------------------------------------------------------------------
@@ -181,9 +184,10 @@ def _fmt(v, spec=".4f"):
 # ---- the run --------------------------------------------------------------------------------
 
 class _Run:
-    def __init__(self, cfg: TrainConfig, decision, bundle, output: str, on_step, env: dict):
+    def __init__(self, cfg: TrainConfig, decision, bundle, output: str, on_step, env: dict,
+                 dist: distribute.Distribution):
         self.cfg, self.decision, self.bundle, self.output = cfg, decision, bundle, output
-        self.on_step, self.env = on_step, env
+        self.on_step, self.env, self.dist = on_step, env, dist
         self.plain = (cfg.verbose == "lines") or (cfg.verbose == "auto" and not sys.stdout.isatty())
         self.previous_steps: list = []
         self.metrics = {
@@ -192,6 +196,7 @@ class _Run:
             "config": cfg.to_dict(),
             "precision": decision.to_dict(),
             "environment": env,
+            "distribute": dist.to_dict(),
             "data": {"train_samples": bundle.train_samples, "val_samples": bundle.val_samples,
                      "input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes},
             "epochs": [],
@@ -205,6 +210,8 @@ class _Run:
 
     # metrics.json ----------------------------------------------------------------------------
     def write_metrics(self):
+        if not self.dist.is_chief:
+            return  # multi-worker: only the chief writes metrics.json
         self.metrics["peak_memory"] = peak_memory()
         monitor = getattr(self, "monitor", None)
         self.metrics["steps"] = (self.previous_steps + (monitor.step_log if monitor else []))[-1000:]
@@ -239,7 +246,7 @@ class _Run:
         cfg = self.cfg
         tf.keras.utils.set_random_seed(cfg.seed)
         prec.apply_policy(self.decision.policy)
-        self.strategy = get_strategy()
+        self.strategy = get_strategy(self.dist)
         with self.strategy.scope():
             self.model = models.build_model(cfg.model, self.bundle.input_shape,
                                             self.bundle.num_classes)
@@ -248,14 +255,17 @@ class _Run:
                                                  initial_scale=cfg.initial_loss_scale)
             loss_scale.build_optimizer(self.opt, self.model.trainable_variables)
         self.loss_scaled = loss_scale.is_loss_scaled(self.opt)
-        self.ckpt = checkpointing.Checkpointer(self.output, self.model, self.opt)
+        ckpt_dir = os.path.join(self.output, checkpointing.CHECKPOINT_DIR)
+        self.ckpt = checkpointing.Checkpointer(self.output, self.model, self.opt,
+                                               write_dir=self.dist.write_dir(ckpt_dir))
         self.stats = loss_scale.StepStats()
         self.stop = stop
 
     def open_outputs(self):
         """The first thing that writes into the output folder (after any --resume check)."""
         os.makedirs(self.output, exist_ok=True)
-        self.writer = _Summaries(os.path.join(self.output, "tensorboard"))
+        self.writer = _Summaries(os.path.join(self.output, "tensorboard")
+                                 if self.dist.is_chief else None)
         self.metrics["tensorboard"] = (os.path.join(self.output, "tensorboard")
                                        if self.writer.writer is not None else None)
 
@@ -298,14 +308,24 @@ class _Run:
                 run.monitor.check(epoch)
                 run.record_epoch(epoch, logs or {}, total, self.t_train or total)
 
+        callbacks = [_Callback()]
+        train_ds, val_ds = self.bundle.train, self.bundle.val
+        if self.dist.multi_worker:
+            # Keras 2 only (Keras 3 runs multi-worker jobs in the custom loop): Keras'
+            # BackupAndRestore saves after every epoch (non-chief workers into temporary
+            # folders) and a restarted job continues from there.
+            callbacks.append(_backup_and_restore(os.path.join(self.output, "backup")))
+            train_ds, val_ds = (_shard_by_data(train_ds), _shard_by_data(val_ds))
         self.make_monitor(_LossMetric(self.model), self.cfg.log_every // spe)
-        self.model.fit(self.bundle.train, validation_data=self.bundle.val, epochs=self.cfg.epochs,
+        self.model.fit(train_ds, validation_data=val_ds, epochs=self.cfg.epochs,
                        initial_epoch=start_epoch, verbose=0 if self.plain else 1, shuffle=False,
-                       callbacks=[_Callback()])
+                       callbacks=callbacks)
 
     def run_custom(self, start_epoch: int):
         model, opt, strategy = self.model, self.opt, self.strategy
-        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
+        # Per-example losses, averaged over the *global* batch (compute_average_loss): the
+        # replicas' gradients are summed by the all-reduce.
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(reduction="none")
         with strategy.scope():
             train_loss = tf.keras.metrics.Mean()
             train_acc = tf.keras.metrics.SparseCategoricalAccuracy()
@@ -315,35 +335,40 @@ class _Run:
         def step_fn(x, y):
             with tf.GradientTape() as tape:
                 probs = model(x, training=True)          # float32: the output layer is float32
-                loss = loss_fn(y, probs)                 # float32 loss
+                per_example = loss_fn(y, probs)          # float32 loss
+                loss = tf.nn.compute_average_loss(per_example)
                 scaled = loss_scale.scale_loss(opt, loss)
             grads = tape.gradient(scaled, model.trainable_variables)
             unscaled, _ = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
-            self.stats.record(unscaled)
-            train_loss.update_state(loss)
+            self.stats.record(unscaled)  # replicas agree on finiteness (see StepStats)
+            train_loss.update_state(tf.reduce_mean(per_example))
             train_acc.update_state(y, probs)
 
         @tf.function(jit_compile=bool(self.cfg.jit) or None)
         def train_step(x, y):
-            # strategy.run keeps this ready for a multi-replica strategy (then the loss must be
-            # averaged with tf.nn.compute_average_loss and the outputs reduced).
             return strategy.run(step_fn, args=(x, y))
+
+        def eval_fn(x, y):
+            probs = model(x, training=False)
+            val_loss.update_state(tf.reduce_mean(loss_fn(y, probs)))
+            val_acc.update_state(y, probs)
 
         @tf.function
         def eval_step(x, y):
-            probs = model(x, training=False)
-            val_loss.update_state(loss_fn(y, probs))
-            val_acc.update_state(y, probs)
+            return strategy.run(eval_fn, args=(x, y))
+
+        train_ds = distribute.distribute_dataset(self.dist, self.bundle.train)
+        val_ds = distribute.distribute_dataset(self.dist, self.bundle.val)
 
         self.make_monitor(train_loss, self.cfg.log_every)
         for epoch in range(start_epoch, self.cfg.epochs):
             for m in (train_loss, train_acc, val_loss, val_acc):
                 m.reset_state() if hasattr(m, "reset_state") else m.reset_states()
-            steps = -(-self.bundle.train_samples // self.cfg.batch_size)
+            steps = -(-self.bundle.train_samples // self.dist.global_batch)
             bar = None if self.plain else tf.keras.utils.Progbar(
                 steps, stateful_metrics=["loss", "accuracy"])
             t0 = time.perf_counter()
-            for i, (x, y) in enumerate(self.bundle.train):
+            for i, (x, y) in enumerate(train_ds):
                 train_step(x, y)
                 self.monitor.tick(epoch)
                 if bar is not None and ((i + 1) % 10 == 0 or i + 1 == steps):
@@ -351,7 +376,7 @@ class _Run:
                                        ("accuracy", float(train_acc.result()))])
             self.monitor.check(epoch)
             t_train = time.perf_counter() - t0
-            for x, y in self.bundle.val:
+            for x, y in val_ds:
                 eval_step(x, y)
             logs = {"loss": train_loss.result(), "accuracy": train_acc.result(),
                     "val_loss": val_loss.result(), "val_accuracy": val_acc.result()}
@@ -359,6 +384,20 @@ class _Run:
                 print(f"epoch {epoch + 1}/{self.cfg.epochs}: " + " ".join(
                     f"{k}={float(v):.4f}" for k, v in logs.items()), flush=True)
             self.record_epoch(epoch, logs, time.perf_counter() - t0, t_train)
+
+
+def _backup_and_restore(backup_dir: str):
+    cb = getattr(tf.keras.callbacks, "BackupAndRestore", None)
+    if cb is None:  # before TF 2.8 it lived under experimental
+        cb = tf.keras.callbacks.experimental.BackupAndRestore
+    return cb(backup_dir=backup_dir)
+
+
+def _shard_by_data(dataset):
+    # In-memory datasets have no files to shard by; say so, instead of a warning per run.
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
 
 
 class _LossMetric:
@@ -384,28 +423,35 @@ def _f(v):
 # ---- public API -------------------------------------------------------------------------------
 
 def prepare(cfg: TrainConfig, hardware=None, output_explicit: bool | None = None):
-    """Check everything and load the data; writes nothing.  Returns (decision, bundle, output)."""
+    """Check everything, set up the strategy and load the data; writes nothing.
+    Returns (hardware, decision, bundle, output, distribution)."""
     validate(cfg)
     hw = hardware or hw_mod.detect()
     decision = prec.resolve(cfg.precision, hw)
+    # Before the data: the strategy must exist before TensorFlow's first tensor.
+    dist = distribute.setup(cfg.strategy, cfg.batch_size, len(hw.gpus))
     if cfg.resume and not cfg.output:
         raise UsageError("--resume needs --output (or TFMP_OUTPUT) naming the run to continue",
                          "--resume --output <folder of the interrupted run>")
     output = cfg.output or default_output(cfg, decision.policy)
     check_output_writable(output)
+    if dist.multi_worker and checkpointing.has_checkpoint(output):
+        # Multi-worker jobs are restarted by a cluster manager with the same command: like
+        # Keras' BackupAndRestore, continue from the last backup instead of starting over.
+        cfg.resume = True
     if cfg.resume and not checkpointing.has_checkpoint(output):
         raise UsageError(f"--resume found no checkpoint in {os.path.join(output, 'checkpoints')!r}",
                          "--resume with the --output of a run that saved a checkpoint")
-    if not cfg.resume and os.path.exists(os.path.join(output, "metrics.json")):
+    if not cfg.resume and dist.is_chief and os.path.exists(os.path.join(output, "metrics.json")):
         raise UsageError(f"output directory {output!r} already holds a run",
                          "--resume to continue it, or a new --output")
     data_dir_explicit = cfg.data_dir is not None and cfg.data_dir != os.path.join(cfg.workspace, "data")
     bundle = data_mod.load(cfg.dataset, models.input_shape_for(cfg.model, cfg.image_size),
-                           cfg.batch_size, cfg.data_dir or os.path.join(cfg.workspace, "data"),
+                           dist.global_batch, cfg.data_dir or os.path.join(cfg.workspace, "data"),
                            image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
                            max_val_samples=cfg.max_val_samples, seed=cfg.seed,
                            offline=cfg.offline, data_dir_explicit=data_dir_explicit)
-    return hw, decision, bundle, output
+    return hw, decision, bundle, output, dist
 
 
 def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=None,
@@ -419,9 +465,18 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     Bad input raises ``app.errors.UsageError`` before anything is written.
     """
     cfg = config
-    hw, decision, bundle, output = prepare(cfg, hardware)
+    hw, decision, bundle, output, dist = prepare(cfg, hardware)
     if announce:
         prec.announce(decision)
+        print(dist.describe(), flush=True)
+    loop = cfg.loop
+    if dist.multi_worker and loss_scale.IS_KERAS3 and loop == "fit":
+        # Keras 3's fit has no multi-worker-aware BackupAndRestore (it neither syncs nor uses
+        # worker temp folders); the custom loop's checkpoints are the backup.  docs/distributed.md
+        print("note: multi-worker training on Keras 3 runs the custom loop (--loop custom); "
+              "its per-epoch checkpoints are the backup a restarted job resumes from",
+              file=sys.stderr, flush=True)
+        loop = "custom"
     env = envreport.collect(hw)
     cfg.output = output
     previous = None
@@ -431,7 +486,8 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         with contextlib.suppress(OSError, ValueError):
             with open(os.path.join(output, "metrics.json"), encoding="utf-8") as fh:
                 previous = json.load(fh)
-    run = _Run(cfg, decision, bundle, output, on_step, env)
+    run = _Run(cfg, decision, bundle, output, on_step, env, dist)
+    run.metrics["distribute"]["loop"] = loop
     stop = _StopFlag()
     old_policy = prec.global_policy_name()
     try:
@@ -447,15 +503,22 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                     run.metrics["started_utc"] = previous.get("started_utc", run.metrics["started_utc"])
                     run.previous_steps = [r for r in previous.get("steps", [])
                                           if r["step"] <= int(run.ckpt.step.numpy())]
-                print(f"resuming from {run.ckpt.manager.latest_checkpoint} at epoch {start + 1}",
+                print(f"resuming from {run.ckpt.latest_checkpoint} at epoch {start + 1}",
                       file=sys.stderr)
             run.open_outputs()
             try:
                 if start < cfg.epochs:
-                    (run.run_fit if cfg.loop == "fit" else run.run_custom)(start)
+                    (run.run_fit if loop == "fit" else run.run_custom)(start)
                 run.metrics["status"] = "completed"
                 if cfg.save_model:
-                    run.metrics["model_path"] = checkpointing.save_final_model(run.model, output)
+                    # Every worker saves (saving may read synced variables), only the chief
+                    # into --output; the others into a temporary folder, then delete it.
+                    target = dist.write_dir(output)
+                    os.makedirs(target, exist_ok=True)
+                    path = checkpointing.save_final_model(run.model, target)
+                    if dist.is_chief:
+                        run.metrics["model_path"] = path
+                    dist.cleanup(target)
             except TrainingInterrupted as exc:
                 done = len(run.metrics["epochs"])
                 path = run.ckpt.save(done, int(run.stats.steps.numpy()))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.config import DATASETS, LOOPS, MODELS, PRECISIONS, TrainConfig
+from app.config import DATASETS, LOOPS, MODELS, PRECISIONS, STRATEGIES, TrainConfig
 
 EXIT_DIVERGED = 3
 EXIT_SIGTERM = 143  # 128 + SIGTERM, what a shell reports for a job killed by `docker stop`
@@ -26,7 +26,13 @@ def add_parser(subparsers):
     how.add_argument("--precision", help=f"one of {', '.join(PRECISIONS)} (default {d.precision})")
     how.add_argument("--loop", help=f"one of {', '.join(LOOPS)} (default {d.loop})")
     how.add_argument("--epochs", type=int, help=f"number of epochs (default {d.epochs})")
-    how.add_argument("--batch-size", type=int, help=f"batch size (default {d.batch_size})")
+    how.add_argument("--batch-size", type=int,
+                     help=f"batch size per replica (default {d.batch_size}); the global batch is "
+                          "this times the number of replicas")
+    how.add_argument("--strategy",
+                     help=f"tf.distribute strategy, one of {', '.join(STRATEGIES)} (default "
+                          f"{d.strategy}: mirrored with several GPUs, multi-worker when TF_CONFIG "
+                          "describes a cluster, else one device)")
     how.add_argument("--learning-rate", type=float, help=f"Adam learning rate ({d.learning_rate})")
     how.add_argument("--seed", type=int, help=f"random seed (default {d.seed})")
     how.add_argument("--max-train-samples", type=int, help="use at most this many training samples")
