@@ -59,13 +59,19 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
 
     # The command checked that ``output`` is new or empty, so removing it on a rejected
     # input takes nothing of the user's with it.
+    existed = os.path.isdir(output)
     os.makedirs(output, exist_ok=True)
     runs_dir = os.path.join(output, "runs")
     try:
         records = runner.run_schedule(schedule, settings, runs_dir, warmup_epochs,
                                       launcher=launcher, timeout=timeout)
     except runner.TrainRejectedInput as exc:
-        shutil.rmtree(output, ignore_errors=True)
+        if existed:  # the user's empty folder stays; what we put in it goes
+            for name in os.listdir(output):
+                path = os.path.join(output, name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+        else:
+            shutil.rmtree(output, ignore_errors=True)
         # The trainer's line already says what is allowed.
         raise UsageError(f"python -m app train rejected the settings: {exc.line}") from None
     for rec in records:

@@ -126,3 +126,21 @@ def test_write_atomic_leaves_old_file_on_error(tmp_path):
         report.write_atomic(path, 123)  # neither str nor bytes
     assert open(path).read() == "old"
     assert os.listdir(tmp_path) == ["x.json"]
+
+
+def test_rejected_settings_empty_the_users_folder_but_keep_it(tmp_path):
+    from app.errors import UsageError
+
+    def rejects(cmd, log_path, timeout, env):
+        with open(log_path, "w") as fh:
+            fh.write("noise\nerror: dataset 'mnist' not found; allowed: put mnist.npz there\n")
+        return 2
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    with pytest.raises(UsageError) as exc_info:
+        suite.run_benchmark(dict(SETTINGS), None, str(out), repeats=2, warmup_epochs=1,
+                            max_accuracy_gap=1.0, launcher=rejects, environment=FAKE_ENV)
+    assert exc_info.value.line() == ("error: python -m app train rejected the settings: dataset "
+                                     "'mnist' not found; allowed: put mnist.npz there")
+    assert out.is_dir() and list(out.iterdir()) == []
