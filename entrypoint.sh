@@ -290,6 +290,21 @@ setup_ssh() {
   /usr/sbin/sshd -t "${SSHD_OPTS[@]}" || fatal "sshd refused its configuration (see above)"
 }
 
+# --- guide notebooks ---------------------------------------------------------------
+
+# Copies the package's guide notebooks into the workspace, as the user: missing
+# ones are added, unedited copies refreshed, edited ones never touched (the
+# app's own `notebooks --install` decides).  A failure costs the notebooks, not
+# the service.
+install_notebooks() {
+  local out
+  if out=$("${USER_CMD[@]}" python3 -m app notebooks --install "$WORKSPACE/notebooks" 2>&1); then
+    info "guide notebooks in $WORKSPACE/notebooks ($(grep -c . <<<"$out") checked)"
+  else
+    warn "could not install the guide notebooks into $WORKSPACE/notebooks: $(tail -n 1 <<<"$out")"
+  fi
+}
+
 # --- modes -----------------------------------------------------------------------
 
 serve() {
@@ -302,6 +317,7 @@ serve() {
   setup_token
   [[ $ssh_enabled == 0 ]] || setup_ssh
   mkdir -p "$STATE_DIR"
+  install_notebooks
 
   local stopping=0
   trap 'stopping=1' TERM INT
