@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from app.config import DATASETS, LOOPS, MODELS, PRECISIONS, STRATEGIES, TrainConfig
 
 EXIT_DIVERGED = 3
 EXIT_SIGTERM = 143  # 128 + SIGTERM, what a shell reports for a job killed by `docker stop`
 EXIT_SIGINT = 130
+EXIT_PEER_LOST = 4  # multi-worker: another worker stopped; restart them all to resume
+_PEER_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError")
 
 
 def add_parser(subparsers):
@@ -69,10 +73,25 @@ def run(args) -> int:
 
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     cfg = resolve_config(flags)  # UsageError -> exit 2 (before TensorFlow is even imported)
+    from app.distribute import parse_logical_cpus, parse_tf_config
+
+    parse_tf_config(os.environ.get("TF_CONFIG"))  # a malformed TF_CONFIG: exit 2, no TF import
+    parse_logical_cpus(os.environ)
 
     from app.training import train
 
-    metrics = train(cfg)
+    try:
+        metrics = train(cfg)
+    except Exception as exc:
+        # MultiWorkerMirroredStrategy cannot go on with a worker missing: its collectives fail
+        # once the peer stops sending heartbeats.  Say what to do instead of a traceback.
+        if cfg.output and os.environ.get("TF_CONFIG") and type(exc).__name__ in _PEER_ERRORS:
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            sys.stderr.write(f"error: multi-worker training lost a worker ({type(exc).__name__}: "
+                             f"{first}); restart every worker with the same command: they resume "
+                             f"from the last backup in {os.path.join(cfg.output, 'checkpoints')}\n")
+            return EXIT_PEER_LOST
+        raise
     status = metrics["status"]
     if status == "completed":
         last = metrics["epochs"][-1] if metrics["epochs"] else {}

@@ -1,0 +1,199 @@
+"""Real distributed runs on the CPU, each in fresh processes (a strategy and logical devices
+can only be set up before TensorFlow starts):
+
+* MirroredStrategy over two logical CPU devices (TFMP_LOGICAL_CPUS=2, a testing aid) trains
+  to the stated accuracy with a per-replica batch, under float32 and under mixed_float16
+  with injected overflow (the replicas skip steps together and the scale falls);
+* a two-worker MultiWorkerMirroredStrategy job on localhost ports finishes, and only the
+  chief writes metrics.json / the model;
+* SIGKILL one worker after a backup exists: TensorFlow's collectives cannot go on without
+  it, so the surviving worker fails within seconds (heartbeat timeout, exit 4); restarting
+  both with the same command - what a cluster manager does - resumes from the backup and
+  ends at the requested epoch count without running the backed-up epochs again.
+
+Keras 3 (host) runs multi-worker jobs in the custom loop (checkpoint backup); Keras 2 (the
+image) runs --loop fit with Keras' BackupAndRestore.  docs/distributed.md explains why.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+TARGET_ACCURACY = 0.9  # synthetic data: 10 classes, chance 0.1 (as in test_training.py)
+LOOP = "custom" if int(__import__("keras").__version__.split(".")[0]) >= 3 else "fit"
+COMMON = ["--model", "mlp", "--dataset", "synthetic", "--offline", "--progress", "lines",
+          "--batch-size", "16", "--max-val-samples", "128"]
+
+
+def _env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFMP_") and k != "TF_CONFIG"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.update(extra or {})
+    return env
+
+
+def _app(args, env, log_path):
+    log = open(log_path, "w")
+    return subprocess.Popen([sys.executable, "-m", "app", "train", *args], stdout=log,
+                            stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _tf_config(ports, index):
+    return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
+
+
+def _read(path):
+    with open(path) as fh:
+        return fh.read()
+
+
+def _metrics(out):
+    with open(os.path.join(out, "metrics.json")) as fh:
+        return json.load(fh)
+
+
+def _wait(procs, timeout):
+    deadline = time.monotonic() + timeout
+    codes = []
+    try:
+        for p in procs:
+            codes.append(p.wait(timeout=max(1, deadline - time.monotonic())))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return codes
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_mirrored_over_two_logical_cpus_reaches_target_accuracy(tmp_path, loop):
+    out = tmp_path / "run"
+    p = _app([*COMMON, "--strategy", "mirrored", "--loop", loop, "--precision", "float32",
+              "--epochs", "2", "--max-train-samples", "512", "--log-every", "8",
+              "--output", str(out)], _env({"TFMP_LOGICAL_CPUS": "2"}), tmp_path / "log")
+    assert _wait([p], 240) == [0], _read(tmp_path / "log")[-3000:]
+    log = _read(tmp_path / "log")
+    assert "2 replica(s); batch 16 per replica, global batch 32" in log
+    m = _metrics(out)
+    assert m["distribute"]["strategy"] == "mirrored" and m["distribute"]["replicas"] == 2
+    assert m["distribute"]["global_batch"] == 32 and m["config"]["batch_size"] == 16
+    assert m["epochs"][-1]["val_accuracy"] >= TARGET_ACCURACY
+    assert m["epochs"][0]["steps"] == 512 // 32     # one step per *global* batch
+
+
+def test_mirrored_replicas_skip_overflowing_steps_together(tmp_path):
+    """mixed_float16 with a first loss scale of 2**22: the first steps overflow; both
+    replicas skip them together (the optimizer all-reduces and our counter agrees: the
+    scale fell by exactly 2 per counted skip), and training recovers."""
+    out = tmp_path / "run"
+    p = _app([*COMMON, "--strategy", "mirrored", "--loop", "custom", "--precision",
+              "mixed_float16", "--epochs", "3", "--max-train-samples", "256",
+              "--max-val-samples", "64", "--learning-rate", "3e-3", "--initial-loss-scale",
+              str(2 ** 22), "--log-every", "4", "--output", str(out)],
+             _env({"TFMP_LOGICAL_CPUS": "2"}), tmp_path / "log")
+    assert _wait([p], 300) == [0], _read(tmp_path / "log")[-3000:]
+    m = _metrics(out)
+    first = m["epochs"][0]
+    assert first["skipped_steps"] >= 1
+    # growth needs 2000 good steps, so every counted skip halved the scale exactly once
+    assert first["loss_scale"] == 2.0 ** 22 / 2 ** first["skipped_steps"]
+    assert m["epochs"][-1]["val_accuracy"] >= TARGET_ACCURACY
+
+
+def _start_workers(tmp_path, ports, out, epochs, tag, train_samples):
+    args = [*COMMON, "--loop", LOOP, "--precision", "float32", "--epochs", str(epochs),
+            "--max-train-samples", str(train_samples), "--log-every", "16", "--output", str(out)]
+    return [_app(args, _env({"TF_CONFIG": _tf_config(ports, i)}), tmp_path / f"{tag}{i}.log")
+            for i in range(2)]
+
+
+def test_two_workers_on_localhost_finish_and_only_the_chief_writes(tmp_path):
+    out = tmp_path / "run"
+    procs = _start_workers(tmp_path, _free_ports(2), out, 2, "w", 512)
+    codes = _wait(procs, 300)
+    logs = [_read(tmp_path / f"w{i}.log") for i in range(2)]
+    assert codes == [0, 0], "\n=====\n".join(log[-2500:] for log in logs)
+    assert "task worker:0 of 2;" in logs[0] and "(not the chief" in logs[1]
+    m = _metrics(out)
+    assert m["status"] == "completed" and [e["epoch"] for e in m["epochs"]] == [1, 2]
+    d = m["distribute"]
+    assert (d["strategy"], d["workers"], d["replicas"], d["task"], d["is_chief"]) == \
+        ("multi-worker", 2, 2, "worker:0", True)
+    assert d["global_batch"] == 32 and m["epochs"][0]["steps"] == 512 // 32
+    assert m["epochs"][-1]["val_accuracy"] >= TARGET_ACCURACY
+    # the chief's outputs only; the other worker's temporary folders are gone
+    leftovers = [os.path.join(r, n) for r, ds, fs in os.walk(out) for n in ds + fs
+                 if "workertemp" in n]
+    assert leftovers == []
+    assert m["model_path"] and os.path.exists(m["model_path"])
+
+
+def test_killed_worker_restarted_resumes_from_the_backup(tmp_path):
+    out = tmp_path / "run"
+    ports = _free_ports(2)
+    epochs = 6
+    procs = _start_workers(tmp_path, ports, out, epochs, "a", 1024)
+    try:
+        # wait for the first backup (the chief writes metrics.json after saving it)
+        deadline = time.monotonic() + 240
+        backed_up = 0
+        while time.monotonic() < deadline and not backed_up:
+            assert all(p.poll() is None for p in procs), _read(tmp_path / "a0.log")[-3000:]
+            try:
+                backed_up = len(_metrics(out)["epochs"])
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+        assert backed_up, "no backup within 240 s"
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait()
+        # TensorFlow cannot continue without the worker: the chief's collectives fail once
+        # the peer stops sending heartbeats (or it finishes, if it was already past them).
+        chief_code = _wait([procs[0]], 120)[0]
+    finally:
+        _wait(procs, 1)
+    first_log = _read(tmp_path / "a0.log")
+    done_before = len(_metrics(out)["epochs"])
+    assert done_before < epochs, "the job finished before the kill: make epochs longer"
+    assert chief_code == 4, first_log[-3000:]
+    assert "error: multi-worker training lost a worker" in first_log
+    assert "Traceback" not in first_log
+
+    # restart both with the same command, as a cluster manager would
+    codes = _wait(_start_workers(tmp_path, ports, out, epochs, "b", 1024), 300)
+    logs = [_read(tmp_path / f"b{i}.log") for i in range(2)]
+    assert codes == [0, 0], "\n=====\n".join(log[-2500:] for log in logs)
+    for log in logs:
+        assert f"at epoch {done_before + 1}" in log, log[-2000:]   # resumed, both workers
+        ran = [int(n) for n in re.findall(r"^epoch (\d+)/", log, re.M)]
+        assert ran == list(range(done_before + 1, epochs + 1))     # nothing before ran again
+    m = _metrics(out)
+    assert m["status"] == "completed"
+    assert [e["epoch"] for e in m["epochs"]] == list(range(1, epochs + 1))
+    steps = [e["steps"] for e in m["epochs"]]
+    assert steps == [(i + 1) * (1024 // 32) for i in range(epochs)]  # the step count continued
