@@ -128,3 +128,32 @@ def test_cli_bad_distribution_input(tmp_path, args, env, says):
 def test_cluster_is_hashable_value():
     # a frozen dataclass: safe to compare and cache
     assert Cluster(("a:1",), "worker", 0, False) == Cluster(("a:1",), "worker", 0, False)
+
+
+def test_kubernetes_example_is_an_indexed_job_with_a_headless_service():
+    """docs/k8s/multiworker-job.yaml: parsed and checked for the parts that make it work
+    (there is no cluster here to apply it to)."""
+    yaml = pytest.importorskip("yaml")
+    import os
+
+    from conftest import ROOT
+
+    with open(os.path.join(ROOT, "docs", "k8s", "multiworker-job.yaml")) as fh:
+        docs = {d["kind"]: d for d in yaml.safe_load_all(fh)}
+    svc, job = docs["Service"], docs["Job"]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"]
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == svc["metadata"]["name"] and pod["restartPolicy"] == "OnFailure"
+    script = pod["containers"][0]["args"][-1]
+    hosts = [f'{job["metadata"]["name"]}-{i}.{svc["metadata"]["name"]}:12345'
+             for i in range(spec["completions"])]
+    assert all(h in script for h in hosts) and "${JOB_COMPLETION_INDEX}" in script
+    # the TF_CONFIG the script builds is valid for every index
+    start = script.index('export TF_CONFIG="') + len('export TF_CONFIG="')
+    template = script[start:script.index('"\n', start)].replace('\\"', '"')
+    for i in range(spec["completions"]):
+        cluster = parse_tf_config(template.replace("${JOB_COMPLETION_INDEX}", str(i)))
+        assert cluster.num_workers == spec["completions"] and cluster.is_chief == (i == 0)
