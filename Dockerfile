@@ -98,7 +98,6 @@ LABEL org.opencontainers.image.title="tfmp-train" \
 
 WORKDIR /workspace
 EXPOSE 8888 22
-VOLUME ["/etc/ssh/host_keys"]
 # Asks JupyterLab's /api/status (with the token) and sshd's banner.  A short
 # interval because Docker 20.10 has no --start-interval and "healthy" should
 # come within seconds of start.
