@@ -7,21 +7,34 @@ import resource
 import tempfile
 
 
-def write_json_atomic(path: str, data) -> None:
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder, then rename.
+
+    A crash or a signal mid-write leaves the old file (or none), never half a file.  The
+    folder is created if missing; the file gets the usual umask-based mode (mkstemp's
+    0600 would hide outputs from the other users of a shared workspace).
+    """
+    path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     try:
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=_jsonable)
-            fh.write("\n")
+        os.chmod(tmp, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str, data) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_jsonable) + "\n")
 
 
 def _jsonable(obj):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional
+
+from app.reporting import write_atomic  # noqa: F401  (re-exported for the suite)
 
 SCHEMA = "tfmp.benchmark/1"
 MIB = 1024.0 * 1024.0
@@ -35,26 +35,6 @@ MEMORY_LABEL = {
     "gpu": "Peak GPU memory (MiB)",
     "cpu_rss": "Peak RSS of the CPU process (MiB)",
 }
-
-
-def write_atomic(path: str, data) -> None:
-    """Write ``data`` (str or bytes) to ``path`` via a temporary file in the same folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
-    try:
-        mode = "wb" if isinstance(data, bytes) else "w"
-        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _finite_only(obj):

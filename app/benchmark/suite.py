@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from app.benchmark import chart, diagnose, layout, plan, report, runner, stats
 from app.errors import UsageError

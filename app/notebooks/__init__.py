@@ -18,12 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from app.errors import UsageError
+from app.reporting import write_atomic
 
 SOURCE_DIR = Path(__file__).resolve().parent
 MANIFEST = ".tfmp-notebooks.json"
@@ -54,24 +54,6 @@ def shipped(source: Optional[os.PathLike] = None) -> Dict[str, Path]:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        # mkstemp makes the file 0600; a notebook should get the usual umask-based mode.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def read_manifest(target: os.PathLike) -> Dict[str, str]:
@@ -113,7 +95,7 @@ def install(target: os.PathLike, source: Optional[os.PathLike] = None) -> List[O
         new_hash = sha256(data)
         dest = target / name
         if not dest.exists():
-            _write_atomic(dest, data)
+            write_atomic(dest, data)
             manifest[name] = new_hash
             outcomes.append(Outcome(name, COPIED))
             continue
@@ -123,7 +105,7 @@ def install(target: os.PathLike, source: Optional[os.PathLike] = None) -> List[O
             outcomes.append(Outcome(name, UP_TO_DATE))
         elif manifest.get(name) == current:
             # Exactly what we shipped last time: the user has not touched it.
-            _write_atomic(dest, data)
+            write_atomic(dest, data)
             manifest[name] = new_hash
             outcomes.append(Outcome(name, REFRESHED))
         else:
@@ -132,5 +114,5 @@ def install(target: os.PathLike, source: Optional[os.PathLike] = None) -> List[O
                     "sha256 differs from the one recorded here was changed and is never "
                     "overwritten",
            "notebooks": dict(sorted(manifest.items()))}
-    _write_atomic(target / MANIFEST, (json.dumps(doc, indent=2) + "\n").encode("utf-8"))
+    write_atomic(target / MANIFEST, (json.dumps(doc, indent=2) + "\n").encode("utf-8"))
     return outcomes

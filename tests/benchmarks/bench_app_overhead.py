@@ -138,8 +138,8 @@ def main(argv=None) -> int:
     with open(os.path.join(work, "bench_app_overhead.json"), "w") as fh:
         json.dump(result, fh, indent=2)
     print()
-    print(f"| side                      | median samples/s | n  |")
-    print(f"|---------------------------|-----------------:|---:|")
+    print("| side                      | median samples/s | n  |")
+    print("|---------------------------|-----------------:|---:|")
     print(f"| python -m app train       | {app_med:16.0f} | {len(app_sps):2d} |")
     print(f"| hand-written Keras fit    | {base_med:16.0f} | {len(base_sps):2d} |")
     print(f"\npaired app/baseline ratios: {', '.join(f'{r:.3f}' for r in ratios)}")

@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from conftest import ROOT, error_lines, run_app

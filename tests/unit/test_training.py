@@ -72,6 +72,11 @@ def test_outputs_and_metrics_schema(tiny_config, tmp_path):
     assert os.path.exists(on_disk["model_path"])          # native format of the running Keras
     assert os.listdir(out / "checkpoints")
     assert not [f for f in os.listdir(out) if ".tmp" in f]  # no temp files left behind
+    # TensorBoard event files: the image and the test extra both install tensorboard.
+    assert on_disk["tensorboard"] == str(out / "tensorboard")
+    events = [f for _, _, files in os.walk(out / "tensorboard") for f in files
+              if f.startswith("events.out.tfevents")]
+    assert events, "no TensorBoard event file written"
 
 
 def test_resume_restores_epoch_and_loss_scale(tiny_config):
