@@ -133,12 +133,16 @@ def test_cluster_is_hashable_value():
 def test_kubernetes_example_is_an_indexed_job_with_a_headless_service():
     """docs/k8s/multiworker-job.yaml: parsed and checked for the parts that make it work
     (there is no cluster here to apply it to)."""
-    yaml = pytest.importorskip("yaml")
     import os
 
     from conftest import ROOT
 
-    with open(os.path.join(ROOT, "docs", "k8s", "multiworker-job.yaml")) as fh:
+    manifest = os.path.join(ROOT, "docs", "k8s", "multiworker-job.yaml")
+    if not os.path.exists(manifest):
+        pytest.skip("docs/ is not shipped in the image; this check runs from the repository")
+    import yaml  # the test extra installs PyYAML
+
+    with open(manifest) as fh:
         docs = {d["kind"]: d for d in yaml.safe_load_all(fh)}
     svc, job = docs["Service"], docs["Job"]
     assert svc["spec"]["clusterIP"] == "None"
