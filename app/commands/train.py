@@ -75,9 +75,30 @@ def run(args) -> int:
     cfg = resolve_config(flags)  # UsageError -> exit 2 (before TensorFlow is even imported)
     from app.distribute import parse_logical_cpus, parse_tf_config
 
-    parse_tf_config(os.environ.get("TF_CONFIG"))  # a malformed TF_CONFIG: exit 2, no TF import
+    cluster = parse_tf_config(os.environ.get("TF_CONFIG"))  # malformed: exit 2, no TF import
     parse_logical_cpus(os.environ)
 
+    code = _train(cfg)
+    if cluster is not None and cluster.num_workers > 1:
+        _exit_without_teardown(code)
+    return code
+
+
+def _exit_without_teardown(code: int) -> None:
+    """End a multi-worker process here, skipping interpreter and C++ teardown.
+
+    After a finished MultiWorkerMirroredStrategy job, TensorFlow's collective runtime can
+    abort while the process exits ("terminate called without an active exception", SIGABRT;
+    tensorflow/tensorflow#55250, #56684), turning a completed job into a failed one for the
+    scheduler.  Every output is already written and closed (atomically) at this point, so
+    the process flushes its streams and leaves with the real status.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _train(cfg) -> int:
     from app.training import train
 
     try:
