@@ -3,6 +3,7 @@ import json
 import os
 
 import pytest
+import tensorflow as tf
 
 from app.training import train
 
@@ -77,6 +78,12 @@ def test_outputs_and_metrics_schema(tiny_config, tmp_path):
     events = [f for _, _, files in os.walk(out / "tensorboard") for f in files
               if f.startswith("events.out.tfevents")]
     assert events, "no TensorBoard event file written"
+    tags = {value.tag
+            for root, _, files in os.walk(out / "tensorboard") for f in files
+            if f.startswith("events.out.tfevents")
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(root, f))
+            for value in event.summary.value}
+    assert {"step/loss", "step/grad_norm", "step/loss_scale", "epoch/val_accuracy"} <= tags
 
 
 def test_resume_restores_epoch_and_loss_scale(tiny_config):
