@@ -50,6 +50,18 @@ class HardwareInfo:
             "cpu_amx": self.cpu_amx,
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "HardwareInfo":
+        """The inverse of ``to_dict`` (e.g. from ``python -m app env --json``)."""
+        gpus = [make_gpu(g.get("name", "GPU"), g.get("compute_capability"), g.get("memory_bytes"))
+                for g in d.get("gpus") or []]
+        flags = set()
+        if d.get("cpu_avx512_bf16"):
+            flags.add("avx512_bf16")
+        if d.get("cpu_amx"):
+            flags.update({"amx_bf16", "amx_tile"})
+        return cls(gpus=gpus, cpu_flags=frozenset(flags))
+
 
 def has_tensor_cores(name: str, compute_capability: tuple[int, int] | None) -> bool:
     """Volta (7.0) and newer have Tensor Cores, except the Turing GTX 16xx / TU116 / TU117 parts."""
@@ -82,7 +94,8 @@ def parse_memory_limit(desc: str) -> int | None:
 
 # ---- edge: asks the machine -------------------------------------------------------------
 
-def _cpu_flags() -> frozenset[str]:
+def read_cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags (empty where /proc/cpuinfo cannot be read)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             return parse_cpuinfo_flags(fh.read())
@@ -116,4 +129,4 @@ def detect() -> HardwareInfo:
         gpus.append(make_gpu(details.get("device_name", dev.name),
                              details.get("compute_capability"),
                              limits[i] if i < len(limits) else None))
-    return HardwareInfo(gpus=gpus, cpu_flags=_cpu_flags())
+    return HardwareInfo(gpus=gpus, cpu_flags=read_cpu_flags())

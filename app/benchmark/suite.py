@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from app.benchmark import chart, diagnose, layout, plan, report, runner, stats
 from app.errors import UsageError
-from app.hardware import HardwareInfo, make_gpu, parse_cpuinfo_flags
+from app.hardware import HardwareInfo, read_cpu_flags
 
 OUTPUT_FILES = ("benchmark.json", "benchmark.md", "benchmark.png", "env.json", "env.txt")
 
@@ -22,19 +22,8 @@ def hardware_from_env(env: Mapping[str, Any]) -> HardwareInfo:
     """
     hw = env.get("hardware") if isinstance(env, Mapping) else None
     if not isinstance(hw, Mapping):
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-                return HardwareInfo(cpu_flags=parse_cpuinfo_flags(fh.read()))
-        except OSError:
-            return HardwareInfo()
-    gpus = [make_gpu(g.get("name", "GPU"), g.get("compute_capability"), g.get("memory_bytes"))
-            for g in hw.get("gpus") or []]
-    flags = set()
-    if hw.get("cpu_avx512_bf16"):
-        flags.add("avx512_bf16")
-    if hw.get("cpu_amx"):
-        flags.update({"amx_bf16", "amx_tile"})
-    return HardwareInfo(gpus=gpus, cpu_flags=frozenset(flags))
+        return HardwareInfo(cpu_flags=read_cpu_flags())
+    return HardwareInfo.from_dict(hw)
 
 
 def _steps_per_epoch(runs: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) -> Optional[int]:
