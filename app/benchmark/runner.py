@@ -16,7 +16,7 @@ import threading
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from app.benchmark import stats
 
@@ -129,6 +129,31 @@ def _error_line(path: str) -> str:
     return lines[-1][len("error:"):].strip() if lines else ""
 
 
+def read_metrics(run_dir: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """(a run's metrics.json, None), (None, None) if it wrote none, or (None, why unreadable)."""
+    path = os.path.join(run_dir, "metrics.json")
+    if not os.path.exists(path):
+        return None, None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh), None
+    except (OSError, ValueError) as exc:
+        return None, f"metrics.json unreadable: {exc}"
+
+
+def metrics_summary(m: Mapping[str, Any]) -> Dict[str, Any]:
+    """The few facts of a run's metrics.json that the report keeps beside the run."""
+    data = m.get("data") if isinstance(m.get("data"), Mapping) else {}
+    cfg = m.get("config") if isinstance(m.get("config"), Mapping) else {}
+    return {
+        "status": m.get("status"),
+        "train_samples": m.get("train_samples") or data.get("train_samples"),
+        "val_samples": m.get("val_samples") or data.get("val_samples"),
+        "steps_per_execution": cfg.get("steps_per_execution"),
+        "jit": cfg.get("jit"),
+    }
+
+
 def used_policy(metrics: Mapping[str, Any]) -> Optional[str]:
     """The policy a run actually trained with, as its metrics.json records it."""
     prec = metrics.get("precision")
@@ -197,14 +222,8 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
             "command": cmd, "output_dir": run_dir, "log": log_path,
             "ok": False, "error": None, "measured": None, "policy_used": None,
         }
-        metrics_path = os.path.join(run_dir, "metrics.json")
-        metrics = None
-        if os.path.exists(metrics_path):
-            try:
-                with open(metrics_path, encoding="utf-8") as fh:
-                    metrics = json.load(fh)
-            except (OSError, ValueError) as exc:
-                rec["error"] = f"metrics.json unreadable: {exc}"
+        metrics, rec["error"] = read_metrics(run_dir)
+        rec["metrics_summary"] = metrics_summary(metrics or {})
         if metrics is not None:
             rec["policy_used"] = used_policy(metrics)
             rec["metrics_status"] = metrics.get("status")

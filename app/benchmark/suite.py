@@ -63,12 +63,11 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
             shutil.rmtree(output, ignore_errors=True)
         # The trainer's line already says what is allowed.
         raise UsageError(f"python -m app train rejected the settings: {exc.line}") from None
-    for rec in records:
-        rec["metrics_summary"] = _metrics_summary(rec["output_dir"])
 
     results = stats.summarize(records, the_plan.run)
     # Prefer what the core recorded in a run's metrics.json, else the static table.
-    first_metrics = next((_load(r["output_dir"]) for r in records if r["ok"]), None)
+    first_metrics = next((runner.read_metrics(r["output_dir"])[0] for r in records if r["ok"]),
+                         None)
     widths = layout.layer_widths(settings["model"], first_metrics)
     failed = [r for r in records if not r["ok"]]
     loads = [v for r in records for v in (r.get("load_average") or []) if v is not None]
@@ -127,30 +126,6 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     echo(f"Wrote {', '.join(f for f in OUTPUT_FILES if os.path.exists(os.path.join(output, f)))} "
          f"and runs/ to {output}")
     return 0 if status == "ok" else 1
-
-
-def _load(run_dir: str) -> Optional[Dict[str, Any]]:
-    import json
-
-    try:
-        with open(os.path.join(run_dir, "metrics.json"), encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-def _metrics_summary(run_dir: str) -> Dict[str, Any]:
-    """The few facts of a run's metrics.json that the report keeps beside the run."""
-    m = _load(run_dir) or {}
-    data = m.get("data") if isinstance(m.get("data"), Mapping) else {}
-    cfg = m.get("config") if isinstance(m.get("config"), Mapping) else {}
-    return {
-        "status": m.get("status"),
-        "train_samples": m.get("train_samples") or data.get("train_samples"),
-        "val_samples": m.get("val_samples") or data.get("val_samples"),
-        "steps_per_execution": cfg.get("steps_per_execution"),
-        "jit": cfg.get("jit"),
-    }
 
 
 def _env_text(env: Mapping[str, Any]) -> str:
