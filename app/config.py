@@ -106,13 +106,27 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
     cfg = TrainConfig(**values)
     validate(cfg)
     if cfg.data_dir is None:
-        cfg.data_dir = os.path.join(cfg.workspace, "data")
+        cfg.data_dir = default_data_dir(cfg.workspace)
     return cfg
 
 
+def default_data_dir(workspace: str) -> str:
+    return os.path.join(workspace, "data")
+
+
+def data_dir_chosen(cfg: TrainConfig) -> bool:
+    """The user named a data directory (rather than the workspace default): then it must
+    exist, and nothing is downloaded into a folder they did not ask for."""
+    return cfg.data_dir is not None and cfg.data_dir != default_data_dir(cfg.workspace)
+
+
+def utc_stamp(now: datetime | None = None) -> str:
+    """The UTC time in the names of default run and benchmark folders: sortable, no colons."""
+    return (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+
+
 def default_output(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
-    return os.path.join(cfg.workspace, "runs", f"{stamp}-{cfg.model}-{policy}")
+    return os.path.join(cfg.workspace, "runs", f"{utc_stamp(now)}-{cfg.model}-{policy}")
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:

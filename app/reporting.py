@@ -5,6 +5,7 @@ import json
 import os
 import resource
 import tempfile
+from datetime import datetime, timezone
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
@@ -35,6 +36,11 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
 
 def write_json_atomic(path: str, data) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_jsonable) + "\n")
+
+
+def utc_now_iso() -> str:
+    """The time stamps inside metrics.json and benchmark.json."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def _jsonable(obj):

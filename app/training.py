@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 from typing import Callable
 
 import numpy as np
@@ -26,9 +25,10 @@ import tensorflow as tf
 from app import checkpointing, data as data_mod, distribute, envreport, hardware as hw_mod
 from app import loss_scale, models
 from app import precision as prec
-from app.config import TrainConfig, check_output_writable, default_output, validate
+from app.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,
+                        default_output, validate)
 from app.errors import TrainingDiverged, TrainingInterrupted, UsageError
-from app.reporting import peak_memory, write_json_atomic
+from app.reporting import peak_memory, utc_now_iso, write_json_atomic
 
 StepCallback = Callable[[dict], None]
 
@@ -225,7 +225,7 @@ class _Run:
             "peak_memory": None,
             "model_path": None,
             "diagnosis": None,
-            "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "started_utc": utc_now_iso(),
             "finished_utc": None,
         }
 
@@ -466,12 +466,11 @@ def prepare(cfg: TrainConfig, hardware=None, output_explicit: bool | None = None
     if not cfg.resume and dist.is_chief and os.path.exists(os.path.join(output, "metrics.json")):
         raise UsageError(f"output directory {output!r} already holds a run",
                          "--resume to continue it, or a new --output")
-    data_dir_explicit = cfg.data_dir is not None and cfg.data_dir != os.path.join(cfg.workspace, "data")
     bundle = data_mod.load(cfg.dataset, models.input_shape_for(cfg.model, cfg.image_size),
-                           dist.global_batch, cfg.data_dir or os.path.join(cfg.workspace, "data"),
+                           dist.global_batch, cfg.data_dir or default_data_dir(cfg.workspace),
                            image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
                            max_val_samples=cfg.max_val_samples, seed=cfg.seed,
-                           offline=cfg.offline, data_dir_explicit=data_dir_explicit)
+                           offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
     return hw, decision, bundle, output, dist
 
 
@@ -556,10 +555,10 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                 # Unexpected (e.g. out of memory): leave an honest metrics.json, then re-raise.
                 run.metrics["status"] = "failed"
                 run.metrics["diagnosis"] = f"{type(exc).__name__}: {str(exc)[:500]}"
-                run.metrics["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                run.metrics["finished_utc"] = utc_now_iso()
                 run.write_metrics()
                 raise
-            run.metrics["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            run.metrics["finished_utc"] = utc_now_iso()
             run.write_metrics()
             run.writer.close()
     finally:

@@ -15,10 +15,10 @@ import subprocess
 import threading
 import sys
 import time
-from datetime import datetime, timezone
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from app.benchmark import stats
+from app.reporting import utc_now_iso
 
 # Flags of ``python -m app train`` that the benchmark passes through unchanged when set.
 PASS_THROUGH = (
@@ -208,14 +208,14 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
         log_path = os.path.join(run_dir, "train.log")
         cmd = train_command(settings, policy, run_dir, extra_flags)
         progress(f"[benchmark] run {order + 1}/{total}: {policy}, repeat {repeat} ...")
-        started = datetime.now(timezone.utc)
+        started = utc_now_iso()
         load_before = _load_average()
         t0 = time.monotonic()
         rc = launcher(cmd, log_path, timeout, env)
         wall = time.monotonic() - t0
         rec: Dict[str, Any] = {
             "order": order, "repeat": repeat, "policy": policy,
-            "started_utc": started.isoformat(timespec="seconds"),
+            "started_utc": started,
             "wall_seconds": round(wall, 3), "returncode": rc,
             # 1-minute load average before and after: other work competing for the CPUs.
             "load_average": [load_before, _load_average()],

@@ -5,12 +5,12 @@ import math
 import os
 import shutil
 import sys
-from datetime import datetime, timezone
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from app.benchmark import chart, diagnose, layout, plan, report, runner, stats
 from app.errors import UsageError
 from app.hardware import HardwareInfo, read_cpu_flags
+from app.reporting import utc_now_iso
 
 OUTPUT_FILES = ("benchmark.json", "benchmark.md", "benchmark.png", "env.json", "env.txt")
 
@@ -79,7 +79,7 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     status = "ok" if not failed else ("failed" if len(failed) == len(records) else "partial")
     doc: Dict[str, Any] = {
         "schema": report.SCHEMA,
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": utc_now_iso(),
         "command": ["python", "-m", "app", "benchmark", *argv],
         "status": status,
         "settings": dict(settings, repeats=repeats, warmup_epochs=warmup_epochs,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import datetime, timezone
 
 from app.errors import UsageError
 
@@ -119,7 +118,7 @@ def validate(args):
                          "--loop fit with --steps-per-execution, or leave it at 1")
     output = args.output or os.path.join(
         cfg.workspace, "benchmarks",
-        datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{cfg.model}")
+        config.utc_stamp() + f"-{cfg.model}")
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         raise UsageError(f"output {output!r} already exists and is not an empty folder",
                          "a new or empty folder, so runs of different benchmarks never mix")
@@ -130,7 +129,7 @@ def validate(args):
         "max_train_samples": cfg.max_train_samples, "max_val_samples": cfg.max_val_samples,
         "seed": cfg.seed, "workspace": cfg.workspace,
         # Passed on only when chosen: the trainer's own default is <workspace>/data.
-        "data_dir": (cfg.data_dir if cfg.data_dir != os.path.join(cfg.workspace, "data") else None),
+        "data_dir": cfg.data_dir if config.data_dir_chosen(cfg) else None,
         "image_dir": cfg.image_dir, "image_size": cfg.image_size, "offline": bool(cfg.offline),
         "steps_per_execution": cfg.steps_per_execution, "jit": bool(cfg.jit),
     }
