@@ -69,6 +69,25 @@ read_secret_file() { # $1 = variable name holding a path
   tr -d '\r\n' <"$path"
 }
 
+# A secret from NAME or NAME_FILE (e.g. a Docker secret); prints "" when neither is set.
+# $1 = NAME, $2 = why an empty value is refused.  Call as `v=$(secret_from_env ...)`:
+# a fatal in the subshell fails the assignment, and set -e stops the script.
+secret_from_env() {
+  local name=$1 why=$2 file_var="${1}_FILE" value=""
+  if [[ -n ${!file_var:-} && -n ${!name:-} ]]; then
+    fatal "set $name or $file_var, not both"
+  fi
+  if [[ -n ${!file_var:-} ]]; then
+    # Explicit: set -e is not inherited by this function's own subshell.
+    value=$(read_secret_file "$file_var") || exit
+    [[ -n $value ]] || fatal "$file_var='${!file_var}' is empty; $why"
+  elif [[ ${!name+set} == set ]]; then
+    value=${!name}
+    [[ -n $value ]] || fatal "$name is set but empty; $why"
+  fi
+  printf '%s' "$value"
+}
+
 # --- user ----------------------------------------------------------------------
 
 remap_user() {
@@ -190,18 +209,8 @@ PY
 
 setup_token() {
   local token
-  if [[ -n ${JUPYTER_TOKEN_FILE:-} && -n ${JUPYTER_TOKEN:-} ]]; then
-    fatal "set JUPYTER_TOKEN or JUPYTER_TOKEN_FILE, not both"
-  fi
-  if [[ -n ${JUPYTER_TOKEN_FILE:-} ]]; then
-    token=$(read_secret_file JUPYTER_TOKEN_FILE)
-    [[ -n $token ]] || fatal "JUPYTER_TOKEN_FILE='$JUPYTER_TOKEN_FILE' is empty; an empty token would disable authentication"
-  elif [[ ${JUPYTER_TOKEN+set} == set ]]; then
-    token=$JUPYTER_TOKEN
-    [[ -n $token ]] || fatal "JUPYTER_TOKEN is set but empty; an empty token would disable authentication (unset it for a random one)"
-  else
-    token=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
-  fi
+  token=$(secret_from_env JUPYTER_TOKEN "an empty token would disable authentication (unset it for a random one)")
+  [[ -n $token ]] || token=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
   [[ $token =~ ^[A-Za-z0-9._~-]+$ ]] || fatal "the Jupyter token may contain only letters, digits and . _ ~ - (it goes into URLs)"
   ((${#token} >= 8)) || warn "the Jupyter token is shorter than 8 characters"
   install -d -m 700 "$(dirname "$TOKEN_FILE")"
@@ -252,16 +261,7 @@ setup_ssh() {
   chmod 644 "$keys"
   mv -f "$keys" "$KEYS_DIR/$NB_USER"
 
-  if [[ -n ${SSH_PASSWORD_FILE:-} && -n ${SSH_PASSWORD:-} ]]; then
-    fatal "set SSH_PASSWORD or SSH_PASSWORD_FILE, not both"
-  fi
-  if [[ -n ${SSH_PASSWORD_FILE:-} ]]; then
-    password=$(read_secret_file SSH_PASSWORD_FILE)
-    [[ -n $password ]] || fatal "SSH_PASSWORD_FILE='$SSH_PASSWORD_FILE' is empty"
-  elif [[ ${SSH_PASSWORD+set} == set ]]; then
-    password=$SSH_PASSWORD
-    [[ -n $password ]] || fatal "SSH_PASSWORD is set but empty; unset it to keep password login off"
-  fi
+  password=$(secret_from_env SSH_PASSWORD "unset it to keep password login off")
   if [[ -n $password ]]; then
     printf '%s:%s\n' "$NB_USER" "$password" | chpasswd
     SSHD_OPTS+=(-o PasswordAuthentication=yes)
