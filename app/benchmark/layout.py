@@ -7,7 +7,7 @@ models when TensorFlow is importable.
 """
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional
+from typing import List, Optional
 
 HIDDEN_WIDTHS = {
     "mlp": [512, 256],
@@ -16,10 +16,5 @@ HIDDEN_WIDTHS = {
 }
 
 
-def layer_widths(model: str, metrics: Optional[Mapping[str, Any]] = None) -> Optional[List[int]]:
-    """Widths from a run's metrics.json when it records them, else from the table above."""
-    if metrics:
-        info = metrics.get("model")
-        if isinstance(info, Mapping) and isinstance(info.get("layer_widths"), list):
-            return [int(w) for w in info["layer_widths"]]
+def layer_widths(model: str) -> Optional[List[int]]:
     return HIDDEN_WIDTHS.get(model)

@@ -65,10 +65,7 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         raise UsageError(f"python -m app train rejected the settings: {exc.line}") from None
 
     results = stats.summarize(records, the_plan.run)
-    # Prefer what the core recorded in a run's metrics.json, else the static table.
-    first_metrics = next((runner.read_metrics(r["output_dir"])[0] for r in records if r["ok"]),
-                         None)
-    widths = layout.layer_widths(settings["model"], first_metrics)
+    widths = layout.layer_widths(settings["model"])
     failed = [r for r in records if not r["ok"]]
     loads = [v for r in records for v in (r.get("load_average") or []) if v is not None]
     diags = diagnose.diagnose(results, hw, settings, layer_widths=widths,
