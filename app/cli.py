@@ -8,9 +8,10 @@ import sys
 from typing import Sequence
 
 from app.commands import COMMANDS
-from app.errors import UsageError
+from app.errors import MixedPrecisionClash, UsageError, UserCodeError
 
 EXIT_OK = 0
+EXIT_FAILED = 1   # the user's own code raised, or their layer breaks under mixed precision
 EXIT_USAGE = 2
 
 
@@ -45,3 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         sys.stderr.write(exc.line() + "\n")
         return EXIT_USAGE
+    except UserCodeError as exc:
+        # Their bug: their traceback (it names their line), then one summary line.
+        import traceback
+
+        traceback.print_exception(type(exc.original), exc.original, exc.original.__traceback__)
+        sys.stderr.write(exc.line() + "\n")
+        return EXIT_FAILED
+    except MixedPrecisionClash as exc:
+        sys.stderr.write(exc.line() + "\n")
+        return EXIT_FAILED

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 from app.errors import UsageError
 
-MODELS = ("mlp", "cnn", "resnet")
+MODELS = ("mlp", "cnn", "resnet")          # built-ins; MODULE:FUNCTION names the user's own
 DATASETS = ("mnist", "fashion_mnist", "cifar10", "synthetic", "images")
 LOOPS = ("fit", "custom")
 STRATEGIES = ("auto", "one", "mirrored", "multi-worker")  # see app/distribute.py
@@ -47,6 +47,10 @@ class TrainConfig:
     steps_per_execution: int = 1      # fit only: steps per tf.function call
     jit: bool = False                 # XLA-compile the train step
     strategy: str = "auto"            # tf.distribute: auto | one | mirrored | multi-worker
+    loss: str | None = None           # Keras loss name or MODULE:OBJECT; None: the default
+    metrics: str | None = None        # comma-separated Keras names or MODULE:OBJECT
+    input_shape: str | None = None    # "28,28,1": synthetic data for a user model
+    num_classes: int | None = None    # default: from the labels
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,7 +80,7 @@ ENV_FIELDS: dict[str, Callable[[str], Any]] = {
     "workspace": str, "data_dir": str, "output": str, "log_every": _int,
     "max_train_samples": _int, "max_val_samples": _int, "seed": _int,
     "offline": _bool, "image_dir": str, "steps_per_execution": _int, "jit": _bool,
-    "strategy": str,
+    "strategy": str, "loss": str, "metrics": str, "input_shape": str, "num_classes": _int,
 }
 _ALLOWED_TEXT = {_int: "an integer", _float: "a number", _bool: "1/0/true/false", str: "text"}
 
@@ -125,8 +129,23 @@ def utc_stamp(now: datetime | None = None) -> str:
     return (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
 
 
+def short_name(spec: str) -> str:
+    """A spec as a folder-name part: ``mlp`` -> mlp, ``nets/small.py:build`` -> small.build."""
+    if ":" not in spec:
+        return spec
+    module, _, fn = spec.rpartition(":")
+    base = os.path.splitext(os.path.basename(module.rstrip("/")))[0].split(".")[-1]
+    name = f"{base}.{fn}" if fn not in ("build", "load", "build_model", "load_data") else base
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:40]
+
+
+def run_name(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
+    """Sortable, and says what ran: time, model, dataset, policy (TensorBoard's run list)."""
+    return f"{utc_stamp(now)}-{short_name(cfg.model)}-{short_name(cfg.dataset)}-{policy}"
+
+
 def default_output(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
-    return os.path.join(cfg.workspace, "runs", f"{utc_stamp(now)}-{cfg.model}-{policy}")
+    return os.path.join(cfg.workspace, "runs", run_name(cfg, policy, now))
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -135,10 +154,20 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
                          ", ".join(allowed))
 
 
+def _spec_or_one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    # MODULE:FUNCTION specs are imported later (app.tasks), after every cheap check.
+    if isinstance(value, str) and ":" in value:
+        return
+    if value not in allowed:
+        raise UsageError(f"{name} must be one of {', '.join(allowed)} or MODULE:FUNCTION. "
+                         f"Received: {name}={value!r}",
+                         f"{', '.join(allowed)}, MODULE:FUNCTION or path/to/file.py:FUNCTION")
+
+
 def validate(cfg: TrainConfig) -> None:
     _one_of("precision", cfg.precision, PRECISIONS)
-    _one_of("model", cfg.model, MODELS)
-    _one_of("dataset", cfg.dataset, DATASETS)
+    _spec_or_one_of("model", cfg.model, MODELS)
+    _spec_or_one_of("dataset", cfg.dataset, DATASETS)
     _one_of("loop", cfg.loop, LOOPS)
     _one_of("strategy", cfg.strategy, STRATEGIES)
     for name in ("epochs", "batch_size", "log_every", "max_skipped_steps", "steps_per_execution"):
@@ -157,12 +186,24 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.dataset == "images" and not cfg.image_dir:
         raise UsageError("dataset 'images' needs --image-dir",
                          "a folder with one subfolder of images per class")
-    if cfg.model in ("mlp", "cnn") and cfg.dataset in ("cifar10", "images"):
-        raise UsageError(f"model {cfg.model!r} expects 28x28x1 images, dataset {cfg.dataset!r} has "
-                         "colour images", "resnet with cifar10/images")
-    if cfg.model == "resnet" and cfg.dataset in ("mnist", "fashion_mnist"):
-        raise UsageError(f"model 'resnet' expects 32x32x3 images, dataset {cfg.dataset!r} has "
-                         "28x28x1", "mlp or cnn with mnist/fashion_mnist")
+    if cfg.num_classes is not None and (not isinstance(cfg.num_classes, int) or cfg.num_classes < 1):
+        raise UsageError(f"num_classes must be at least 1. Received: num_classes={cfg.num_classes!r}",
+                         "an integer >= 1, or leave it unset to count the labels")
+    if cfg.input_shape is not None:
+        from app.tasks import parse_input_shape
+
+        parse_input_shape(cfg.input_shape)
+    if cfg.model in MODELS and cfg.dataset in DATASETS:
+        from app.tasks import Task, resolve_dataset
+
+        Task(_builtin_entry(cfg.model), resolve_dataset(cfg.dataset))  # pairs that cannot work
+
+
+def _builtin_entry(name: str):
+    # The pairing check needs no TensorFlow: a stand-in entry without the builder.
+    from app.tasks import ModelEntry
+
+    return ModelEntry(name, True, function=None)
 
 
 def check_output_writable(path: str) -> None:

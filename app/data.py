@@ -32,6 +32,11 @@ class DataBundle:
     train_samples: int
     val_samples: int
     class_names: list | None = None
+    # "sparse" integer class ids, "onehot" rows, "binary" 0/1 with two classes, "other"
+    # (regression targets and the like: no class count to check against the model)
+    label_kind: str = "sparse"
+    # tf.data pipelines of unknown size are counted once when loaded; None = not counted
+    sample_batch: tuple | None = None   # (x, y) of a few training samples, for build/check
 
 
 # ---- reading standard files --------------------------------------------------------------
@@ -161,7 +166,7 @@ def _prepare(x: np.ndarray, input_shape) -> np.ndarray:
     return x.reshape((len(x),) + tuple(input_shape))
 
 
-def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0):
+def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0, flat_labels: bool = True):
     """Batches of in-memory arrays: shuffle indices, batch them, gather rows, prefetch.
 
     The arrays are already in memory, so there is nothing for ``cache()`` to save; gathering
@@ -171,7 +176,8 @@ def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0):
     import tensorflow as tf
 
     xt = tf.constant(x)
-    yt = tf.constant(np.asarray(y).astype(np.int32).reshape(-1))
+    # Built-ins: integer class ids.  User data arrives prepared (one-hot rows, float targets).
+    yt = tf.constant(np.asarray(y).astype(np.int32).reshape(-1) if flat_labels else y)
     ds = tf.data.Dataset.range(len(x))
     if shuffle:
         ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
@@ -241,4 +247,5 @@ def load(dataset: str, input_shape, batch_size: int, data_dir: str | None = None
     xtr, xva = _prepare(xtr, input_shape), _prepare(xva, input_shape)
     return DataBundle(make_dataset(xtr, ytr, batch_size, True, seed),
                       make_dataset(xva, yva, batch_size, False),
-                      tuple(input_shape), num_classes, len(xtr), len(xva))
+                      tuple(input_shape), num_classes, len(xtr), len(xva),
+                      sample_batch=(xtr[:8], np.asarray(ytr[:8]).astype(np.int32).reshape(-1)))

@@ -31,3 +31,30 @@ class TrainingInterrupted(Exception):
     def __init__(self, signum: int):
         self.signum = signum
         super().__init__(f"interrupted by signal {signum}")
+
+
+class UserCodeError(Exception):
+    """The user's own code (a ``--model``/``--dataset``/``--loss`` function, or their layer)
+    raised.  The original exception is kept with its traceback: it is their bug and they
+    need the line.  The command line prints that traceback, then ``line()``, exit status 1."""
+
+    def __init__(self, spec: str, during: str, original: BaseException):
+        self.spec, self.during, self.original = spec, during, original
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        first = (str(self.original).strip().splitlines() or [""])[0][:200]
+        return (f"error: your code raised {type(self.original).__name__} while {self.during} "
+                f"({self.spec}): {first} (the traceback above points at the line)")
+
+
+class MixedPrecisionClash(Exception):
+    """A layer failed under a mixed policy because of a dtype clash (e.g. a float32 constant
+    added to a float16 tensor inside ``call``); ``line()`` names the layer and the fix."""
+
+    def __init__(self, diagnosis: str):
+        self.diagnosis = diagnosis
+        super().__init__(diagnosis)
+
+    def line(self) -> str:
+        return f"error: {self.diagnosis}"

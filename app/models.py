@@ -58,18 +58,22 @@ def resnet(input_shape, num_classes: int) -> tf.keras.Model:
     return tf.keras.Model(inputs, _output(x, num_classes), name="resnet")
 
 
-_BUILDERS = {"mlp": mlp, "cnn": cnn, "resnet": resnet}
+# The built-in entries of the task registry (app/tasks.py), called like a user's model
+# function: FUNCTION(input_shape, num_classes).
+BUILDERS = {"mlp": mlp, "cnn": cnn, "resnet": resnet}
 
 
 def input_shape_for(name: str, image_size: int = 32) -> tuple:
-    return {"mlp": (784,), "cnn": (28, 28, 1), "resnet": (image_size, image_size, 3)}[name]
+    from app.tasks import _builtin_input_shape
+
+    return _builtin_input_shape(name, image_size)
 
 
 def build_model(name: str, input_shape, num_classes: int) -> tf.keras.Model:
     """Build ``name`` under the current global dtype policy."""
     from app.errors import UsageError
 
-    if name not in _BUILDERS:
+    if name not in BUILDERS:
         raise UsageError(f"model must be one of {', '.join(MODEL_NAMES)}. Received: model={name!r}",
                          ", ".join(MODEL_NAMES))
-    return _BUILDERS[name](tuple(input_shape), int(num_classes))
+    return BUILDERS[name](tuple(input_shape), int(num_classes))

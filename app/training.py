@@ -23,11 +23,13 @@ import numpy as np
 import tensorflow as tf
 
 from app import checkpointing, data as data_mod, distribute, envreport, hardware as hw_mod
-from app import loss_scale, models
+from app import loss_scale
 from app import precision as prec
 from app.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,
                         default_output, validate)
-from app.errors import TrainingDiverged, TrainingInterrupted, UsageError
+from app.errors import (MixedPrecisionClash, TrainingDiverged, TrainingInterrupted, UsageError,
+                        UserCodeError)
+from app.tasks import Task
 from app.reporting import peak_memory, utc_now_iso, write_json_atomic
 
 StepCallback = Callable[[dict], None]
@@ -205,9 +207,10 @@ def _fmt(v, spec=".4f"):
 # ---- the run --------------------------------------------------------------------------------
 
 class _Run:
-    def __init__(self, cfg: TrainConfig, decision, bundle, output: str, on_step, env: dict,
-                 dist: distribute.Distribution):
-        self.cfg, self.decision, self.bundle, self.output = cfg, decision, bundle, output
+    def __init__(self, cfg: TrainConfig, task: Task, decision, bundle, output: str, on_step,
+                 env: dict, dist: distribute.Distribution):
+        self.cfg, self.task, self.decision, self.bundle, self.output = (cfg, task, decision,
+                                                                        bundle, output)
         self.on_step, self.env, self.dist = on_step, env, dist
         self.plain = (cfg.verbose == "lines") or (cfg.verbose == "auto" and not sys.stdout.isatty())
         self.previous_steps: list = []
@@ -215,11 +218,13 @@ class _Run:
             "schema_version": 1,
             "status": "running",
             "config": cfg.to_dict(),
+            "task": task.describe(),
             "precision": decision.to_dict(),
             "environment": env,
             "distribute": dist.to_dict(),
             "data": {"train_samples": bundle.train_samples, "val_samples": bundle.val_samples,
-                     "input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes},
+                     "input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes,
+                     "label_kind": bundle.label_kind},
             "epochs": [],
             "steps": [],          # every --log-every steps: loss, grad_norm, loss_scale
             "peak_memory": None,
@@ -239,27 +244,32 @@ class _Run:
         write_json_atomic(os.path.join(self.output, "metrics.json"), self.metrics)
 
     def record_epoch(self, epoch: int, logs: dict, epoch_seconds: float, train_seconds: float):
+        # loss, val_loss and each of the task's metrics with its val_ twin (accuracy for the
+        # built-ins), in the order Keras reports them.
+        named = {"loss": _f(logs.get("loss")), **{
+            k: _f(v) for k, v in logs.items() if k != "loss" and not k.startswith("val_")}}
+        named.update({"val_" + k: _f(logs.get("val_" + k)) for k in list(named)})
         row = {
             "epoch": epoch + 1,
-            "loss": _f(logs.get("loss")), "accuracy": _f(logs.get("accuracy")),
-            "val_loss": _f(logs.get("val_loss")), "val_accuracy": _f(logs.get("val_accuracy")),
+            **named,
             "epoch_seconds": round(epoch_seconds, 4), "train_seconds": round(train_seconds, 4),
             "samples_per_second": round(self.bundle.train_samples / max(train_seconds, 1e-9), 2),
             "loss_scale": float(loss_scale.current_loss_scale(self.opt)),
             "skipped_steps": self.monitor.skipped_epoch,
             "steps": int(self.stats.steps.numpy()),
+            "learning_rate": _learning_rate(self.opt),
         }
         self.metrics["epochs"].append(row)
         self.monitor.skipped_epoch = 0
-        self.writer.scalars(epoch + 1, {f"epoch/{k}": row[k] for k in (
-            "loss", "accuracy", "val_loss", "val_accuracy", "samples_per_second", "loss_scale")})
+        self.writer.scalars(epoch + 1, {f"epoch/{k}": v for k, v in row.items() if k not in (
+            "epoch", "epoch_seconds", "train_seconds", "steps")})
         self.writer.flush()
         self.ckpt.save(epoch + 1, int(self.stats.steps.numpy()))
         self.write_metrics()
         if self.plain:
-            print(f"epoch {row['epoch']}/{self.cfg.epochs}: loss={row['loss']:.4f} "
-                  f"accuracy={row['accuracy']:.4f} val_loss={row['val_loss']:.4f} "
-                  f"val_accuracy={row['val_accuracy']:.4f} {row['samples_per_second']:.0f} samples/s "
+            values = " ".join(f"{k}={_fmt(v)}" for k, v in named.items())
+            print(f"epoch {row['epoch']}/{self.cfg.epochs}: {values} "
+                  f"{row['samples_per_second']:.0f} samples/s "
                   f"loss_scale={row['loss_scale']:g} skipped={row['skipped_steps']}", flush=True)
 
     # set-up ----------------------------------------------------------------------------------
@@ -269,12 +279,16 @@ class _Run:
         prec.apply_policy(self.decision.policy)
         self.strategy = get_strategy(self.dist)
         with self.strategy.scope():
-            self.model = models.build_model(cfg.model, self.bundle.input_shape,
-                                            self.bundle.num_classes)
-            opt = tf.keras.optimizers.Adam(learning_rate=cfg.learning_rate)
-            self.opt = loss_scale.wrap_optimizer(opt, self.decision.policy,
-                                                 initial_scale=cfg.initial_loss_scale)
+            self.built = self.task.build(self.bundle, self.bundle.sample_batch)
+            self.model = self.built.model
+            opt = self.built.optimizer or tf.keras.optimizers.Adam(learning_rate=cfg.learning_rate)
+            if not loss_scale.is_loss_scaled(opt):
+                opt = loss_scale.wrap_optimizer(opt, self.decision.policy,
+                                                initial_scale=cfg.initial_loss_scale)
+            self.opt = opt
             loss_scale.build_optimizer(self.opt, self.model.trainable_variables)
+        for note in self.built.notes:
+            print(f"note: {note}", file=sys.stderr, flush=True)
         self.loss_scaled = loss_scale.is_loss_scaled(self.opt)
         ckpt_dir = os.path.join(self.output, checkpointing.CHECKPOINT_DIR)
         self.ckpt = checkpointing.Checkpointer(self.output, self.model, self.opt,
@@ -300,9 +314,9 @@ class _Run:
         run = self
         self.stats.attach_to(self.opt)
         extra = {"jit_compile": True} if self.cfg.jit else {}  # else Keras' own default
-        self.model.compile(optimizer=self.opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(),
-                           metrics=["accuracy"], steps_per_execution=self.cfg.steps_per_execution,
-                           **extra)
+        self.model.compile(optimizer=self.opt, loss=self.built.loss,
+                           metrics=self.built.make_metrics(),
+                           steps_per_execution=self.cfg.steps_per_execution, **extra)
         spe = self.cfg.steps_per_execution
 
         class _Callback(tf.keras.callbacks.Callback):
@@ -344,35 +358,39 @@ class _Run:
 
     def run_custom(self, start_epoch: int):
         model, opt, strategy = self.model, self.opt, self.strategy
-        # Per-example losses, averaged over the *global* batch (compute_average_loss): the
-        # replicas' gradients are summed by the all-reduce.
-        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(reduction="none")
+        # Per-example losses (the task's, on float32 predictions), averaged over the *global*
+        # batch (compute_average_loss): the replicas' gradients are summed by the all-reduce.
+        loss_fn = self.built.loss
         with strategy.scope():
             train_loss = tf.keras.metrics.Mean()
-            train_acc = tf.keras.metrics.SparseCategoricalAccuracy()
             val_loss = tf.keras.metrics.Mean()
-            val_acc = tf.keras.metrics.SparseCategoricalAccuracy()
+            train_metrics = self.built.make_metrics()
+            val_metrics = self.built.make_metrics()
 
         def step_fn(x, y):
             with tf.GradientTape() as tape:
-                probs = model(x, training=True)          # float32: the output layer is float32
-                per_example = loss_fn(y, probs)          # float32 loss
+                preds = model(x, training=True)
+                per_example = loss_fn(y, preds)          # float32 (cast inside if needed)
                 loss = tf.nn.compute_average_loss(per_example)
+                if model.losses:  # regularization, split over the replicas like fit does
+                    loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
                 scaled = loss_scale.scale_loss(opt, loss)
             grads = tape.gradient(scaled, model.trainable_variables)
             unscaled, _ = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
             self.stats.record(unscaled)  # replicas agree on finiteness (see StepStats)
             train_loss.update_state(tf.reduce_mean(per_example))
-            train_acc.update_state(y, probs)
+            for m in train_metrics:
+                m.update_state(y, preds)
 
         @tf.function(jit_compile=bool(self.cfg.jit) or None)
         def train_step(x, y):
             return strategy.run(step_fn, args=(x, y))
 
         def eval_fn(x, y):
-            probs = model(x, training=False)
-            val_loss.update_state(tf.reduce_mean(loss_fn(y, probs)))
-            val_acc.update_state(y, probs)
+            preds = model(x, training=False)
+            val_loss.update_state(tf.reduce_mean(loss_fn(y, preds)))
+            for m in val_metrics:
+                m.update_state(y, preds)
 
         @tf.function
         def eval_step(x, y):
@@ -383,24 +401,26 @@ class _Run:
 
         self.make_monitor(train_loss, self.cfg.log_every)
         for epoch in range(start_epoch, self.cfg.epochs):
-            for m in (train_loss, train_acc, val_loss, val_acc):
+            for m in (train_loss, val_loss, *train_metrics, *val_metrics):
                 m.reset_state() if hasattr(m, "reset_state") else m.reset_states()
             steps = -(-self.bundle.train_samples // self.dist.global_batch)
             bar = None if self.plain else tf.keras.utils.Progbar(
-                steps, stateful_metrics=["loss", "accuracy"])
+                steps, stateful_metrics=["loss"] + [m.name for m in train_metrics])
             t0 = time.perf_counter()
             for i, (x, y) in enumerate(train_ds):
                 train_step(x, y)
                 self.monitor.tick(epoch)
                 if bar is not None and ((i + 1) % 10 == 0 or i + 1 == steps):
-                    bar.update(i + 1, [("loss", float(train_loss.result())),
-                                       ("accuracy", float(train_acc.result()))])
+                    bar.update(i + 1, [("loss", float(train_loss.result()))] + [
+                        (m.name, float(m.result())) for m in train_metrics])
             self.monitor.check(epoch)
             t_train = time.perf_counter() - t0
             for x, y in val_ds:
                 eval_step(x, y)
-            logs = {"loss": train_loss.result(), "accuracy": train_acc.result(),
-                    "val_loss": val_loss.result(), "val_accuracy": val_acc.result()}
+            logs = {"loss": train_loss.result(),
+                    **{m.name: m.result() for m in train_metrics},
+                    "val_loss": val_loss.result(),
+                    **{"val_" + m.name: m.result() for m in val_metrics}}
             if bar is not None:
                 print(f"epoch {epoch + 1}/{self.cfg.epochs}: " + " ".join(
                     f"{k}={float(v):.4f}" for k, v in logs.items()), flush=True)
@@ -437,15 +457,40 @@ class _LossMetric:
 def _f(v):
     if v is None:
         return None
-    v = float(np.asarray(v))
+    try:
+        v = float(np.asarray(v))
+    except (TypeError, ValueError):  # a metric with a non-scalar result
+        return None
     return v if np.isfinite(v) else None  # JSON has no NaN/inf
+
+
+def _clash(exc: BaseException, policy: str, task: Task):
+    """check's diagnosis for a 16-bit/float32 clash under a mixed policy, else None."""
+    from app import dtype_clash
+
+    if policy == "float32" or not dtype_clash.is_dtype_clash(exc):
+        return None
+    return dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec)
+
+
+def _learning_rate(opt):
+    """The optimizer's current learning rate (schedules evaluated at its step), or None."""
+    inner = getattr(opt, "inner_optimizer", opt)
+    lr = getattr(inner, "learning_rate", None)
+    try:
+        if callable(lr) and not isinstance(lr, tf.Variable):
+            lr = lr(inner.iterations)
+        return _f(lr)
+    except Exception:  # an exotic schedule: leave it out rather than fail the epoch
+        return None
 
 
 # ---- public API -------------------------------------------------------------------------------
 
-def prepare(cfg: TrainConfig, hardware=None, output_explicit: bool | None = None):
+def prepare(cfg: TrainConfig, hardware=None, output_explicit: bool | None = None,
+            task: Task | None = None):
     """Check everything, set up the strategy and load the data; writes nothing.
-    Returns (hardware, decision, bundle, output, distribution)."""
+    Returns (hardware, decision, task, bundle, output, distribution)."""
     validate(cfg)
     hw = hardware or hw_mod.detect()
     decision = prec.resolve(cfg.precision, hw)
@@ -466,16 +511,48 @@ def prepare(cfg: TrainConfig, hardware=None, output_explicit: bool | None = None
     if not cfg.resume and dist.is_chief and os.path.exists(os.path.join(output, "metrics.json")):
         raise UsageError(f"output directory {output!r} already holds a run",
                          "--resume to continue it, or a new --output")
-    bundle = data_mod.load(cfg.dataset, models.input_shape_for(cfg.model, cfg.image_size),
-                           dist.global_batch, cfg.data_dir or default_data_dir(cfg.workspace),
-                           image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
-                           max_val_samples=cfg.max_val_samples, seed=cfg.seed,
-                           offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
-    return hw, decision, bundle, output, dist
+    task = task or Task.from_config(cfg)
+    if cfg.resume:
+        check_same_task(output, task)
+    bundle = task.load_data(dist.global_batch, cfg.data_dir or default_data_dir(cfg.workspace),
+                            image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
+                            max_val_samples=cfg.max_val_samples, seed=cfg.seed,
+                            offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
+    return hw, decision, task, bundle, output, dist
+
+
+def check_same_task(output: str, task: Task) -> None:
+    """--resume continues the same job: a run whose model, dataset, loss or metrics spec
+    changed would restore weights into something else (or fail deep in TensorFlow)."""
+    import json
+
+    path = os.path.join(output, "metrics.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            previous = json.load(fh)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path!r} cannot be read ({type(exc).__name__}); the run cannot be "
+                         "resumed safely", "restore it from a copy, or start a new --output")\
+            from None
+    before = previous.get("task") if isinstance(previous, dict) else None
+    if not isinstance(before, dict):
+        before = {"model": previous.get("config", {}).get("model"),
+                  "dataset": previous.get("config", {}).get("dataset")} \
+            if isinstance(previous, dict) else {}
+    now = task.describe()
+    changed = [k for k in ("model", "dataset", "loss", "metrics") if k in before
+               and before.get(k) != now.get(k)]
+    if changed:
+        what = ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in changed)
+        raise UsageError(f"--resume: the run in {output!r} was trained with a different spec ({what})",
+                         "the same --model, --dataset, --loss and --metrics as the run being "
+                         "resumed, or a new --output")
 
 
 def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=None,
-          announce: bool = True) -> dict:
+          announce: bool = True, task: Task | None = None) -> dict:
     """Run a training job; return the metrics dict (also written to <output>/metrics.json).
 
     ``on_step`` is called every ``config.log_every`` steps with
@@ -485,7 +562,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     Bad input raises ``app.errors.UsageError`` before anything is written.
     """
     cfg = config
-    hw, decision, bundle, output, dist = prepare(cfg, hardware)
+    hw, decision, task, bundle, output, dist = prepare(cfg, hardware, task=task)
     if announce:
         prec.announce(decision)
         print(dist.describe(), flush=True)
@@ -506,13 +583,19 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         with contextlib.suppress(OSError, ValueError):
             with open(os.path.join(output, "metrics.json"), encoding="utf-8") as fh:
                 previous = json.load(fh)
-    run = _Run(cfg, decision, bundle, output, on_step, env, dist)
+    run = _Run(cfg, task, decision, bundle, output, on_step, env, dist)
     run.metrics["distribute"]["loop"] = loop
     stop = _StopFlag()
     old_policy = prec.global_policy_name()
     try:
         with _signal_handlers(stop):
-            run.build(stop)
+            try:
+                run.build(stop)
+            except UserCodeError as exc:
+                clash = _clash(exc.original, decision.policy, task)
+                if clash:
+                    raise MixedPrecisionClash(clash) from None
+                raise
             start = 0
             if cfg.resume:
                 start = run.ckpt.restore_latest()  # UsageError if incompatible: nothing written
@@ -552,11 +635,15 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                 print(f"error: training diverged at {run.metrics['diagnosis']}", file=sys.stderr,
                       flush=True)
             except Exception as exc:
-                # Unexpected (e.g. out of memory): leave an honest metrics.json, then re-raise.
+                # Unexpected (e.g. out of memory): leave an honest metrics.json, then re-raise;
+                # a dtype clash in the user's layer becomes check's one-line diagnosis.
+                clash = _clash(exc, decision.policy, task)
                 run.metrics["status"] = "failed"
-                run.metrics["diagnosis"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+                run.metrics["diagnosis"] = clash or f"{type(exc).__name__}: {str(exc)[:500]}"
                 run.metrics["finished_utc"] = utc_now_iso()
                 run.write_metrics()
+                if clash:
+                    raise MixedPrecisionClash(clash) from None
                 raise
             run.metrics["finished_utc"] = utc_now_iso()
             run.write_metrics()

@@ -14,16 +14,53 @@ EXIT_PEER_LOST = 4  # multi-worker: another worker stopped; restart them all to 
 _PEER_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError")
 
 
+SPEC_HELP = """\
+your own model and data (docs/your-model.md):
+  --model nets.small:build        a function in a module importable from the current
+                                  directory or PYTHONPATH
+  --model ./nets/small.py:build   a function in a .py file
+  The model function is called as build(input_shape, num_classes) (declare only the
+  parameters you need) after the precision policy is set; it returns a keras.Model,
+  compiled or not.  The dataset function returns ((x_train, y_train), (x_val, y_val))
+  arrays or (train, val) unbatched tf.data datasets; it may declare data_dir and seed.
+"""
+
+
+def add_task_flags(p, d=None):
+    """--model/--dataset/--loss/--metrics and their shapes; shared by train, benchmark, check."""
+    d = d or TrainConfig()
+    what = p.add_argument_group("what to train")
+    what.add_argument("--model", metavar="SPEC",
+                      help=f"{', '.join(MODELS)} or MODULE:FUNCTION / file.py:FUNCTION "
+                           f"(default {d.model})")
+    what.add_argument("--dataset", metavar="SPEC",
+                      help=f"{', '.join(DATASETS)} or MODULE:FUNCTION / file.py:FUNCTION "
+                           f"(default {d.dataset})")
+    what.add_argument("--loss", metavar="SPEC",
+                      help="Keras loss name or MODULE:OBJECT (default: the compiled model's, "
+                           "else sparse categorical cross-entropy, from logits when the "
+                           "outputs are not probabilities)")
+    what.add_argument("--metrics", metavar="LIST",
+                      help="comma-separated Keras metric names or MODULE:OBJECT (default: the "
+                           "compiled model's, else accuracy)")
+    what.add_argument("--input-shape", metavar="D,D,...",
+                      help="sample shape for --dataset synthetic with your own model "
+                           "(default 28,28,1); other data gives its own")
+    what.add_argument("--num-classes", type=int, metavar="N",
+                      help="number of classes (default: counted from the labels)")
+    return what
+
+
 def add_parser(subparsers):
     d = TrainConfig()
     p = subparsers.add_parser(
         "train", help="train a model with mixed precision",
         description="Train a model. Every flag can also be set with an environment variable "
                     "TFMP_<FLAG> (e.g. TFMP_EPOCHS=3); a flag wins over the variable.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, argument_default=None)
-    what = p.add_argument_group("what to train")
-    what.add_argument("--model", help=f"one of {', '.join(MODELS)} (default {d.model})")
-    what.add_argument("--dataset", help=f"one of {', '.join(DATASETS)} (default {d.dataset})")
+        epilog=SPEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=None)
+    add_task_flags(p, d)
+    what = [g for g in p._action_groups if g.title == "what to train"][0]
     what.add_argument("--image-dir", help="for --dataset images: folder with one subfolder per class")
     what.add_argument("--image-size", type=int, help="images are resized to this square size (32)")
     how = p.add_argument_group("how to train")
@@ -53,7 +90,7 @@ def add_parser(subparsers):
     where = p.add_argument_group("where")
     where.add_argument("--workspace", help="base folder (default $TFMP_WORKSPACE or ./workspace)")
     where.add_argument("--data-dir", help="dataset files (default <workspace>/data)")
-    where.add_argument("--output", help="run folder (default <workspace>/runs/<UTC>-<model>-<policy>)")
+    where.add_argument("--output", help="run folder (default <workspace>/runs/<UTC>-<model>-<dataset>-<policy>)")
     where.add_argument("--offline", action="store_true", default=None,
                        help="never download; fail if the dataset files are missing")
     where.add_argument("--resume", action="store_true", default=None,

@@ -90,7 +90,7 @@ def test_resume_with_incompatible_checkpoint(tmp_path):
     before = (out / "metrics.json").read_text()
     proc = run_app("train", *QUICK, "--epochs", "2", "--output", str(out), "--resume",
                    "--model", "cnn")
-    assert_usage_error(proc, "does not match")
+    assert_usage_error(proc, "trained with a different spec (model 'mlp' -> 'cnn')")
     assert (out / "metrics.json").read_text() == before   # the old run is untouched
 
 
