@@ -1,6 +1,21 @@
 """Mixed-precision TensorFlow training, shared by notebooks, SSH sessions and batch jobs.
 
-Run as ``python -m app <command>``; see ``python -m app --help``.
+Run as ``python -m app <command>``; see ``python -m app --help``.  From Python::
+
+    import app
+    app.train(model=build, data=load, precision="auto", epochs=3)   # -> metrics dict
+    app.check(model=build)                                           # -> report dict
 """
 
 __version__ = "0.1.0"
+__all__ = ["train", "check"]
+
+
+def __getattr__(name):
+    # Lazy: `python -m app --help` and the benchmark's parent process never import
+    # TensorFlow; `app.train` imports it on first use.
+    if name in __all__:
+        from app import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'app' has no attribute {name!r}")

@@ -89,6 +89,32 @@ def resolve_dataset(spec: str) -> DatasetEntry:
     return DatasetEntry(spec, False, fn, specs.source_file(fn))
 
 
+def object_spec(obj) -> str:
+    """A spec-like name for a Python object (recorded in metrics.json, compared by --resume)."""
+    module = getattr(obj, "__module__", None) or "python"
+    return f"{module}:{getattr(obj, '__qualname__', getattr(obj, '__name__', type(obj).__name__))}"
+
+
+def model_entry(model) -> ModelEntry:
+    if isinstance(model, str):
+        return resolve_model(model)
+    if not callable(model):
+        raise UsageError(f"model must be a spec or a function. Received: {type(model).__name__}",
+                         "a built-in name, MODULE:FUNCTION, or a function "
+                         "(input_shape, num_classes) -> keras.Model")
+    return ModelEntry(object_spec(model), False, model, specs.source_file(model))
+
+
+def dataset_entry(data) -> DatasetEntry:
+    if isinstance(data, str):
+        return resolve_dataset(data)
+    if callable(data):
+        return DatasetEntry(object_spec(data), False, data, specs.source_file(data))
+    first = data[0] if isinstance(data, (tuple, list)) and data else None
+    kind = "tf.data" if type(first).__module__.startswith("tensorflow") else "arrays"
+    return DatasetEntry(f"python:{kind}", False, lambda: data)
+
+
 def parse_metrics(text: Optional[str]) -> Optional[list]:
     """``"accuracy,mae"`` -> list; None stays None (the default / the compiled model's)."""
     if text is None:
@@ -108,6 +134,7 @@ class BuiltModel:
     loss_name: str
     make_metrics: Callable[[], list]  # fresh Keras metric objects (train and val each)
     notes: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
 
 
 class Task:
@@ -126,6 +153,14 @@ class Task:
                    num_classes=None, image_size: int = 32) -> "Task":
         return cls(resolve_model(model), resolve_dataset(dataset), loss, parse_metrics(metrics),
                    input_shape, num_classes, image_size)
+
+    @classmethod
+    def from_objects(cls, model, data, loss=None, metrics=None, input_shape=None,
+                     num_classes=None, image_size: int = 32) -> "Task":
+        """The Python API's task: ``model`` a spec or a function; ``data`` a spec, a function,
+        or what a dataset function would return (arrays, or a (train, val) tf.data pair)."""
+        return cls(model_entry(model), dataset_entry(data), loss, parse_metrics(metrics),
+                   parse_input_shape(input_shape), num_classes, image_size)
 
     @classmethod
     def from_config(cls, cfg) -> "Task":
@@ -219,7 +254,15 @@ class Task:
         def make_metrics():
             return [_metric(m, bundle, model) for m in metric_specs]
         make_metrics()  # resolve now: a bad name is a usage error before anything is written
-        return BuiltModel(model, optimizer, loss_fn, loss_name, make_metrics, notes)
+        warnings = []
+        out_dtype = _output_dtype(model, sample_batch)
+        if out_dtype in ("float16", "bfloat16"):
+            warnings.append(
+                f"the model's output (layer {output_layer_name(model)!r}) is {out_dtype}; it is "
+                "cast to float32 before the loss. Give that layer dtype='float32', or add a "
+                "float32 Activation('linear') after it, so the softmax/logits are computed in "
+                "float32 (`python -m app check` lists every finding)")
+        return BuiltModel(model, optimizer, loss_fn, loss_name, make_metrics, notes, warnings)
 
     def _check_output_fits(self, model, bundle, sample_batch):
         units = _output_units(model, sample_batch)
@@ -322,8 +365,13 @@ def _compiled_parts(model):
             and not getattr(model, "_is_compiled", False) and not getattr(model, "compiled", False):
         return None, None, None
     loss = getattr(model, "loss", None) or None
-    container = getattr(model, "compiled_metrics", None) or getattr(model, "_compile_metrics", None)
-    metrics = getattr(container, "_user_metrics", None) or None
+    metrics = None
+    # Keras 3 keeps them in _compile_metrics (compiled_metrics is a deprecated stand-in);
+    # Keras 2 in compiled_metrics.
+    for attr in ("_compile_metrics", "compiled_metrics"):
+        metrics = getattr(getattr(model, attr, None), "_user_metrics", None)
+        if metrics:
+            break
     if isinstance(metrics, dict):
         metrics = None  # per-output dict: not supported, fall back to the default
     optimizer = getattr(model, "optimizer", None)
@@ -357,22 +405,33 @@ def _outputs_look_like_probabilities(model, sample_batch) -> bool:
     return bool((y >= -1e-3).all() and np.allclose(y.sum(axis=-1), 1.0, atol=2e-2))
 
 
-def _per_example(loss):
-    """Per-example losses with float32 predictions whatever the model's output dtype; warns
-    once (at trace time) when the model's output is 16-bit."""
-    import tensorflow as tf
+def output_layer_name(model) -> str:
+    """The layer that produces the model's output (what the user must make float32)."""
+    names = getattr(model, "output_names", None)
+    if names:
+        return str(names[0])
+    layers = getattr(model, "layers", None)
+    return layers[-1].name if layers else model.name
 
-    warned = []
+
+def _output_dtype(model, sample_batch) -> Optional[str]:
+    try:
+        if getattr(model, "outputs", None):
+            return str(getattr(model.outputs[0].dtype, "name", model.outputs[0].dtype))
+    except (AttributeError, ValueError):
+        pass
+    if sample_batch is None:
+        return None
+    return _forward(model, sample_batch[0], "model").dtype.name
+
+
+def _per_example(loss):
+    """Per-example losses computed on float32 predictions whatever the model's output dtype
+    (a 16-bit softmax or log-softmax loses the small probabilities; build() warns)."""
+    import tensorflow as tf
 
     def per_example(y_true, y_pred):
         if y_pred.dtype != tf.float32:
-            if not warned:
-                warned.append(True)
-                print(f"warning: the model's output is {y_pred.dtype.name}; it is cast to "
-                      "float32 before the loss. Make the last layer float32 "
-                      "(dtype='float32', or a float32 Activation('linear') after it) so the "
-                      "softmax itself runs in float32; `python -m app check` names the layer",
-                      file=sys.stderr, flush=True)
             y_pred = tf.cast(y_pred, tf.float32)
         return loss(y_true, y_pred)
     per_example.__name__ = getattr(loss, "__name__", None) or getattr(loss, "name", "loss")

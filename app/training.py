@@ -289,6 +289,8 @@ class _Run:
             loss_scale.build_optimizer(self.opt, self.model.trainable_variables)
         for note in self.built.notes:
             print(f"note: {note}", file=sys.stderr, flush=True)
+        for warning in self.built.warnings:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         self.loss_scaled = loss_scale.is_loss_scaled(self.opt)
         ckpt_dir = os.path.join(self.output, checkpointing.CHECKPOINT_DIR)
         self.ckpt = checkpointing.Checkpointer(self.output, self.model, self.opt,

@@ -1,0 +1,61 @@
+"""The Python API: the same machinery as ``python -m app``, for notebooks and scripts.
+
+    import app
+    metrics = app.train(model=build, data=load, precision="auto", epochs=3)
+    report = app.check(model=build, data=load)
+
+``model`` is a built-in name, a ``MODULE:FUNCTION`` spec, or a function
+``(input_shape, num_classes) -> keras.Model``; ``data`` a built-in name, a spec, a function,
+or directly what a dataset function returns: ``((x_train, y_train), (x_val, y_val))``
+arrays or a ``(train, val)`` pair of unbatched ``tf.data`` datasets.  Every other
+``python -m app train`` setting is a keyword (``batch_size=64``, ``loop="custom"``,
+``strategy="mirrored"``, ``resume=True``, ...).  Bad input raises ``app.errors.UsageError``
+before anything is written.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from app.errors import UsageError
+
+
+def _config(model, data, settings: dict):
+    from app.config import TrainConfig, resolve_config
+    from app.tasks import Task
+
+    unknown = sorted(set(settings) - set(TrainConfig.__dataclass_fields__))
+    if unknown:
+        raise UsageError(f"unknown setting(s) {', '.join(unknown)}",
+                         ", ".join(sorted(TrainConfig.__dataclass_fields__)))
+    task = Task.from_objects(model, data, settings.get("loss"), settings.get("metrics"),
+                             settings.get("input_shape"), settings.get("num_classes"),
+                             settings.get("image_size") or 32)
+    flags = dict(settings, model=task.model.spec, dataset=task.dataset.spec)
+    if isinstance(flags.get("metrics"), (list, tuple)):
+        flags["metrics"] = ",".join(str(m) for m in flags["metrics"])
+    if isinstance(flags.get("input_shape"), (list, tuple)):
+        flags["input_shape"] = ",".join(str(d) for d in flags["input_shape"])
+    return resolve_config(flags), task
+
+
+def train(model: Any = "mlp", data: Any = "mnist", *, precision: str = "auto",
+          loop: str = "fit", epochs: int = 5, output: Optional[str] = None,
+          on_step: Optional[Callable[[dict], None]] = None, **settings) -> dict:
+    """Train; return the metrics dict (also written to ``<output>/metrics.json``).
+
+    ``metrics["status"]`` is ``completed``, ``interrupted`` or ``diverged``.  A setting not
+    given here comes from its ``TFMP_*`` variable, as on the command line (in the image,
+    ``TFMP_WORKSPACE=/workspace`` puts runs where TensorBoard looks).
+    """
+    from app.training import train as run_training
+
+    cfg, task = _config(model, data, dict(settings, precision=precision, loop=loop,
+                                          epochs=epochs, output=output))
+    return run_training(cfg, on_step=on_step, task=task)
+
+
+def check(model: Any, data: Any = None, **settings) -> dict:
+    """The mixed-precision doctor (``python -m app check``): the report as a dict."""
+    from app.doctor.api import check as run_check
+
+    return run_check(model=model, data=data, **settings)

@@ -1,0 +1,234 @@
+"""Your own model and data (issue 9): the files in user_models/ trained for real, as a user
+would, through the CLI (``--model file.py:build``, ``--model pkg.module:build``) and the
+Python API (``app.train``); every spec error is one line, exit 2, nothing written."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, error_lines, run_app
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+USER = os.path.join(HERE, "user_models")
+AWARE = os.path.join(USER, "policy_aware.py") + ":build"
+ARRAYS = os.path.join(USER, "datasets.py") + ":arrays"
+UNKNOWN = os.path.join(USER, "datasets.py") + ":unknown_size"
+MISC = os.path.join(USER, "models_misc.py")
+TARGET = 0.9
+QUICK = ["--batch-size", "32", "--progress", "lines", "--offline", "--no-save-model",
+         "--log-every", "4"]
+
+
+def _metrics(out):
+    return json.loads((out / "metrics.json").read_text())
+
+
+# ---- training for real ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
+def test_user_model_and_arrays_train_in_both_loops(tiny_config, tmp_path, policy, loop):
+    from app.training import train
+
+    epochs = 4 if policy == "mixed_float16" else 3
+    m = train(tiny_config(model=AWARE, dataset=ARRAYS, precision=policy, loop=loop,
+                     epochs=epochs, learning_rate=3e-3))
+    assert m["status"] == "completed"
+    assert m["precision"]["policy"] == policy
+    assert m["task"]["model"] == AWARE and m["task"]["model_source"].endswith("policy_aware.py")
+    assert m["data"] == {"train_samples": 512, "val_samples": 128, "input_shape": [8, 8, 1],
+                         "num_classes": 4, "label_kind": "sparse"}
+    assert m["epochs"][-1]["val_accuracy"] >= TARGET
+    if policy == "mixed_float16":
+        assert m["epochs"][-1]["loss_scale"] > 1.0
+
+
+def test_dotted_module_and_unknown_size_tf_data(tmp_path):
+    out = tmp_path / "run"
+    proc = run_app("train", "--model", "user_models.policy_aware:build",
+                   "--dataset", "user_models.datasets:unknown_size", "--precision", "float32",
+                   "--epochs", "3", "--learning-rate", "3e-3", *QUICK, "--output", str(out),
+                   cwd=HERE)
+    assert proc.returncode == 0, proc.stderr
+    m = _metrics(out)
+    assert m["data"]["train_samples"] == 512     # counted: tf.data could not know
+    assert m["epochs"][-1]["val_accuracy"] >= TARGET
+    assert m["epochs"][-1]["samples_per_second"] > 0
+
+
+def test_functional_model_with_batch_and_layer_normalization(tiny_config):
+    from app.training import train
+
+    m = train(tiny_config(model=MISC + ":normalized", dataset=ARRAYS,
+                     precision="mixed_bfloat16", epochs=3, learning_rate=3e-3))
+    assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
+
+
+def test_compiled_model_brings_optimizer_loss_and_metrics(tiny_config, tmp_path, capsys):
+    from app.training import train
+
+    m = train(tiny_config(model=MISC + ":compiled", dataset=ARRAYS, precision="float32",
+                     epochs=3, loop="custom"))
+    assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
+    err = capsys.readouterr().err
+    assert "the model came compiled: its optimizer, loss, metrics are used" in err
+    assert m["epochs"][-1]["learning_rate"] == pytest.approx(0.05)   # SGD(0.05), not Adam
+
+
+def test_16bit_output_is_cast_and_the_warning_names_the_layer(tiny_config, tmp_path, capsys):
+    from app.training import train
+
+    m = train(tiny_config(model=MISC + ":logits_16bit", dataset=ARRAYS,
+                     precision="mixed_bfloat16", epochs=3, learning_rate=3e-3))
+    assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
+    err = capsys.readouterr().err
+    assert "layer 'logits'" in err and "bfloat16" in err and "cast to float32" in err
+    assert "from_logits=True" in err     # logits detected: not probabilities
+
+
+def test_python_api_with_functions_arrays_and_datasets(tmp_path):
+    import app
+    sys.path.insert(0, USER)
+    try:
+        import datasets as user_datasets  # noqa: E402 - the test's own user file
+        import policy_aware
+    finally:
+        sys.path.remove(USER)
+    m = app.train(model=policy_aware.build, data=user_datasets.arrays(), precision="float32",
+                  epochs=3, output=str(tmp_path / "a"), batch_size=32, learning_rate=3e-3,
+                  save_model=False, verbose="lines")
+    assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
+    assert m["task"]["model"].endswith(":build") and m["task"]["dataset"] == "python:arrays"
+    m = app.train(model=policy_aware.build, data=user_datasets.unknown_size, loop="custom",
+                  precision="mixed_bfloat16", epochs=3, output=str(tmp_path / "b"),
+                  batch_size=32, learning_rate=3e-3, save_model=False, verbose="lines")
+    assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
+    from app.errors import UsageError
+    with pytest.raises(UsageError, match="unknown setting"):
+        app.train(model=policy_aware.build, data=user_datasets.arrays(), batchsize=3)
+
+
+# ---- the layer mixed precision breaks ------------------------------------------------------
+
+def test_float32_constant_in_a_custom_layer_is_named_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    proc = run_app("train", "--model", os.path.join(USER, "const_clash.py") + ":build",
+                   "--dataset", ARRAYS, "--precision", "mixed_bfloat16", "--epochs", "1",
+                   *QUICK, "--output", str(out))
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 1, proc.stderr
+    assert "layer 'add_bias' (AddBias" in errors[0] and "self.compute_dtype" in errors[0]
+    # float32 has nothing to clash with: the same model trains
+    ok = run_app("train", "--model", os.path.join(USER, "const_clash.py") + ":build",
+                 "--dataset", ARRAYS, "--precision", "float32", "--epochs", "1", *QUICK,
+                 "--output", str(tmp_path / "f32"))
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_an_exception_in_user_code_keeps_its_traceback(tmp_path):
+    out = tmp_path / "run"
+    proc = run_app("train", "--model", MISC + ":broken", "--dataset", ARRAYS, *QUICK,
+                   "--output", str(out))
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "models_misc.py" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: your code raised NameError") and "undefined_helper" in last
+    assert not out.exists()
+
+
+# ---- interruption, resume, replicas ---------------------------------------------------------
+
+def test_sigterm_then_resume_with_a_user_model(tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--model", AWARE, "--dataset", "synthetic", "--input-shape", "8,8,1",
+            "--max-train-samples", "20000", "--max-val-samples", "128", "--epochs", "4",
+            "--precision", "float32", *QUICK, "--log-every", "50", "--output", str(out)]
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen([sys.executable, "-m", "app", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if (out / "metrics.json").exists() and _metrics(out)["epochs"]:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert _metrics(out)["status"] == "interrupted"
+    resumed = run_app(*args[1:], "--resume", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    final = _metrics(out)
+    assert final["status"] == "completed"
+    assert [e["epoch"] for e in final["epochs"]] == [1, 2, 3, 4]
+    assert final["data"]["input_shape"] == [8, 8, 1]
+    # the same run with another model is refused, and left as it was
+    before = (out / "metrics.json").read_text()
+    other = run_app(*args[1:], "--resume", "--model", MISC + ":normalized")
+    assert other.returncode == 2 and "trained with a different spec" in other.stderr
+    assert (out / "metrics.json").read_text() == before
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_mirrored_over_two_logical_cpus_with_a_user_model(tiny_config, tmp_path, loop):
+    out = tmp_path / "run"
+    proc = run_app("train", "--model", AWARE, "--dataset", ARRAYS, "--strategy", "mirrored",
+                   "--loop", loop, "--precision", "float32", "--epochs", "3",
+                   "--learning-rate", "3e-3", *QUICK, "--output", str(out),
+                   env={"TFMP_LOGICAL_CPUS": "2"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    m = _metrics(out)
+    assert m["distribute"]["replicas"] == 2 and m["distribute"]["global_batch_size"] == 64
+    assert m["epochs"][-1]["val_accuracy"] >= TARGET
+
+
+# ---- spec errors: one line, exit 2, nothing written -----------------------------------------
+
+@pytest.mark.parametrize("model, dataset, needle", [
+    ("nosuchmodule:build", ARRAYS, "no module named 'nosuchmodule'"),
+    ("./missing/net.py:build", ARRAYS, "file './missing/net.py' does not exist"),
+    (MISC + ":nosuch", ARRAYS, "has no 'nosuch'; allowed: one of its functions: broken, "),
+    (MISC + ":NOT_CALLABLE", ARRAYS, "names a int, not a function"),
+    (MISC + ":needs_more", ARRAYS, "parameter 'depth' has no value we can give"),
+    (MISC + ":not_a_model", ARRAYS, "returned builtins.str, not a keras.Model"),
+    (MISC + ":three_outputs", ARRAYS, "has 3 output unit(s) but the labels"),
+    ("mlp:", ARRAYS, "is not MODULE:FUNCTION"),
+    ("vgg", ARRAYS, "model must be one of mlp, cnn, resnet or MODULE:FUNCTION"),
+    (AWARE, os.path.join(USER, "datasets.py") + ":batched", "looks batched"),
+    (AWARE, os.path.join(USER, "datasets.py") + ":not_data", "returned dict"),
+])
+def test_spec_errors_are_one_line(tmp_path, capsys, model, dataset, needle):
+    # In-process through the CLI's own main() (the same path as `python -m app`, without a
+    # TensorFlow start-up per case); the two tests above run real subprocesses.
+    from app.cli import main
+
+    out = tmp_path / "run"
+    code = main(["train", "--model", model, "--dataset", dataset, "--epochs", "1", *QUICK,
+                 "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    errors = error_lines(err)
+    assert len(errors) == 1, err
+    assert needle in errors[0], errors[0]
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_user_dataset_function_that_raises_is_their_bug(tmp_path):
+    out = tmp_path / "run"
+    proc = run_app("train", "--dataset", os.path.join(USER, "datasets.py") + ":raises",
+                   "--model", AWARE, *QUICK, "--output", str(out))
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "the bucket is not mounted" in proc.stderr
+    assert not out.exists()

@@ -1,0 +1,54 @@
+"""Model functions for the spec and error tests."""
+import tensorflow as tf
+
+
+def normalized(input_shape, num_classes):
+    """Functional model with BatchNormalization and LayerNormalization (both keep float32
+    statistics under a mixed policy) and a float32 softmax."""
+    inputs = tf.keras.Input(shape=input_shape)
+    x = tf.keras.layers.Conv2D(16, 3, padding="same")(inputs)
+    x = tf.keras.layers.BatchNormalization()(x)
+    x = tf.keras.layers.ReLU()(x)
+    x = tf.keras.layers.Flatten()(x)
+    x = tf.keras.layers.Dense(32)(x)
+    x = tf.keras.layers.LayerNormalization()(x)
+    x = tf.keras.layers.ReLU()(x)
+    x = tf.keras.layers.Dense(num_classes)(x)
+    outputs = tf.keras.layers.Activation("softmax", dtype="float32")(x)
+    return tf.keras.Model(inputs, outputs)
+
+
+def logits_16bit(input_shape, num_classes):
+    """Output layer left in the policy's dtype: float16/bfloat16 logits."""
+    return tf.keras.Sequential([tf.keras.Input(shape=input_shape), tf.keras.layers.Flatten(),
+                                tf.keras.layers.Dense(32, activation="relu"),
+                                tf.keras.layers.Dense(num_classes, name="logits")])
+
+
+def compiled(input_shape, num_classes):
+    """Comes compiled: its optimizer (SGD), loss and metrics are used."""
+    model = logits_16bit(input_shape, num_classes)
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.05),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def needs_more(input_shape, num_classes, depth):
+    raise AssertionError("never called: 'depth' cannot be given")
+
+
+def not_a_model(input_shape):
+    return "a string"
+
+
+def three_outputs(input_shape):
+    return tf.keras.Sequential([tf.keras.Input(shape=input_shape), tf.keras.layers.Flatten(),
+                                tf.keras.layers.Dense(3)])
+
+
+def broken(input_shape, num_classes):
+    return undefined_helper(input_shape)  # noqa: F821 - the user's bug, on purpose
+
+
+NOT_CALLABLE = 42
