@@ -9,6 +9,7 @@ from typing import Sequence
 
 from app.commands import COMMANDS
 from app.errors import MixedPrecisionClash, UsageError, UserCodeError
+from app.output_faults import EXIT_OUTPUT_FAULT, OutputFault
 
 EXIT_OK = 0
 EXIT_FAILED = 1   # the user's own code raised, or their layer breaks under mixed precision
@@ -56,3 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MixedPrecisionClash as exc:
         sys.stderr.write(exc.line() + "\n")
         return EXIT_FAILED
+    except OutputFault as exc:
+        # Disk full, read-only, quota: the last good checkpoint is intact (app/output_faults.py).
+        sys.stderr.write(exc.line() + "\n")
+        return EXIT_OUTPUT_FAULT

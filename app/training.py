@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from app import checkpointing, data as data_mod, distribute, envreport, hardware as hw_mod
-from app import loss_scale
+from app import loss_scale, output_faults
 from app import precision as prec
 from app.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,
                         default_output, validate)
@@ -608,48 +608,80 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                     run.metrics["started_utc"] = previous.get("started_utc", run.metrics["started_utc"])
                     run.previous_steps = [r for r in previous.get("steps", [])
                                           if r["step"] <= int(run.ckpt.step.numpy())]
-                print(f"resuming from {run.ckpt.latest_checkpoint} at epoch {start + 1}",
+                print(f"resuming from {run.ckpt.restored_path} at epoch {start + 1}",
                       file=sys.stderr)
-            run.open_outputs()
             try:
-                if start < cfg.epochs:
-                    (run.run_fit if loop == "fit" else run.run_custom)(start)
-                run.metrics["status"] = "completed"
-                if cfg.save_model:
-                    # Every worker saves (saving may read synced variables), only the chief
-                    # into --output; the others into a temporary folder, then delete it.
-                    target = dist.write_dir(output)
-                    os.makedirs(target, exist_ok=True)
-                    path = checkpointing.save_final_model(run.model, target)
-                    if dist.is_chief:
-                        run.metrics["model_path"] = path
-                    dist.cleanup(target)
-            except TrainingInterrupted as exc:
-                done = len(run.metrics["epochs"])
-                path = run.ckpt.save(done, int(run.stats.steps.numpy()))
-                run.metrics["status"] = "interrupted"
-                run.metrics["signal"] = exc.signum
-                print(f"interrupted: checkpoint {path} saved after {done} completed epoch(s); run "
-                      "the same command with --resume to finish", file=sys.stderr, flush=True)
-            except TrainingDiverged as exc:
-                run.metrics["status"] = "diverged"
-                run.metrics["diagnosis"] = f"{exc}; {DIAGNOSIS}"
-                print(f"error: training diverged at {run.metrics['diagnosis']}", file=sys.stderr,
-                      flush=True)
+                _run_and_record(run, cfg, dist, output, loop, start, decision, task)
             except Exception as exc:
-                # Unexpected (e.g. out of memory): leave an honest metrics.json, then re-raise;
-                # a dtype clash in the user's layer becomes check's one-line diagnosis.
-                clash = _clash(exc, decision.policy, task)
-                run.metrics["status"] = "failed"
-                run.metrics["diagnosis"] = clash or f"{type(exc).__name__}: {str(exc)[:500]}"
-                run.metrics["finished_utc"] = utc_now_iso()
-                run.write_metrics()
-                if clash:
-                    raise MixedPrecisionClash(clash) from None
-                raise
-            run.metrics["finished_utc"] = utc_now_iso()
-            run.write_metrics()
-            run.writer.close()
+                code = output_faults.classify(exc)
+                if code is None:
+                    raise
+                raise _output_fault(run, exc, code, output) from None
     finally:
         prec.apply_policy(old_policy)
     return run.metrics
+
+
+def _output_fault(run: "_Run", exc: BaseException, code: int, output: str):
+    """Clean up after a failed write and describe it (see app/output_faults.py)."""
+    ckpt_dir = os.path.join(output, checkpointing.CHECKPOINT_DIR)
+    output_faults.remove_partial_checkpoints(ckpt_dir)
+    latest = checkpointing.newest_complete(ckpt_dir)
+    hint = (f"run the same command with --resume to continue from {os.path.basename(latest)}"
+            if latest else "run the same command again (no checkpoint was completed)")
+    fault = output_faults.OutputFault(output_faults.path_of(exc, output), code,
+                                      f"{type(exc).__name__}", hint)
+    run.metrics["status"] = "failed"
+    run.metrics["diagnosis"] = fault.line()[len("error: "):]
+    run.metrics["finished_utc"] = utc_now_iso()
+    with contextlib.suppress(Exception):   # the disk may still be full: best effort
+        run.write_metrics()
+    with contextlib.suppress(Exception):
+        run.writer.close()
+    return fault
+
+
+def _run_and_record(run: "_Run", cfg, dist, output, loop, start, decision, task):
+    """The loop, the final model and metrics.json; every write in here may fail (disk full)."""
+    run.open_outputs()
+    try:
+        if start < cfg.epochs:
+            (run.run_fit if loop == "fit" else run.run_custom)(start)
+        run.metrics["status"] = "completed"
+        if cfg.save_model:
+            # Every worker saves (saving may read synced variables), only the chief
+            # into --output; the others into a temporary folder, then delete it.
+            target = dist.write_dir(output)
+            os.makedirs(target, exist_ok=True)
+            path = checkpointing.save_final_model(run.model, target)
+            if dist.is_chief:
+                run.metrics["model_path"] = path
+            dist.cleanup(target)
+    except TrainingInterrupted as exc:
+        done = len(run.metrics["epochs"])
+        path = run.ckpt.save(done, int(run.stats.steps.numpy()))
+        run.metrics["status"] = "interrupted"
+        run.metrics["signal"] = exc.signum
+        print(f"interrupted: checkpoint {path} saved after {done} completed epoch(s); run "
+              "the same command with --resume to finish", file=sys.stderr, flush=True)
+    except TrainingDiverged as exc:
+        run.metrics["status"] = "diverged"
+        run.metrics["diagnosis"] = f"{exc}; {DIAGNOSIS}"
+        print(f"error: training diverged at {run.metrics['diagnosis']}", file=sys.stderr,
+              flush=True)
+    except Exception as exc:
+        if output_faults.classify(exc) is not None:
+            raise  # a failed write: train() cleans up and says what to do
+        # Unexpected (e.g. out of memory): leave an honest metrics.json, then re-raise;
+        # a dtype clash in the user's layer becomes check's one-line diagnosis.
+        clash = _clash(exc, decision.policy, task)
+        run.metrics["status"] = "failed"
+        run.metrics["diagnosis"] = clash or f"{type(exc).__name__}: {str(exc)[:500]}"
+        run.metrics["finished_utc"] = utc_now_iso()
+        run.write_metrics()
+        if clash:
+            raise MixedPrecisionClash(clash) from None
+        raise
+    run.metrics["finished_utc"] = utc_now_iso()
+    run.write_metrics()
+    run.writer.close()
