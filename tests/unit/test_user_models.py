@@ -167,7 +167,7 @@ def test_sigterm_then_resume_with_a_user_model(tmp_path):
             proc.kill()
     assert proc.returncode == 143, err
     assert _metrics(out)["status"] == "interrupted"
-    resumed = run_app(*args[1:], "--resume", timeout=300)
+    resumed = run_app(*args, "--resume", timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     final = _metrics(out)
     assert final["status"] == "completed"
@@ -175,7 +175,7 @@ def test_sigterm_then_resume_with_a_user_model(tmp_path):
     assert final["data"]["input_shape"] == [8, 8, 1]
     # the same run with another model is refused, and left as it was
     before = (out / "metrics.json").read_text()
-    other = run_app(*args[1:], "--resume", "--model", MISC + ":normalized")
+    other = run_app(*args, "--resume", "--model", MISC + ":normalized")
     assert other.returncode == 2 and "trained with a different spec" in other.stderr
     assert (out / "metrics.json").read_text() == before
 
@@ -189,7 +189,7 @@ def test_mirrored_over_two_logical_cpus_with_a_user_model(tiny_config, tmp_path,
                    env={"TFMP_LOGICAL_CPUS": "2"}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     m = _metrics(out)
-    assert m["distribute"]["replicas"] == 2 and m["distribute"]["global_batch_size"] == 64
+    assert m["distribute"]["replicas"] == 2 and m["distribute"]["global_batch"] == 64
     assert m["epochs"][-1]["val_accuracy"] >= TARGET
 
 
