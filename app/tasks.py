@@ -18,7 +18,6 @@ loss and metrics.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 

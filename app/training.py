@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from app import checkpointing, data as data_mod, distribute, envreport, hardware as hw_mod
+from app import checkpointing, distribute, envreport, hardware as hw_mod
 from app import loss_scale, output_faults
 from app import precision as prec
 from app.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,

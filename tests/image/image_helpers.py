@@ -103,3 +103,49 @@ def json_of(proc: subprocess.CompletedProcess):
 
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
+
+
+def kernel_execute(base_url: str, token: str, code: str, timeout: float = 120) -> tuple[str, list]:
+    """Start a kernel through Jupyter's REST API, run ``code`` over its websocket channel,
+    delete the kernel.  Returns (stdout text, error tracebacks)."""
+    import uuid
+
+    import requests
+    import websocket
+
+    headers = {"Authorization": f"token {token}"}
+    resp = requests.post(base_url + "/api/kernels", json={"name": "python3"}, headers=headers,
+                         timeout=30)
+    assert resp.status_code == 201, resp.text
+    kernel_id = resp.json()["id"]
+    output: list = []
+    errors: list = []
+    try:
+        ws = websocket.create_connection(
+            base_url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels",
+            header=[f"Authorization: token {token}"], timeout=timeout)
+        msg_id = uuid.uuid4().hex
+        ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
+                       "msg_type": "execute_request", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+        }))
+
+        def idle():
+            msg = json.loads(ws.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                return False
+            kind = msg["msg_type"]
+            if kind == "stream" and msg["content"]["name"] == "stdout":
+                output.append(msg["content"]["text"])
+            elif kind == "error":
+                errors.append("\n".join(msg["content"]["traceback"]))
+            return kind == "status" and msg["content"]["execution_state"] == "idle"
+
+        wait_until(idle, timeout=timeout, interval=0, what="the kernel to finish")
+        ws.close()
+    finally:
+        requests.delete(f"{base_url}/api/kernels/{kernel_id}", headers=headers, timeout=30)
+    return "".join(output), errors

@@ -10,7 +10,6 @@ import re
 import shutil
 import stat
 import subprocess
-import uuid
 from pathlib import Path
 
 import paramiko
@@ -18,7 +17,7 @@ import pytest
 import requests
 import websocket
 
-from image_helpers import HOST_GID, HOST_UID, container_env, exec_in, run, wait_until
+from image_helpers import HOST_GID, HOST_UID, container_env, exec_in, kernel_execute, run
 
 pytestmark = pytest.mark.docker
 
@@ -96,47 +95,12 @@ def test_wrong_token_is_refused(stack):
 
 
 def test_kernel_via_rest_and_websocket_imports_app_and_tensorflow(stack):
-    token = stack.token()
-    headers = {"Authorization": f"token {token}"}
-    resp = requests.post(stack.base_url + "/api/kernels", json={"name": "python3"},
-                         headers=headers, timeout=30)
-    assert resp.status_code == 201, resp.text
-    kernel_id = resp.json()["id"]
     code = ("import app, tensorflow as tf\n"
             "tf.keras.mixed_precision.set_global_policy('mixed_bfloat16')\n"
             "print('TF', tf.__version__, 'POLICY', tf.keras.mixed_precision.global_policy().name,"
             " 'APP', app.__file__)\n")
-    try:
-        ws = websocket.create_connection(
-            f"ws://127.0.0.1:{stack.jupyter_port}/api/kernels/{kernel_id}/channels",
-            header=[f"Authorization: token {token}"], timeout=60)
-        msg_id = uuid.uuid4().hex
-        ws.send(json.dumps({
-            "header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
-                       "msg_type": "execute_request", "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": False,
-                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
-        }))
-        output, errors = [], []
-
-        def idle():
-            msg = json.loads(ws.recv())
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                return False
-            kind = msg["msg_type"]
-            if kind == "stream" and msg["content"]["name"] == "stdout":
-                output.append(msg["content"]["text"])
-            elif kind == "error":
-                errors.append("\n".join(msg["content"]["traceback"]))
-            return kind == "status" and msg["content"]["execution_state"] == "idle"
-
-        wait_until(idle, timeout=120, interval=0, what="the kernel to finish")
-        ws.close()
-    finally:
-        requests.delete(f"{stack.base_url}/api/kernels/{kernel_id}", headers=headers, timeout=30)
+    text, errors = kernel_execute(stack.base_url, stack.token(), code)
     assert not errors, errors
-    text = "".join(output)
     assert re.search(r"TF 2\.9\.3 POLICY mixed_bfloat16 APP /opt/tfmp/src/app/", text), text
 
 
