@@ -316,8 +316,9 @@ class _Run:
         run = self
         self.stats.attach_to(self.opt)
         extra = {"jit_compile": True} if self.cfg.jit else {}  # else Keras' own default
-        self.model.compile(optimizer=self.opt, loss=self.built.loss,
-                           metrics=self.built.make_metrics(),
+        with self.strategy.scope():  # Keras 2: metric objects must come from the model's scope
+            metrics = self.built.make_metrics()
+        self.model.compile(optimizer=self.opt, loss=self.built.loss, metrics=metrics,
                            steps_per_execution=self.cfg.steps_per_execution, **extra)
         spe = self.cfg.steps_per_execution
 
