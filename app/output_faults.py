@@ -84,7 +84,12 @@ def path_of(exc: BaseException, default: str) -> str:
         return str(exc.filename)
     for candidate in _PATH_IN_TEXT.findall(str(exc)):
         if candidate.startswith(os.path.abspath(default)):
-            return candidate.rstrip(".,)")
+            candidate = candidate.rstrip(".,)")
+            # TensorFlow names its scratch file (ckpt-2_temp/part-...tempstate123): the
+            # user's question is which folder, so name the checkpoints folder.
+            parts = candidate.split(os.sep)
+            temp = [i for i, p in enumerate(parts) if "_temp" in p]
+            return os.sep.join(parts[:temp[0]]) if temp else candidate
     return default
 
 
