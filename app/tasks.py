@@ -299,18 +299,9 @@ class Task:
                                 "probabilities" if from_logits else
                                 "probabilities (the model's outputs sum to 1)"))
             return _per_example(loss), name + (" (from logits)" if from_logits else "")
-        loss = loss_spec
-        if isinstance(loss, str) and specs.is_user_spec(loss):
-            loss = specs.load_object(loss, "loss")
-            if isinstance(loss, type):
-                loss = specs.call_user(loss, loss_spec, "loss", {})
-        elif isinstance(loss, str):
-            try:
-                loss = tf.keras.losses.get(loss)
-            except (ValueError, TypeError):
-                raise UsageError(f"loss {loss_spec!r} is not a Keras loss",
-                                 "a Keras loss name (e.g. sparse_categorical_crossentropy, mse) "
-                                 "or MODULE:OBJECT") from None
+        loss = _keras_object(loss_spec, "loss", tf.keras.losses.get,
+                             "a Keras loss name (e.g. sparse_categorical_crossentropy, mse) "
+                             "or MODULE:OBJECT")
         if isinstance(loss, tf.keras.losses.Loss):
             cfg = loss.get_config()
             cfg["reduction"] = "none"
@@ -437,6 +428,22 @@ def _per_example(loss):
     return per_example
 
 
+def _keras_object(spec, what: str, keras_get, allowed: str):
+    """A loss or metric named by ``spec``: ``MODULE:OBJECT`` (a class is instantiated with no
+    arguments), a Keras identifier through ``keras_get``, or an object given directly."""
+    obj = spec
+    if isinstance(spec, str) and specs.is_user_spec(spec):
+        obj = specs.load_object(spec, what)
+    elif isinstance(spec, str):
+        try:
+            obj = keras_get(spec)
+        except (ValueError, TypeError):
+            raise UsageError(f"{what} {spec!r} is not a Keras {what}", allowed) from None
+    if isinstance(obj, type):
+        obj = specs.call_user(obj, _spec_text(spec), what, {})
+    return obj
+
+
 def _metric(spec, bundle, model):
     """A fresh Keras metric object for ``spec`` (the loops each need their own)."""
     import tensorflow as tf
@@ -447,18 +454,9 @@ def _metric(spec, bundle, model):
         if bundle.label_kind == "binary" and _output_units(model) == 1:
             return tf.keras.metrics.BinaryAccuracy(name="accuracy")
         return tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-    obj = spec
-    if isinstance(spec, str) and specs.is_user_spec(spec):
-        obj = specs.load_object(spec, "metric")
-    elif isinstance(spec, str):
-        try:
-            obj = tf.keras.metrics.get(spec)
-        except (ValueError, TypeError):
-            raise UsageError(f"metric {spec!r} is not a Keras metric",
-                             "Keras metric names (e.g. accuracy, mae, auc) or MODULE:OBJECT, "
-                             "comma-separated") from None
-    if isinstance(obj, type):
-        obj = obj()
+    obj = _keras_object(spec, "metric", tf.keras.metrics.get,
+                        "Keras metric names (e.g. accuracy, mae, auc) or MODULE:OBJECT, "
+                        "comma-separated")
     if isinstance(obj, tf.keras.metrics.Metric):
         return type(obj).from_config(obj.get_config())
     if callable(obj):

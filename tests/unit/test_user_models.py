@@ -79,6 +79,19 @@ def test_compiled_model_brings_optimizer_loss_and_metrics(tiny_config, tmp_path,
     assert m["epochs"][-1]["learning_rate"] == pytest.approx(0.05)   # SGD(0.05), not Adam
 
 
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_loss_and_metrics_flags_take_keras_names_and_user_objects(tiny_config, loop):
+    from app.training import train
+
+    m = train(tiny_config(model=AWARE, dataset=ARRAYS, loop=loop, precision="float32",
+                          epochs=2, learning_rate=3e-3, loss="sparse_categorical_crossentropy",
+                          metrics=f"accuracy,{MISC}:top2"))
+    last = m["epochs"][-1]
+    assert m["task"]["loss"] == "sparse_categorical_crossentropy"
+    assert m["task"]["metrics"] == ["accuracy", f"{MISC}:top2"]
+    assert last["top2"] >= last["accuracy"] and last["val_top2"] >= last["val_accuracy"]
+
+
 def test_16bit_output_is_cast_and_the_warning_names_the_layer(tiny_config, tmp_path, capsys):
     from app.training import train
 
@@ -205,6 +218,8 @@ def test_mirrored_over_two_logical_cpus_with_a_user_model(tiny_config, tmp_path,
     (MISC + ":three_outputs", ARRAYS, "has 3 output unit(s) but the labels"),
     ("mlp:", ARRAYS, "is not MODULE:FUNCTION"),
     ("vgg", ARRAYS, "model must be one of mlp, cnn, resnet or MODULE:FUNCTION"),
+    (AWARE + " --loss nosuchloss", ARRAYS, "loss 'nosuchloss' is not a Keras loss"),
+    (AWARE + " --metrics accuracy,nosuch", ARRAYS, "metric 'nosuch' is not a Keras metric"),
     (AWARE, os.path.join(USER, "datasets.py") + ":batched", "looks batched"),
     (AWARE, os.path.join(USER, "datasets.py") + ":not_data", "returned dict"),
 ])
@@ -214,7 +229,8 @@ def test_spec_errors_are_one_line(tmp_path, capsys, model, dataset, needle):
     from app.cli import main
 
     out = tmp_path / "run"
-    code = main(["train", "--model", model, "--dataset", dataset, "--epochs", "1", *QUICK,
+    code = main(["train", "--model", *model.split(" "), "--dataset", dataset, "--epochs", "1",
+                 *QUICK,
                  "--output", str(out)])
     err = capsys.readouterr().err
     assert code == 2, err

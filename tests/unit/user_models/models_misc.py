@@ -52,3 +52,8 @@ def broken(input_shape, num_classes):
 
 
 NOT_CALLABLE = 42
+
+
+def top2(y_true, y_pred):
+    """A metric function of the user's, named with --metrics MODULE:OBJECT."""
+    return tf.keras.metrics.sparse_top_k_categorical_accuracy(y_true, y_pred, k=2)
