@@ -23,7 +23,8 @@ import pytest
 from app import notebooks
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMES = ["01_policy_and_fit.ipynb", "02_custom_loop_loss_scaling.ipynb", "03_benchmark.ipynb"]
+NAMES = ["01_policy_and_fit.ipynb", "02_custom_loop_loss_scaling.ipynb", "03_benchmark.ipynb",
+         "04_your_own_model.ipynb"]
 SUMMARY_MARK = "__NOTEBOOK_SUMMARY__"
 
 
@@ -40,7 +41,7 @@ def _parameters_index(nb) -> int:
 
 # ---- what is shipped --------------------------------------------------------------------------
 
-def test_the_three_notebooks_are_shipped():
+def test_the_four_notebooks_are_shipped():
     assert list(notebooks.shipped()) == NAMES
 
 
@@ -286,3 +287,15 @@ def test_03_benchmark_table_chart_and_json(tmp_path, monkeypatch):
     data = [o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])]
     assert any("mixed_bfloat16" in d.get("text/markdown", "") for d in data)
     assert any("image/png" in d for d in data)
+
+
+@pytest.mark.slow
+def test_04_check_names_the_layer_and_the_fixed_model_trains(tmp_path, monkeypatch):
+    params = dict(workspace=str(tmp_path / "ws"), train_precision="mixed_bfloat16", epochs=3)
+    nb, s = execute(NAMES[3], params, tmp_path, monkeypatch)
+    assert s["check_policy"] == "mixed_float16"
+    assert s["verdict_before"] == "blocked" and s["blocked_layers"] == ["brightness"]
+    assert s["verdict_after"] in ("ready", "ready with warnings")
+    assert s["train_policy"] == "mixed_bfloat16" and s["status"] == "completed"
+    assert s["val_accuracy"] >= 0.9
+    assert "self.compute_dtype" in _all_text(nb)   # the fix, as check printed it
