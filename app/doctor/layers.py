@@ -135,15 +135,20 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs) -> List[Fin
                 "dtype at all): float32 variables, 16-bit math"))
     if mixed:
         findings += _float32_layers(entries, computing, by_path, policy)
+        upcasting = [p for p, l, _ in computing if by_path[p]["compute_dtype"] in SIXTEEN
+                     and by_path[p]["output_dtype"] == "float32"]
+        for path in upcasting:
+            if any(other.startswith(path + "/") for other in upcasting):
+                continue  # a container passing on what its inner layer made: name that one
+            row = by_path[path]
+            findings.append(Finding(
+                WARNING, "not_policy_aware", path,
+                f"computes in {row['compute_dtype']} but its output is float32: something "
+                "it creates in call() is float32 and promotes the result, so its math runs "
+                "(partly) in float32 and the next layer casts back",
+                AWARE_FIX))
         for path, layer, _ in computing:
             row = by_path[path]
-            if row["compute_dtype"] in SIXTEEN and row["output_dtype"] == "float32":
-                findings.append(Finding(
-                    WARNING, "not_policy_aware", path,
-                    f"computes in {row['compute_dtype']} but its output is float32: something "
-                    "it creates in call() is float32 and promotes the result, so its math runs "
-                    "(partly) in float32 and the next layer casts back",
-                    AWARE_FIX))
             if row["compute_dtype"] in SIXTEEN and _is_softmax(layer) and not any(
                     out_layer is layer for _, out_layer in model_outputs):
                 findings.append(Finding(

@@ -295,10 +295,10 @@ def _clash(exc, policy, task) -> Finding:
     from app import dtype_clash
 
     layer = dtype_clash.failing_layer(exc)
-    return Finding(BLOCKER, "dtype_clash", getattr(layer, "name", None),
-                   dtype_clash.describe(exc, policy, "" if task.model.builtin
-                                        else task.model.spec),
-                   dtype_clash.FIX)
+    line = dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec)
+    what, _, fix = line.partition("; fix: ")
+    return Finding(BLOCKER, "dtype_clash", getattr(layer, "name", None), what,
+                   fix or dtype_clash.FIX)
 
 
 def _finish(report: dict, findings) -> dict:
