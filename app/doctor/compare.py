@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from app.doctor.probe import _float
+from app.doctor.probe import finite_float
 
 # Relative loss difference above which the runs disagree more than rounding explains.
 START_TOLERANCE = {"mixed_float16": 0.02, "mixed_bfloat16": 0.05}
@@ -19,7 +19,7 @@ END_TOLERANCE = {"mixed_float16": 0.10, "mixed_bfloat16": 0.15}
 def eval_loss(model, loss_fn, x, y) -> Optional[float]:
     import tensorflow as tf
 
-    return _float(tf.reduce_mean(loss_fn(y, model(x, training=False))))
+    return finite_float(tf.reduce_mean(loss_fn(y, model(x, training=False))))
 
 
 def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y_eval) -> dict:
@@ -39,7 +39,7 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
         _, finite = loss_scale.unscale_and_apply(optimizer, [g for g, _ in pairs],
                                                  [v for _, v in pairs])
         skipped += 0 if bool(finite) else 1
-        losses.append(_float(loss))
+        losses.append(finite_float(loss))
     end = eval_loss(model, loss_fn, x_eval, y_eval)
     return {"start": start, "end": end, "train_losses": losses, "skipped_steps": skipped}
 

@@ -166,7 +166,7 @@ def probe_gradients(step, x, y, policy: str) -> dict:
     import tensorflow as tf
 
     loss, g1 = step(x, y, tf.constant(1.0))
-    out = {"loss_in_step": _float(loss), "zero_share_unscaled": None, "zero_share_scaled": None,
+    out = {"loss_in_step": finite_float(loss), "zero_share_unscaled": None, "zero_share_scaled": None,
            "loss_scale": None, "unscaled_finite": all_finite(g1), "scaled_finite": None,
            "grads": g1}
     if policy != "mixed_float16":
@@ -186,7 +186,7 @@ def probe_gradients(step, x, y, policy: str) -> dict:
     return out
 
 
-def _float(v) -> Optional[float]:
+def finite_float(v) -> Optional[float]:
     import math
 
     try:

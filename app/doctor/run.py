@@ -31,7 +31,7 @@ def synthetic_shape(task) -> tuple:
     shape = task.input_shape or task.model.preferred_input_shape(task.image_size)
     if shape is None:
         raise UsageError(f"model {task.model.spec!r}: no input shape for synthetic data (no "
-                         "--dataset given)", "--input-shape D,D,... (e.g. 28,28,1 or 784), or "
+                         "--dataset given)", "--input-shape D,D,... (input_shape= in app.check), e.g. 28,28,1 or 784; or "
                          "--dataset SPEC to check on your data")
     return tuple(shape)
 
@@ -86,7 +86,6 @@ def run_check(task, precision: str = DEFAULT_PRECISION, batch_size: int = DEFAUL
 
     hw = hardware or hw_mod.detect()
     decision = prec.resolve(precision, hw)
-    policy = decision.policy
     before = prec.global_policy_name()
     try:
         bundle = load_bundle(task, batch_size, steps, seed, data_dir)
@@ -176,7 +175,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
         return _finish(report, findings)
 
     # --- the loss and one backward step ---------------------------------------------------------
-    loss = probe_mod._float(tf.reduce_mean(built.loss(y0, prediction)))
+    loss = probe_mod.finite_float(tf.reduce_mean(built.loss(y0, prediction)))
     jit = policy == "mixed_float16" and not hw.gpus
     step = probe_mod.gradient_fn(model, built.loss, jit)
     probe = {"ran": True, "loss": loss, "xla": jit}
