@@ -106,6 +106,12 @@ def table(entries, captured: Dict[int, dict]) -> List[dict]:
     return rows
 
 
+def _is_cast(layer) -> bool:
+    """A deliberate ``tf.cast`` on a functional model's tensors (Keras 2 wraps it in a
+    TFOpLambda layer): a float32 result is what the user asked for."""
+    return "cast" in str(getattr(layer, "symbol", "") or "").split(".")[-1]
+
+
 def _is_softmax(layer) -> bool:
     if type(layer).__name__ == "Softmax":
         return True
@@ -136,7 +142,7 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs) -> List[Fin
     if mixed:
         findings += _float32_layers(entries, computing, by_path, policy)
         upcasting = [p for p, l, _ in computing if by_path[p]["compute_dtype"] in SIXTEEN
-                     and by_path[p]["output_dtype"] == "float32"]
+                     and by_path[p]["output_dtype"] == "float32" and not _is_cast(l)]
         for path in upcasting:
             if any(other.startswith(path + "/") for other in upcasting):
                 continue  # a container passing on what its inner layer made: name that one

@@ -67,6 +67,9 @@ def to_text(report: dict) -> str:
                f"{report['batch_size']}, data {report['dataset']!r} (samples "
                f"{'x'.join(map(str, data.get('input_shape') or []))}, "
                f"{data.get('num_classes')} classes)")
+    decision = report.get("precision") or {}
+    if decision.get("requested") == "auto":
+        out.append(f"precision: auto chose {report['policy']} ({decision.get('reason')})")
     rows = [(r["name"], r["class"], r["compute_dtype"], r["variable_dtype"],
              r["output_dtype"] or "-") for r in report.get("layers") or []]
     if rows:

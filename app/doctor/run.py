@@ -31,8 +31,9 @@ def synthetic_shape(task) -> tuple:
     shape = task.input_shape or task.model.preferred_input_shape(task.image_size)
     if shape is None:
         raise UsageError(f"model {task.model.spec!r}: no input shape for synthetic data (no "
-                         "--dataset given)", "--input-shape D,D,... (input_shape= in app.check), e.g. 28,28,1 or 784; or "
-                         "--dataset SPEC to check on your data")
+                         "--dataset given)",
+                         "--input-shape D,D,... (input_shape= in app.check), e.g. 28,28,1 or "
+                         "784; or --dataset SPEC to check on your data")
     return tuple(shape)
 
 
