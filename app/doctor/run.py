@@ -2,6 +2,7 @@
 comparison, and return the report dict (``app.doctor.report`` renders it)."""
 from __future__ import annotations
 
+import re
 import time
 from typing import Optional
 
@@ -189,6 +190,8 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
             "float16 overflows above 65504: keep that layer (or the loss and softmax) in "
             "float32 with dtype='float32', scale the inputs (e.g. to [0, 1]), or use "
             "mixed_bfloat16"))
+        report["probe"] = probe
+        return _finish(report, findings)  # the gradients of a NaN loss say nothing more
     try:
         grads = probe_mod.probe_gradients(step, x0, y0, policy)
     except Exception as exc:
@@ -296,6 +299,7 @@ def _clash(exc, policy, task) -> Finding:
 
     layer = dtype_clash.failing_layer(exc)
     line = dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec)
+    line = re.sub(r"\x1b\[[0-9;]*m", "", line)  # Keras 3 puts terminal bold in messages
     what, _, fix = line.partition("; fix: ")
     return Finding(BLOCKER, "dtype_clash", getattr(layer, "name", None), what,
                    fix or dtype_clash.FIX)

@@ -83,6 +83,14 @@ def test_float16_softmax_output_is_a_blocker(user_models):
     assert "dtype='float32'" in blocker[0]["fix"]
 
 
+def test_float16_overflow_is_a_blocker_naming_the_first_layer(user_models):
+    report = _check(user_models("overflow").build)
+    assert report["verdict"] == "blocked"
+    assert _named(report, "nonfinite", "blocker") == {"amplify"}
+    assert report["probe"]["loss"] is None
+    assert not report["comparison"]["ran"]
+
+
 def test_batch_and_layer_normalization_are_ready(user_models):
     report = _check(user_models("normalized").build)
     assert report["verdict"] == "ready", report["findings"]
