@@ -97,6 +97,8 @@ def to_text(report: dict) -> str:
         out.append("findings:")
         for f in findings:
             who = f"layer {f['layer']!r}: " if f.get("layer") else ""
+            if who and f["what"].startswith(f"layer {f['layer']!r}"):
+                who = ""  # the sentence names it already
             out.append(f"  {f['severity'].upper():<8} {who}{f['what']}")
             if f.get("fix"):
                 out.append(f"           fix: {f['fix']}")

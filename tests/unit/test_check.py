@@ -150,6 +150,21 @@ def test_arrays_as_data_and_json(user_models, tmp_path):
     assert json.loads(out.read_text())["verdict"] == report["verdict"] == "ready"
 
 
+def test_unbatched_datasets_as_data(user_models):
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+    x = rng.random((24, 8, 8, 1)).astype("float32")
+    y = rng.integers(0, 3, 24)
+    train = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True)  # size unknown
+    val = tf.data.Dataset.from_tensor_slices((x[:8], y[:8]))
+    report = _check(user_models("normalized").build, data=(train, val), input_shape=None,
+                    precision="mixed_bfloat16")
+    assert report["verdict"] == "ready", report["findings"]
+    assert report["policy"] == "mixed_bfloat16" and report["data"]["num_classes"] == 3
+
+
 # ---- the command line -----------------------------------------------------------------------------
 
 def test_cli_py_path_ready_with_json(tmp_path):
