@@ -1,0 +1,95 @@
+"""``python -m app check``: the mixed-precision doctor for a model (docs/your-model.md).
+
+Exit status: 0 ready (warnings included), 1 blocked, 2 bad input.  Prints the report; with
+``--json FILE`` also writes it there (atomically).  Writes nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from app.doctor.run import DEFAULT_BATCH, DEFAULT_PRECISION, DEFAULT_STEPS
+
+EPILOG = """\
+what it checks (each finding has a severity, the layer and the fix):
+  per layer: class, compute dtype, variable dtype, output dtype; layers computing in
+  float32 under a mixed policy and why; the model's output must be float32; one real
+  forward and backward step with loss scaling (dtype clashes in custom layers, NaN/inf,
+  gradients that underflow without loss scaling); sizes that are not multiples of 8
+  (Tensor Cores); a few steps under float32 and the policy from the same weights.
+
+exit status: 0 ready (warnings included), 1 blocked, 2 bad input.
+
+examples:
+  python -m app check --model resnet
+  python -m app check --model ./nets/small.py:build --input-shape 28,28,1
+  python -m app check --model nets.small:build --dataset nets.data:load --json check.json
+"""
+
+
+def add_parser(subparsers):
+    from app.commands.train import SPEC_HELP, add_task_flags
+    from app.precision import CHOICES
+
+    p = subparsers.add_parser(
+        "check", help="check a model for mixed-precision problems (the doctor)",
+        description="Check a model under a mixed-precision policy: which layers compute in "
+                    "which dtype, whether the output is float32, one real step with loss "
+                    "scaling, Tensor Core sizes, and float32 against the policy.",
+        epilog=EPILOG + "\n" + SPEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=None)
+    what = add_task_flags(p)
+    # check's defaults differ from train's: say them here, not train's.
+    for action in what._group_actions:
+        if action.dest == "model":
+            action.help = "mlp, cnn, resnet or MODULE:FUNCTION / file.py:FUNCTION (required)"
+            action.required = True
+        elif action.dest == "dataset":
+            action.help = ("a built-in dataset (read from <workspace>/data, never downloaded) or "
+                           "MODULE:FUNCTION / file.py:FUNCTION (default: synthetic data shaped "
+                           "like the model's input)")
+        elif action.dest == "input_shape":
+            action.help = ("sample shape of the synthetic data when no --dataset is given "
+                           "(required for your own model then; built-ins know theirs)")
+    how = p.add_argument_group("how to check")
+    how.add_argument("--precision", default=DEFAULT_PRECISION,
+                     help=f"one of {', '.join(CHOICES)} (default {DEFAULT_PRECISION}: the "
+                          "policy whose problems the doctor finds; auto picks what train would)")
+    how.add_argument("--batch-size", type=int, default=DEFAULT_BATCH,
+                     help=f"samples per step (default {DEFAULT_BATCH})")
+    how.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                     help="training steps of the float32-vs-policy comparison "
+                          f"(default {DEFAULT_STEPS})")
+    how.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    return p
+
+
+def run(args) -> int:
+    from app.doctor.report import exit_code, to_text
+    from app.doctor.run import check_args
+    from app.errors import UsageError
+    from app.precision import validate_name
+
+    # Bad flags are one line and exit 2 before TensorFlow is imported.
+    validate_name(args.precision)
+    check_args(args.batch_size, args.steps)
+    if args.json:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if os.path.isdir(args.json) or not os.path.isdir(folder):
+            raise UsageError(f"--json {args.json!r}: not a file in an existing folder",
+                             "a file path whose folder exists")
+    from app.tasks import Task, parse_input_shape
+
+    task = Task.from_specs(args.model, args.dataset or "synthetic", args.loss, args.metrics,
+                           parse_input_shape(args.input_shape), args.num_classes)
+    from app.doctor.run import run_check
+
+    report = run_check(task, args.precision, args.batch_size, args.steps, seed=args.seed)
+    print(to_text(report), flush=True)
+    if args.json:
+        from app.reporting import write_json_atomic
+
+        write_json_atomic(args.json, report)
+    return exit_code(report)

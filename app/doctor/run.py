@@ -1,0 +1,329 @@
+"""One check: build the model under the policy, read its layers, run the probe and the
+comparison, and return the report dict (``app.doctor.report`` renders it)."""
+from __future__ import annotations
+
+import re
+import time
+from typing import Optional
+
+from app.doctor import compare as compare_mod
+from app.doctor import layers as layers_mod
+from app.doctor import probe as probe_mod
+from app.doctor.report import BLOCKER, INFO, WARNING, Finding, counts, sort_findings, verdict
+from app.errors import UsageError, UserCodeError
+
+SCHEMA_VERSION = 1
+DEFAULT_PRECISION = "mixed_float16"
+DEFAULT_BATCH = 32
+DEFAULT_STEPS = 5
+
+
+def check_args(batch_size: int, steps: int) -> None:
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}",
+                         "1 or more, e.g. 32")
+    if not isinstance(steps, int) or steps < 1:
+        raise UsageError(f"steps must be a positive integer. Received: steps={steps!r}",
+                         "1 or more (default 5)")
+
+
+def synthetic_shape(task) -> tuple:
+    """The sample shape for synthetic data: --input-shape, else a built-in's own."""
+    shape = task.input_shape or task.model.preferred_input_shape(task.image_size)
+    if shape is None:
+        raise UsageError(f"model {task.model.spec!r}: no input shape for synthetic data (no "
+                         "--dataset given)",
+                         "--input-shape D,D,... (input_shape= in app.check), e.g. 28,28,1 or "
+                         "784; or --dataset SPEC to check on your data")
+    return tuple(shape)
+
+
+def load_bundle(task, batch_size: int, steps: int, seed: int, data_dir: Optional[str]):
+    """Only as many samples as the steps need; built-in datasets are read, never downloaded."""
+    import os
+
+    from app.config import default_data_dir
+
+    if task.dataset.builtin and task.dataset.spec == "synthetic" and not task.model.builtin:
+        synthetic_shape(task)
+    if data_dir is None:  # where train keeps the built-in datasets
+        data_dir = os.environ.get("TFMP_DATA_DIR") or default_data_dir(
+            os.environ.get("TFMP_WORKSPACE") or "workspace")
+    return task.load_data(batch_size, data_dir, max_train_samples=batch_size * (steps + 1),
+                          max_val_samples=batch_size, seed=seed, offline=True,
+                          data_dir_explicit=False)
+
+
+def _batches(bundle, steps: int):
+    """steps + 1 full batches: the first for the probe and the before/after loss, the rest
+    for the training steps (repeated when the data has fewer)."""
+    out, size = [], None
+    for x, y in bundle.train:
+        if size is None:
+            size = int(x.shape[0])
+        if int(x.shape[0]) != size:
+            continue  # a smaller last batch would recompile the step
+        out.append((x, y))
+        if len(out) == steps + 1:
+            break
+    if not out:
+        raise UsageError("the dataset gave no training batch", "a non-empty dataset")
+    n = len(out)
+    while len(out) < steps + 1:
+        out.append(out[len(out) % n])
+    return out
+
+
+def run_check(task, precision: str = DEFAULT_PRECISION, batch_size: int = DEFAULT_BATCH,
+              steps: int = DEFAULT_STEPS, seed: int = 0, data_dir: Optional[str] = None,
+              hardware=None) -> dict:
+    """The report dict.  Raises UsageError (bad input) or UserCodeError (their code raised
+    something that is not a mixed-precision clash); restores the global dtype policy."""
+    from app import precision as prec
+
+    check_args(batch_size, steps)
+    prec.validate_name(precision)
+    t0 = time.perf_counter()
+    from app import hardware as hw_mod
+
+    hw = hardware or hw_mod.detect()
+    decision = prec.resolve(precision, hw)
+    before = prec.global_policy_name()
+    try:
+        bundle = load_bundle(task, batch_size, steps, seed, data_dir)
+        report = _check(task, bundle, decision, hw, batch_size, steps, seed)
+    finally:
+        prec.apply_policy(before)
+    report["seconds"] = round(time.perf_counter() - t0, 2)
+    return report
+
+
+def _build(task, bundle, policy, seed, sample):
+    import tensorflow as tf
+
+    from app import precision as prec
+
+    prec.apply_policy(policy)
+    tf.keras.utils.set_random_seed(seed)
+    return task.build(bundle, sample)
+
+
+def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
+    import tensorflow as tf
+
+    from app import dtype_clash
+
+    policy = decision.policy
+    mixed = policy.startswith("mixed_")
+    findings = []
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "model": task.model.spec, "dataset": task.dataset.spec,
+        "precision": decision.to_dict(), "policy": policy,
+        "batch_size": batch_size, "steps": steps,
+        "data": {"input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes,
+                 "label_kind": bundle.label_kind},
+        "environment": {"tensorflow": tf.__version__,
+                        "keras": str(getattr(tf.keras, "__version__", "?")),
+                        "gpus": [g.name for g in hw.gpus]},
+        "layers": [], "probe": {"ran": False}, "comparison": {"ran": False},
+    }
+    if not mixed:
+        findings.append(Finding(INFO, "policy", None,
+                                f"the policy is {policy}: nothing runs in 16 bits, so there is "
+                                "little for mixed precision to break",
+                                "check with --precision mixed_float16 (GPU) or mixed_bfloat16 "
+                                "to see what mixed precision would do"))
+    if policy == "mixed_float16" and not hw.gpus:
+        findings.append(Finding(INFO, "hardware", None,
+                                "no GPU here: float16 math on a CPU is slow, so the float16 "
+                                "steps are compiled with XLA; train float16 on a GPU with "
+                                "Tensor Cores", None))
+    batches = _batches(bundle, steps)
+    x0, y0 = batches[0]
+    try:
+        built = _build(task, bundle, policy, seed, bundle.sample_batch)
+    except UserCodeError as exc:
+        if mixed and dtype_clash.is_dtype_clash(exc.original):
+            findings.append(_clash(exc.original, policy, task))
+            return _finish(report, findings)
+        raise
+    model = built.model
+    report["notes"] = list(built.notes)
+    entries = layers_mod.walk(model)
+    weights0 = model.get_weights()
+
+    # --- forward pass, capturing every layer's output -----------------------------------------
+    prediction, clash = None, None
+    with probe_mod.capture(entries) as captured:
+        try:
+            prediction = model(x0, training=True)
+        except Exception as exc:
+            if mixed and dtype_clash.is_dtype_clash(exc):
+                clash = _clash(exc, policy, task)
+            else:
+                raise UserCodeError(task.model.spec, f"running the model on one batch under "
+                                    f"{policy}", exc) from exc
+    rows = layers_mod.table(entries, captured)
+    report["layers"] = rows
+    outputs = probe_mod.model_outputs(model, prediction, captured, entries)
+    input_channels = int(bundle.input_shape[-1]) if len(bundle.input_shape) >= 3 else None
+    findings += layers_mod.dtype_findings(model, entries, rows, policy, outputs)
+    if mixed:
+        findings += layers_mod.tensor_core_findings(entries, rows, batch_size,
+                                                    bundle.num_classes, input_channels)
+    if clash is not None:
+        findings.append(clash)
+        return _finish(report, findings)
+
+    # --- the loss and one backward step ---------------------------------------------------------
+    loss = probe_mod.finite_float(tf.reduce_mean(built.loss(y0, prediction)))
+    jit = policy == "mixed_float16" and not hw.gpus
+    step = probe_mod.gradient_fn(model, built.loss, jit)
+    probe = {"ran": True, "loss": loss, "xla": jit}
+    if loss is None:
+        where = probe_mod.first_nonfinite(captured)
+        findings.append(Finding(
+            BLOCKER, "nonfinite", where,
+            f"the loss is NaN or infinite under {policy} on the first batch"
+            + (f"; the first layer with a non-finite output is {where!r}" if where else ""),
+            "float16 overflows above 65504: keep that layer (or the loss and softmax) in "
+            "float32 with dtype='float32', scale the inputs (e.g. to [0, 1]), or use "
+            "mixed_bfloat16"))
+        report["probe"] = probe
+        return _finish(report, findings)  # the gradients of a NaN loss say nothing more
+    try:
+        grads = probe_mod.probe_gradients(step, x0, y0, policy)
+    except Exception as exc:
+        if mixed and dtype_clash.is_dtype_clash(exc):
+            findings.append(_clash(exc, policy, task))
+            report["probe"] = probe
+            return _finish(report, findings)
+        raise UserCodeError(task.model.spec, f"computing gradients under {policy}", exc) from exc
+    probe.update({k: v for k, v in grads.items() if k != "grads"})
+    probe["xla"] = jit and not getattr(step, "fallback", lambda: False)()
+    report["probe"] = probe
+    if not grads["gradients_finite"]:
+        owner = probe_mod.nonfinite_variable_owner(grads["grads"], model.trainable_variables,
+                                                   entries)
+        findings.append(Finding(
+            BLOCKER, "nonfinite", owner,
+            f"the gradients are NaN or infinite under {policy}"
+            + (" even with the loss scale lowered to "
+               f"{grads['loss_scale']:g}" if grads.get("loss_scale") else ""),
+            "find the layer that overflows (values above 65504 in float16) and keep it in "
+            "float32 with dtype='float32', or use mixed_bfloat16"))
+    if policy == "mixed_float16" and grads.get("zero_share_scaled") is not None:
+        lost = max(0.0, grads["zero_share_unscaled"] - grads["zero_share_scaled"])
+        findings.append(Finding(
+            INFO, "underflow", None,
+            f"{100 * lost:.2f}% of gradient elements underflow to zero in float16 without loss "
+            f"scaling ({100 * grads['zero_share_unscaled']:.2f}% are zero without it, "
+            f"{100 * grads['zero_share_scaled']:.2f}% with a loss scale of "
+            f"{grads['loss_scale']:g})",
+            "keep loss scaling on: train does it; in your own loop wrap the optimizer in a "
+            "LossScaleOptimizer and scale the loss (app.loss_scale)"))
+    if not grads["gradients_finite"] or loss is None:
+        return _finish(report, findings)
+
+    # --- float32 against the policy, from the same weights --------------------------------------
+    model.set_weights(weights0)
+    report["comparison"] = _compare(task, bundle, built, model, step, batches, policy, seed,
+                                    weights0, findings, mixed)
+    return _finish(report, findings)
+
+
+def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, findings,
+             mixed) -> dict:
+    import tensorflow as tf
+
+    if not mixed:
+        return {"ran": False, "why": "the policy is float32"}
+    x_eval, y_eval = batches[0]
+    train = batches[1:]
+    opt = built.optimizer or tf.keras.optimizers.Adam(learning_rate=1e-3)
+    try:
+        ran = compare_mod.train_steps(model, built.loss, opt, step, train, policy, x_eval, y_eval)
+    except Exception as exc:
+        raise UserCodeError(task.model.spec, f"training {len(train)} step(s) under {policy}",
+                            exc) from exc
+    built32 = _build(task, bundle, "float32", seed, bundle.sample_batch)
+    if built32.model is model:
+        return {"ran": False, "why": "the model function returns the same model object each "
+                "time, so there is no separate float32 model to compare with"}
+    try:
+        built32.model.set_weights(weights0)
+        same = True
+    except ValueError:
+        same = False  # different structure per policy: both start from the same seed
+    opt32 = built32.optimizer or tf.keras.optimizers.Adam(learning_rate=1e-3)
+    step32 = probe_mod.gradient_fn(built32.model, built32.loss, jit=False)
+    ref = compare_mod.train_steps(built32.model, built32.loss, opt32, step32, train, "float32",
+                                  x_eval, y_eval)
+    out = {"ran": True, "steps": len(train), "same_weights": same,
+           "float32_start": ref["start"], "policy_start": ran["start"],
+           "float32_end": ref["end"], "policy_end": ran["end"],
+           "float32_train_losses": ref["train_losses"], "policy_train_losses": ran["train_losses"],
+           "skipped_steps": ran["skipped_steps"],
+           "relative_difference_start": compare_mod.relative(ref["start"], ran["start"]),
+           "relative_difference_end": compare_mod.relative(ref["end"], ran["end"])}
+    if ran["end"] is None and ref["end"] is not None:
+        findings.append(Finding(
+            BLOCKER, "nonfinite", None,
+            f"after {len(train)} step(s) the loss is NaN or infinite under {policy} but finite "
+            "under float32", "keep the layers that overflow in float32 (dtype='float32'), and "
+            "keep loss scaling on"))
+        return out
+    for key, tol, when in (("relative_difference_start", compare_mod.START_TOLERANCE, "before"),
+                           ("relative_difference_end", compare_mod.END_TOLERANCE, "after")):
+        diff = out[key]
+        if diff is not None and diff > tol.get(policy, 0.1):
+            findings.append(Finding(
+                WARNING, "loss_difference", None,
+                f"the loss under {policy} differs from float32 by {100 * diff:.1f}% {when} "
+                f"{len(train)} training step(s) from the same weights (more than "
+                f"{100 * tol.get(policy, 0.1):.0f}%)",
+                "keep the softmax, the loss and normalization layers in float32 "
+                "(dtype='float32'); look for layers with very large or very small values"))
+            break
+    if ran["skipped_steps"]:
+        findings.append(Finding(
+            INFO, "loss_scale", None,
+            f"{ran['skipped_steps']} of {len(train)} step(s) were skipped while the dynamic "
+            "loss scale settled (normal at the start of training)", None))
+    return out
+
+
+def _clash(exc, policy, task) -> Finding:
+    from app import dtype_clash
+
+    layer = dtype_clash.failing_layer(exc)
+    line = dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec)
+    detail = _clash_detail(exc)
+    first = dtype_clash.first_line(exc)
+    if detail and first in line and detail not in line:
+        line = line.replace(first, detail)
+    line = re.sub(r"\x1b\[[0-9;]*m", "", line)  # Keras 3 puts terminal bold in messages
+    what, _, fix = line.partition("; fix: ")
+    return Finding(BLOCKER, "dtype_clash", getattr(layer, "name", None), what,
+                   fix or dtype_clash.FIX)
+
+
+def _clash_detail(exc) -> str:
+    """The line of the error that says which dtypes met (Keras 3 puts it under a first line
+    about output shapes that says nothing about dtypes)."""
+    from app import dtype_clash
+
+    for line in str(exc).splitlines():
+        line = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+        if any(p.search(line) for p in dtype_clash._CLASH_PATTERNS):
+            return line[:200]
+    return ""
+
+
+def _finish(report: dict, findings) -> dict:
+    findings = sort_findings(findings)
+    report["findings"] = [f.to_dict() for f in findings]
+    report["counts"] = counts(findings)
+    report["verdict"] = verdict(findings)
+    return report
