@@ -337,7 +337,7 @@ setup_ssh() {
 
   # Host keys: generated once into the volume, reused on every later start.
   install -d -m 755 "$HOST_KEY_DIR"
-  for type in ed25519 ecdsa rsa; do
+  for type in ed25519 rsa; do
     if [[ ! -s $HOST_KEY_DIR/ssh_host_${type}_key ]]; then
       rm -f "$HOST_KEY_DIR/ssh_host_${type}_key" "$HOST_KEY_DIR/ssh_host_${type}_key.pub"
       ssh-keygen -q -N '' -t "$type" -f "$HOST_KEY_DIR/ssh_host_${type}_key"
