@@ -248,6 +248,25 @@ def test_nbconvert_pages_carry_a_sandbox_csp(hostile):
     assert "tfmp_nbconvert_csp:" in _logs(hostile["name"])
 
 
+def test_cookie_secret_is_fresh_per_start_and_not_on_disk(hostile):
+    found = exec_in(hostile["name"], "find", "/home/tf", "-name", "jupyter_cookie_secret").stdout
+    assert found.strip() == ""
+    assert "Writing Jupyter server cookie secret" not in _logs(hostile["name"])
+
+
+def test_sandbox_is_added_once_and_keeps_the_policy():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("csp", REPO / "docker/tfmp_nbconvert_csp.py")
+    csp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(csp)
+    assert csp.with_sandbox("frame-ancestors 'self'") == "frame-ancestors 'self'; sandbox allow-scripts"
+    once = csp.with_sandbox("frame-ancestors 'self'; report-uri /csp")
+    assert once == "frame-ancestors 'self'; report-uri /csp; sandbox allow-scripts"
+    assert csp.with_sandbox(once) == once
+    assert csp.with_sandbox("default-src 'none'; sandbox") == "default-src 'none'; sandbox"
+
+
 # --- item 5: ssh-audit against the running stack --------------------------------------
 
 # The one finding ssh-audit (3.9) gives every key exchange OpenSSH 8.2 (the real
