@@ -154,6 +154,7 @@ build_user_cmd() {
 # SetEnv line counts, so all variables go on one line, each as "NAME=value";
 # there is no escape for '"' (an error), and '#' ends the line wherever it is
 # (silently dropping the rest), so such values are left to login shells.
+SETENV_SKIPPED=()
 save_environment() {
   local tmp entry name value setenv=()
   mkdir -p "$(dirname "$ENV_FILE")"
@@ -172,9 +173,7 @@ save_environment() {
     fi
     printf '%s=%s\n' "$name" "$value" >>"$tmp"
     case $value in
-      *'"'* | *'#'*)
-        warn "not passing $name to SSH commands and sftp: sshd's SetEnv cannot carry a value with \" or # (SSH login shells still get it)"
-        ;;
+      *'"'* | *'#'*) SETENV_SKIPPED+=("$name") ;; # named by setup_ssh, when sshd runs
       *) setenv+=("\"$name=$value\"") ;;
     esac
   done < <(env -0)
@@ -302,7 +301,7 @@ validate_keys() {
 }
 
 setup_ssh() {
-  local keys password="" type
+  local keys password="" type name
   install -d -m 755 "$KEYS_DIR"
   keys=$(mktemp)
   if [[ -n ${PUBLIC_KEY:-} ]]; then
@@ -346,6 +345,9 @@ setup_ssh() {
     chmod 600 "$HOST_KEY_DIR/ssh_host_${type}_key"
   done
   info "SSH host key: $(ssh-keygen -l -f "$HOST_KEY_DIR/ssh_host_ed25519_key.pub" | awk '{print $2, $4}')"
+  for name in "${SETENV_SKIPPED[@]}"; do
+    warn "not passing $name to SSH commands and sftp: sshd's SetEnv cannot carry a value with \" or # (SSH login shells still get it)"
+  done
   install -d -m 755 /run/sshd
   /usr/sbin/sshd -t "${SSHD_OPTS[@]}" || fatal "sshd refused its configuration (see above)"
 }

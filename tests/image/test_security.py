@@ -248,6 +248,43 @@ def test_nbconvert_pages_carry_a_sandbox_csp(hostile):
     assert "tfmp_nbconvert_csp:" in _logs(hostile["name"])
 
 
+REAL_BASE_SERVER_CHECK = r"""
+set -e
+PIP_CONSTRAINT= pip install -q --user 'jupyter_server==2.14.2' 'tornado==6.4.2' >/tmp/pip.log 2>&1 \
+  || { tail -n 20 /tmp/pip.log; exit 1; }
+echo token-for-2-14-2 > /tmp/tok
+printf '%s' '{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": []}' > /tmp/empty.ipynb
+TFMP_JUPYTER_TOKEN_PATH=/tmp/tok jupyter server --ServerApp.root_dir=/tmp --ServerApp.port=8899 \
+  >/tmp/server.log 2>&1 &
+python3 - <<'EOF'
+import time, urllib.error, urllib.request, jupyter_server, tornado
+url = "http://127.0.0.1:8899/nbconvert/html/empty.ipynb"
+request = urllib.request.Request(url, headers={"Authorization": "token token-for-2-14-2"})
+for _ in range(120):
+    try:
+        response = urllib.request.urlopen(request)
+        break
+    except (urllib.error.URLError, ConnectionError):
+        time.sleep(0.5)
+print("versions", jupyter_server.__version__, tornado.version)
+print("CSP", response.headers["Content-Security-Policy"])
+EOF
+"""
+
+
+def test_nbconvert_sandbox_on_the_real_bases_server_versions(image):
+    """The real base (Python 3.8) gets jupyter_server 2.14.2 and tornado 6.4.2; the
+    stand-in has newer ones.  Install those two (as the user, from the index) and
+    check the override there too."""
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{HOST_CA_BUNDLE}:/tmp/host-ca.crt:ro",
+                      "-e", "PIP_CERT=/tmp/host-ca.crt",
+                      command=["bash", "-c", REAL_BASE_SERVER_CHECK], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "versions 2.14.2 6.4.2" in proc.stdout, proc.stdout
+    csp = proc.stdout.split("CSP ", 1)[1].splitlines()[0]
+    assert "frame-ancestors 'self'" in csp and "sandbox allow-scripts" in csp, csp
+
+
 def test_cookie_secret_is_fresh_per_start_and_not_on_disk(hostile):
     found = exec_in(hostile["name"], "find", "/home/tf", "-name", "jupyter_cookie_secret").stdout
     assert found.strip() == ""
