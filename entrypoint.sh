@@ -24,8 +24,10 @@
 #                        /home/tf/.jupyter/token (mode 600) and printed once as
 #                        a full URL.  An empty token is refused: never no auth.
 #   JUPYTER_HOST_PORT    host port shown in that URL (default 8888)
-#   PUBLIC_KEY           OpenSSH public key(s) allowed to log in as tf
-#   PUBLIC_KEY_FILE      file with public keys; a file mounted at
+#   PUBLIC_KEY           OpenSSH public key(s) allowed to log in as tf, one
+#                        per line; options (from=, command=...) are kept
+#   PUBLIC_KEY_FILE      file with public keys (set but empty, or holding no
+#                        key: refused); a file mounted at
 #                        /home/tf/.ssh/authorized_keys is used too
 #   SSH_PASSWORD         enables password login for tf (off by default)
 #   SSH_PASSWORD_FILE    same, read from a file
@@ -150,10 +152,13 @@ build_user_cmd() {
 #  - $SSHD_ENV_CONF, one sshd `SetEnv` line applied by sshd to every session
 #    (shell, exec, sftp).  No PermitUserEnvironment: a user-writable
 #    ~/.ssh/environment could set LD_PRELOAD & co. for sshd-started sessions.
-# sshd's own rules (OpenSSH 8.2/8.4, checked with `sshd -T`): only the FIRST
+# sshd's own rules (checked with `sshd -T` on 8.4; 8.2 has the same parser,
+# which OpenSSH replaced only in 8.7): only the FIRST
 # SetEnv line counts, so all variables go on one line, each as "NAME=value";
 # there is no escape for '"' (an error), and '#' ends the line wherever it is
 # (silently dropping the rest), so such values are left to login shells.
+# Backslashes are literal there; OpenSSH 8.7+ would read \\ and \" as escapes
+# (revisit if the base moves to a newer OpenSSH).
 SETENV_SKIPPED=()
 save_environment() {
   local tmp entry name value setenv=()

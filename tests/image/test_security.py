@@ -185,6 +185,7 @@ def one_line_two_keys(tmp_path_factory) -> str:
     ("token-space", ["-e", "JUPYTER_TOKEN=my token"], "JUPYTER_TOKEN: the Jupyter token may contain only"),
     ("token-quote", ["-e", "JUPYTER_TOKEN=\"quoted-token\""], "JUPYTER_TOKEN: the Jupyter token may contain only"),
     ("token-dollar", ["-e", "JUPYTER_TOKEN=pa$$word123"], "JUPYTER_TOKEN: the Jupyter token may contain only"),
+    ("password-two-lines", ["-e", "SSH_PASSWORD=first\nsecond"], "SSH_PASSWORD must be a single line"),
     ("key-file-empty-var", ["-e", "PUBLIC_KEY_FILE="], "PUBLIC_KEY_FILE is set but empty"),
     ("key-quoted", ["-e", "PUBLIC_KEY=\"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA x@y\""],
      "PUBLIC_KEY line 1 is not an OpenSSH public key"),
