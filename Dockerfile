@@ -87,6 +87,11 @@ COPY docker/tfmp_nbconvert_csp.py /opt/tfmp/src/tfmp_nbconvert_csp.py
 # No "news"/update checks: training boxes are often offline; no pop-up over the launcher.
 COPY docker/jupyterlab-overrides.json /usr/local/share/jupyter/lab/settings/overrides.json
 COPY docker/profile-container-env.sh /etc/profile.d/zz-container-env.sh
+# `ssh host 'command'`: values sshd's SetEnv cannot carry (a " or #) come from a
+# root-owned file that entrypoint.sh writes; bash reads /etc/bash.bashrc when
+# sshd starts it (Debian/Ubuntu build it with SSH_SOURCE_BASHRC).  First line,
+# before the file's own "not interactive: return".
+RUN sed -i '1i [ -r /etc/tfmp/ssh-extra-env.sh ] && . /etc/tfmp/ssh-extra-env.sh' /etc/bash.bashrc
 COPY docker/healthcheck.py /usr/local/bin/tfmp-healthcheck
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 

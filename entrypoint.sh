@@ -43,6 +43,8 @@ readonly STATE_DIR=/run/tfmp
 readonly ENV_FILE=/etc/tfmp/container.env
 # sshd applies this root-owned include (SetEnv) to every SSH session; see save_environment.
 readonly SSHD_ENV_CONF=/etc/ssh/sshd_config.d/tfmp-environment.conf
+# What SetEnv cannot carry, as shell code, sourced by /etc/bash.bashrc (see save_environment).
+readonly SSH_EXTRA_ENV=/etc/tfmp/ssh-extra-env.sh
 readonly HOST_KEY_DIR=/etc/ssh/host_keys
 readonly KEYS_DIR=/etc/ssh/authorized_keys
 readonly TESTS_ROOT=/opt/tfmp
@@ -156,12 +158,16 @@ build_user_cmd() {
 # which OpenSSH replaced only in 8.7): only the FIRST
 # SetEnv line counts, so all variables go on one line, each as "NAME=value";
 # there is no escape for '"' (an error), and '#' ends the line wherever it is
-# (silently dropping the rest), so such values are left to login shells.
+# (silently dropping the rest).  Such values go to $SSH_EXTRA_ENV instead, as
+# shell code: `ssh host 'command'` runs `bash -c`, and Debian's and Ubuntu's
+# bash read /etc/bash.bashrc when sshd starts them (SSH_SOURCE_BASHRC), where
+# the Dockerfile sources that file; login shells have $ENV_FILE; internal-sftp
+# runs no process.
 # Backslashes are literal there; OpenSSH 8.7+ would read \\ and \" as escapes
 # (revisit if the base moves to a newer OpenSSH).
 SETENV_SKIPPED=()
 save_environment() {
-  local tmp entry name value setenv=()
+  local tmp entry name value setenv=() shell_code=()
   mkdir -p "$(dirname "$ENV_FILE")"
   tmp=$(mktemp "$ENV_FILE.XXXXXX")
   while IFS= read -r -d '' entry; do
@@ -178,13 +184,25 @@ save_environment() {
     fi
     printf '%s=%s\n' "$name" "$value" >>"$tmp"
     case $value in
-      *'"'* | *'#'*) SETENV_SKIPPED+=("$name") ;; # named by setup_ssh, when sshd runs
+      *'"'* | *'#'*)
+        SETENV_SKIPPED+=("$name")
+        shell_code+=("export $name=$(printf '%q' "$value")")
+        ;;
       *) setenv+=("\"$name=$value\"") ;;
     esac
   done < <(env -0)
   chown "root:$NB_GID" "$tmp"
   chmod 0640 "$tmp"
   mv -f "$tmp" "$ENV_FILE"
+
+  rm -f "$SSH_EXTRA_ENV"
+  if ((${#shell_code[@]})); then
+    tmp=$(mktemp "$SSH_EXTRA_ENV.XXXXXX")
+    printf '%s\n' "# Written by entrypoint.sh: values sshd's SetEnv cannot carry." "${shell_code[@]}" >"$tmp"
+    chown "root:$NB_GID" "$tmp"
+    chmod 0640 "$tmp"
+    mv -f "$tmp" "$SSH_EXTRA_ENV"
+  fi
 
   install -d -m 755 "$(dirname "$SSHD_ENV_CONF")"
   tmp=$(mktemp "$SSHD_ENV_CONF.XXXXXX")
@@ -306,7 +324,7 @@ validate_keys() {
 }
 
 setup_ssh() {
-  local keys password="" type name
+  local keys password="" type
   install -d -m 755 "$KEYS_DIR"
   keys=$(mktemp)
   if [[ -n ${PUBLIC_KEY:-} ]]; then
@@ -350,9 +368,9 @@ setup_ssh() {
     chmod 600 "$HOST_KEY_DIR/ssh_host_${type}_key"
   done
   info "SSH host key: $(ssh-keygen -l -f "$HOST_KEY_DIR/ssh_host_ed25519_key.pub" | awk '{print $2, $4}')"
-  for name in "${SETENV_SKIPPED[@]}"; do
-    warn "not passing $name to SSH commands and sftp: sshd's SetEnv cannot carry a value with \" or # (SSH login shells still get it)"
-  done
+  if ((${#SETENV_SKIPPED[@]})); then
+    info "SSH: ${SETENV_SKIPPED[*]} reach(es) SSH commands through /etc/bash.bashrc, not SetEnv (no \" or # there); sftp does not need them"
+  fi
   install -d -m 755 /run/sshd
   /usr/sbin/sshd -t "${SSHD_OPTS[@]}" || fatal "sshd refused its configuration (see above)"
 }

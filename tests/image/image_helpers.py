@@ -23,6 +23,7 @@ PARITY_VALUES = {
     "TFMP_TEST_SPACES": "a value  with spaces",
     "TFMP_TEST_QUOTES": "it's 'single-quoted'",
     "TFMP_TEST_EQUALS": "key=value=more",
+    "TFMP_TEST_DQUOTES": 'say "hi" # not a comment',
 }
 
 

@@ -39,8 +39,8 @@ SETENV_VALUES = {
     "TFMP_T_DOLLAR": "$HOME stays literal",
 }
 # What sshd's SetEnv cannot carry (OpenSSH 8.2/8.4 have no escape for '"', and
-# '#' ends a config line): left to login shells, with a warning.
-LOGIN_ONLY_VALUES = {"TFMP_T_DQUOTE": 'say "hi"', "TFMP_T_HASH": "x#y"}
+# '#' ends a config line): SSH commands get them from /etc/bash.bashrc instead.
+BASH_ENV_VALUES = {"TFMP_T_DQUOTE": 'say "hi"', "TFMP_T_HASH": "x#y"}
 FORCED = "forced-by-key-option"
 
 
@@ -86,7 +86,7 @@ def hostile(image, tmp_path_factory):
     name = f"tfmp-sec-{uuid.uuid4().hex[:10]}"
     jport, sport = free_port(), free_port()
     env = []
-    for var, value in {**SETENV_VALUES, **LOGIN_ONLY_VALUES}.items():
+    for var, value in {**SETENV_VALUES, **BASH_ENV_VALUES}.items():
         env += ["-e", f"{var}={value}"]
     run(["docker", "run", "-d", "--name", name, "--shm-size=256m",
          "-p", f"127.0.0.1:{jport}:8888", "-p", f"127.0.0.1:{sport}:22",
@@ -129,23 +129,23 @@ def test_users_own_ssh_environment_file_is_ignored(hostile):
 
 
 @pytest.mark.parametrize("shell", ["exec", "login shell"])
-def test_values_with_spaces_quotes_and_equals_reach_ssh_sessions(hostile, shell):
+def test_values_with_spaces_quotes_hash_and_equals_reach_ssh_sessions(hostile, shell):
     command = "env -0" if shell == "exec" else "bash -lc 'env -0'"
     with _ssh(hostile["ssh_port"], key=hostile["plain"]) as client:
         status, out = _ssh_run(client, command)
     got = _env0(out)
     assert status == 0
-    assert {k: got.get(k) for k in SETENV_VALUES} == SETENV_VALUES
-    if shell == "login shell":  # re-applied from /etc/tfmp/container.env
-        assert {k: got.get(k) for k in LOGIN_ONLY_VALUES} == LOGIN_ONLY_VALUES
-    else:
-        assert not set(LOGIN_ONLY_VALUES) & set(got)
+    expected = {**SETENV_VALUES, **BASH_ENV_VALUES}
+    assert {k: got.get(k) for k in expected} == expected
 
 
-def test_values_sshd_cannot_carry_are_named_in_a_warning(hostile):
-    logs = _logs(hostile["name"])
-    for var in LOGIN_ONLY_VALUES:
-        assert re.search(rf"WARN .*not passing {var} to SSH commands", logs), logs[-2000:]
+def test_values_setenv_cannot_carry_come_from_a_root_owned_file(hostile):
+    config = exec_in(hostile["name"], "/usr/sbin/sshd", "-T").stdout
+    assert not re.search(r"^setenv TFMP_T_(DQUOTE|HASH)=", config, re.M)
+    owner = exec_in(hostile["name"], "stat", "-c", "%U %a", "/etc/tfmp/ssh-extra-env.sh").stdout
+    assert owner.split() == ["root", "640"]
+    assert re.search(r"INFO .*TFMP_T_DQUOTE TFMP_T_HASH reach\(es\) SSH commands through /etc/bash.bashrc",
+                     _logs(hostile["name"]))
 
 
 # --- item 6: hostile settings that must work as meant -------------------------------

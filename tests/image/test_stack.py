@@ -203,8 +203,7 @@ def test_ssh_password_is_refused_by_default(stack):
 
 PARITY_VARS = ["PATH", "LD_LIBRARY_PATH", "CUDA_VERSION", "NVIDIA_VISIBLE_DEVICES",
                "NVIDIA_DRIVER_CAPABILITIES", "TF_CPP_MIN_LOG_LEVEL", "PIP_CONSTRAINT",
-               "TFMP_WORKSPACE", "TFMP_TEST_USER_VAR", "LANG",
-               "TFMP_TEST_SPACES", "TFMP_TEST_QUOTES", "TFMP_TEST_EQUALS"]
+               "TFMP_WORKSPACE", "TFMP_TEST_USER_VAR", "LANG", *PARITY_VALUES]
 
 
 @pytest.mark.parametrize("shell", ["exec", "login shell"])
