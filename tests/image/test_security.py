@@ -7,14 +7,13 @@
   PUBLIC_KEY_FILE: each works as meant or stops the start with one FATAL line
   naming the variable.
 * The /nbconvert/ pages carry `sandbox` in their Content-Security-Policy.
-* ssh-audit finds no failure and no warning; pip is 25.0.1 and its resolver
+* ssh-audit finds no failure and only its post-quantum kex warning; pip is 25.0.1, its resolver
   refuses a conflicting install as a whole.
 * Static: Python 3.8 syntax/library use (vermin) of what runs in the image; the
   Kubernetes example against a current Kubernetes release's schema.
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import uuid
@@ -40,7 +39,7 @@ SETENV_VALUES = {
 }
 # What sshd's SetEnv cannot carry (OpenSSH 8.2/8.4 have no escape for '"', and
 # '#' ends a config line): SSH commands get them from /etc/bash.bashrc instead.
-BASH_ENV_VALUES = {"TFMP_T_DQUOTE": 'say "hi"', "TFMP_T_HASH": "x#y"}
+BASHRC_VALUES = {"TFMP_T_DQUOTE": 'say "hi"', "TFMP_T_HASH": "x#y"}
 FORCED = "forced-by-key-option"
 
 
@@ -86,7 +85,7 @@ def hostile(image, tmp_path_factory):
     name = f"tfmp-sec-{uuid.uuid4().hex[:10]}"
     jport, sport = free_port(), free_port()
     env = []
-    for var, value in {**SETENV_VALUES, **BASH_ENV_VALUES}.items():
+    for var, value in {**SETENV_VALUES, **BASHRC_VALUES}.items():
         env += ["-e", f"{var}={value}"]
     run(["docker", "run", "-d", "--name", name, "--shm-size=256m",
          "-p", f"127.0.0.1:{jport}:8888", "-p", f"127.0.0.1:{sport}:22",
@@ -135,7 +134,7 @@ def test_values_with_spaces_quotes_hash_and_equals_reach_ssh_sessions(hostile, s
         status, out = _ssh_run(client, command)
     got = _env0(out)
     assert status == 0
-    expected = {**SETENV_VALUES, **BASH_ENV_VALUES}
+    expected = {**SETENV_VALUES, **BASHRC_VALUES}
     assert {k: got.get(k) for k in expected} == expected
 
 
@@ -207,7 +206,7 @@ def test_empty_public_key_file_stops_with_one_fatal_line(image, tmp_path):
     _assert_one_fatal(proc, "PUBLIC_KEY_FILE='/run/keys.pub' holds no public key")
 
 
-def test_missing_host_key_file_mounted_as_a_folder_stops(image, tmp_path):
+def test_missing_key_file_mounted_as_a_folder_stops(image, tmp_path):
     """`-v ~/.ssh/missing.pub:...` makes Docker create an empty folder there."""
     proc = docker_run(image, "-v", f"{tmp_path / 'missing.pub'}:/run/keys.pub",
                       "-e", "PUBLIC_KEY_FILE=/run/keys.pub", timeout=60)
