@@ -59,10 +59,14 @@ RUN groupadd -o -g 1000 tf \
 ARG PIP_INDEX_URL=""
 ARG PIP_EXTRA_INDEX_URL=""
 ARG PIP_TRUSTED_HOST=""
+# pip itself is upgraded first (same constraints): TF 2.9-era bases ship an old
+# pip (TF's own images pinned pip<20.3, the legacy resolver, which installs
+# conflicting versions without a word).  25.0.1 is the last pip for Python 3.8.
+ARG PIP_VERSION=25.0.1
 COPY docker/constraints.txt /etc/tfmp/constraints.txt
 COPY docker/requirements.txt docker/pip-install.sh /tmp/tfmp-build/
 RUN --mount=type=secret,id=pip_ca \
-    PIP_CONSTRAINT=/etc/tfmp/constraints.txt \
+    PIP_CONSTRAINT=/etc/tfmp/constraints.txt TFMP_PIP_VERSION="${PIP_VERSION}" \
       /tmp/tfmp-build/pip-install.sh -r /tmp/tfmp-build/requirements.txt \
  && rm -rf /tmp/tfmp-build /root/.cache \
  && python3 -c 'import tensorflow, numpy; assert numpy.__version__ < "2", numpy.__version__' \
@@ -78,9 +82,16 @@ ENV PIP_CONSTRAINT=/etc/tfmp/constraints.txt \
 # --- configuration and start-up ---------------------------------------------------
 COPY docker/sshd_config /etc/ssh/sshd_config
 COPY docker/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
+# Server extension loaded by that config: `sandbox` in the /nbconvert/ pages' CSP.
+COPY docker/tfmp_nbconvert_csp.py /opt/tfmp/src/tfmp_nbconvert_csp.py
 # No "news"/update checks: training boxes are often offline; no pop-up over the launcher.
 COPY docker/jupyterlab-overrides.json /usr/local/share/jupyter/lab/settings/overrides.json
 COPY docker/profile-container-env.sh /etc/profile.d/zz-container-env.sh
+# `ssh host 'command'`: values sshd's SetEnv cannot carry (a " or #) come from a
+# root-owned file that entrypoint.sh writes; bash reads /etc/bash.bashrc when
+# sshd starts it (Debian/Ubuntu build it with SSH_SOURCE_BASHRC).  First line,
+# before the file's own "not interactive: return".
+RUN sed -i '1i [ -r /etc/tfmp/ssh-extra-env.sh ] && . /etc/tfmp/ssh-extra-env.sh' /etc/bash.bashrc
 COPY docker/healthcheck.py /usr/local/bin/tfmp-healthcheck
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 

@@ -24,8 +24,10 @@
 #                        /home/tf/.jupyter/token (mode 600) and printed once as
 #                        a full URL.  An empty token is refused: never no auth.
 #   JUPYTER_HOST_PORT    host port shown in that URL (default 8888)
-#   PUBLIC_KEY           OpenSSH public key(s) allowed to log in as tf
-#   PUBLIC_KEY_FILE      file with public keys; a file mounted at
+#   PUBLIC_KEY           OpenSSH public key(s) allowed to log in as tf, one
+#                        per line; options (from=, command=...) are kept
+#   PUBLIC_KEY_FILE      file with public keys (set but empty, or holding no
+#                        key: refused); a file mounted at
 #                        /home/tf/.ssh/authorized_keys is used too
 #   SSH_PASSWORD         enables password login for tf (off by default)
 #   SSH_PASSWORD_FILE    same, read from a file
@@ -39,6 +41,10 @@ readonly WORKSPACE=/workspace
 TOKEN_FILE=$USER_HOME/.jupyter/token # moved under $HOME when started as non-root
 readonly STATE_DIR=/run/tfmp
 readonly ENV_FILE=/etc/tfmp/container.env
+# sshd applies this root-owned include (SetEnv) to every SSH session; see save_environment.
+readonly SSHD_ENV_CONF=/etc/ssh/sshd_config.d/tfmp-environment.conf
+# What SetEnv cannot carry, as shell code, sourced by /etc/bash.bashrc (see save_environment).
+readonly SSH_EXTRA_ENV=/etc/tfmp/ssh-extra-env.sh
 readonly HOST_KEY_DIR=/etc/ssh/host_keys
 readonly KEYS_DIR=/etc/ssh/authorized_keys
 readonly TESTS_ROOT=/opt/tfmp
@@ -83,8 +89,14 @@ secret_from_env() {
     [[ -n $value ]] || fatal "$file_var='${!file_var}' is empty; $why"
   elif [[ ${!name+set} == set ]]; then
     value=${!name}
+    # A .env file saved by a Windows editor ends every value with CR: never meant.
+    if [[ $value == *$'\r' ]]; then
+      value=${value%$'\r'}
+      warn "$name: removed a trailing carriage return (Windows line ending in .env?)"
+    fi
     [[ -n $value ]] || fatal "$name is set but empty; $why"
   fi
+  [[ $value != *$'\n'* ]] || fatal "$name must be a single line"
   printf '%s' "$value"
 }
 
@@ -137,8 +149,25 @@ build_user_cmd() {
 
 # --- environment parity for SSH sessions ---------------------------------------
 
+# Two copies of the container's environment, both root-owned:
+#  - $ENV_FILE, NAME=value lines, re-applied by login shells (profile.d);
+#  - $SSHD_ENV_CONF, one sshd `SetEnv` line applied by sshd to every session
+#    (shell, exec, sftp).  No PermitUserEnvironment: a user-writable
+#    ~/.ssh/environment could set LD_PRELOAD & co. for sshd-started sessions.
+# sshd's own rules (checked with `sshd -T` on 8.4; 8.2 has the same parser,
+# which OpenSSH replaced only in 8.7): only the FIRST
+# SetEnv line counts, so all variables go on one line, each as "NAME=value";
+# there is no escape for '"' (an error), and '#' ends the line wherever it is
+# (silently dropping the rest).  Such values go to $SSH_EXTRA_ENV instead, as
+# shell code: `ssh host 'command'` runs `bash -c`, and Debian's and Ubuntu's
+# bash read /etc/bash.bashrc when sshd starts them (SSH_SOURCE_BASHRC), where
+# the Dockerfile sources that file; login shells have $ENV_FILE; internal-sftp
+# runs no process.
+# Backslashes are literal there; OpenSSH 8.7+ would read \\ and \" as escapes
+# (revisit if the base moves to a newer OpenSSH).
+SETENV_SKIPPED=()
 save_environment() {
-  local tmp entry name value
+  local tmp entry name value setenv=() shell_code=()
   mkdir -p "$(dirname "$ENV_FILE")"
   tmp=$(mktemp "$ENV_FILE.XXXXXX")
   while IFS= read -r -d '' entry; do
@@ -154,13 +183,36 @@ save_environment() {
       continue
     fi
     printf '%s=%s\n' "$name" "$value" >>"$tmp"
+    case $value in
+      *'"'* | *'#'*)
+        SETENV_SKIPPED+=("$name")
+        shell_code+=("export $name=$(printf '%q' "$value")")
+        ;;
+      *) setenv+=("\"$name=$value\"") ;;
+    esac
   done < <(env -0)
   chown "root:$NB_GID" "$tmp"
   chmod 0640 "$tmp"
   mv -f "$tmp" "$ENV_FILE"
-  # sshd applies this file to every session (PermitUserEnvironment yes).
+
+  rm -f "$SSH_EXTRA_ENV"
+  if ((${#shell_code[@]})); then
+    tmp=$(mktemp "$SSH_EXTRA_ENV.XXXXXX")
+    printf '%s\n' "# Written by entrypoint.sh: values sshd's SetEnv cannot carry." "${shell_code[@]}" >"$tmp"
+    chown "root:$NB_GID" "$tmp"
+    chmod 0640 "$tmp"
+    mv -f "$tmp" "$SSH_EXTRA_ENV"
+  fi
+
+  install -d -m 755 "$(dirname "$SSHD_ENV_CONF")"
+  tmp=$(mktemp "$SSHD_ENV_CONF.XXXXXX")
+  {
+    echo "# Written by entrypoint.sh at every start: the container's environment for SSH sessions."
+    if ((${#setenv[@]})); then printf 'SetEnv %s\n' "${setenv[*]}"; fi
+  } >"$tmp"
+  chmod 0600 "$tmp"
+  mv -f "$tmp" "$SSHD_ENV_CONF"
   install -d -m 700 -o "$NB_UID" -g "$NB_GID" "$USER_HOME/.ssh"
-  install -m 600 -o "$NB_UID" -g "$NB_GID" "$ENV_FILE" "$USER_HOME/.ssh/environment"
 }
 
 # --- banner --------------------------------------------------------------------
@@ -208,10 +260,13 @@ PY
 # --- JupyterLab token ------------------------------------------------------------
 
 setup_token() {
-  local token
+  local token source=JUPYTER_TOKEN
+  [[ -z ${JUPYTER_TOKEN_FILE:-} ]] || source=JUPYTER_TOKEN_FILE
   token=$(secret_from_env JUPYTER_TOKEN "an empty token would disable authentication (unset it for a random one)")
   [[ -n $token ]] || token=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
-  [[ $token =~ ^[A-Za-z0-9._~-]+$ ]] || fatal "the Jupyter token may contain only letters, digits and . _ ~ - (it goes into URLs)"
+  # Only the offending characters are shown, never the token.
+  [[ $token =~ ^[A-Za-z0-9._~-]+$ ]] ||
+    fatal "$source: the Jupyter token may contain only letters, digits and . _ ~ - (it goes into URLs); found: $(printf '%q' "${token//[A-Za-z0-9._~-]/}")"
   ((${#token} >= 8)) || warn "the Jupyter token is shorter than 8 characters"
   install -d -m 700 "$(dirname "$TOKEN_FILE")"
   (umask 077 && printf '%s\n' "$token" >"$TOKEN_FILE")
@@ -224,8 +279,30 @@ setup_token() {
 
 SSHD_OPTS=()
 
-validate_keys() { # $1 = file with authorized_keys lines, $2 = where they came from
-  local file=$1 origin=$2 line n=0 one
+# Number of keys on one authorized_keys line: a key type followed by base64
+# ("AAAA...").  ssh-keygen and sshd read a second key pasted on the same line
+# as part of the first one's comment, so only the first would ever work.
+keys_on_line() {
+  local -a words
+  local i n=0
+  read -ra words <<<"$1"
+  for ((i = 0; i + 1 < ${#words[@]}; i++)); do
+    if [[ ${words[i]} =~ ^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp(256|384|521)|sk-(ssh-ed25519|ecdsa-sha2-nistp256)@openssh\.com)$ &&
+      ${words[i + 1]} == AAAA* ]]; then
+      n=$((n + 1))
+    fi
+  done
+  echo "$n"
+}
+
+# Checks every line of an authorized_keys-style file (options such as from=
+# and command= are kept: sshd enforces them).  $1 = file, $2 = where it came
+# from (named in the FATAL line), $3 = file to append the key lines to, without
+# Windows line endings ("" = check only).  Sets KEYS_FOUND.
+KEYS_FOUND=0
+validate_keys() {
+  local file=$1 origin=$2 out=${3:-} line n=0 one
+  KEYS_FOUND=0
   one=$(mktemp)
   while IFS= read -r line || [[ -n $line ]]; do
     n=$((n + 1))
@@ -236,6 +313,12 @@ validate_keys() { # $1 = file with authorized_keys lines, $2 = where they came f
       rm -f "$one"
       fatal "$origin line $n is not an OpenSSH public key: '${line:0:40}...'"
     fi
+    if (($(keys_on_line "$line") > 1)); then
+      rm -f "$one"
+      fatal "$origin line $n holds more than one key: put each key on a line of its own"
+    fi
+    if [[ -n $out ]]; then printf '%s\n' "$line" >>"$out"; fi
+    KEYS_FOUND=$((KEYS_FOUND + 1))
   done <"$file"
   rm -f "$one"
 }
@@ -245,14 +328,13 @@ setup_ssh() {
   install -d -m 755 "$KEYS_DIR"
   keys=$(mktemp)
   if [[ -n ${PUBLIC_KEY:-} ]]; then
-    printf '%s\n' "$PUBLIC_KEY" >>"$keys"
-    validate_keys "$keys" PUBLIC_KEY
+    validate_keys <(printf '%s\n' "$PUBLIC_KEY") PUBLIC_KEY "$keys"
   fi
-  if [[ -n ${PUBLIC_KEY_FILE:-} ]]; then
+  if [[ ${PUBLIC_KEY_FILE+set} == set ]]; then
+    [[ -n $PUBLIC_KEY_FILE ]] || fatal "PUBLIC_KEY_FILE is set but empty; unset it or give the path of a file of public keys"
     [[ -f $PUBLIC_KEY_FILE && -r $PUBLIC_KEY_FILE ]] || fatal "PUBLIC_KEY_FILE='$PUBLIC_KEY_FILE' is not a readable file"
-    validate_keys "$PUBLIC_KEY_FILE" PUBLIC_KEY_FILE
-    cat "$PUBLIC_KEY_FILE" >>"$keys"
-    printf '\n' >>"$keys"
+    validate_keys "$PUBLIC_KEY_FILE" PUBLIC_KEY_FILE "$keys"
+    ((KEYS_FOUND > 0)) || fatal "PUBLIC_KEY_FILE='$PUBLIC_KEY_FILE' holds no public key"
   fi
   if [[ -f $USER_HOME/.ssh/authorized_keys ]]; then
     validate_keys "$USER_HOME/.ssh/authorized_keys" "$USER_HOME/.ssh/authorized_keys"
@@ -277,7 +359,7 @@ setup_ssh() {
 
   # Host keys: generated once into the volume, reused on every later start.
   install -d -m 755 "$HOST_KEY_DIR"
-  for type in ed25519 ecdsa rsa; do
+  for type in ed25519 rsa; do
     if [[ ! -s $HOST_KEY_DIR/ssh_host_${type}_key ]]; then
       rm -f "$HOST_KEY_DIR/ssh_host_${type}_key" "$HOST_KEY_DIR/ssh_host_${type}_key.pub"
       ssh-keygen -q -N '' -t "$type" -f "$HOST_KEY_DIR/ssh_host_${type}_key"
@@ -286,6 +368,9 @@ setup_ssh() {
     chmod 600 "$HOST_KEY_DIR/ssh_host_${type}_key"
   done
   info "SSH host key: $(ssh-keygen -l -f "$HOST_KEY_DIR/ssh_host_ed25519_key.pub" | awk '{print $2, $4}')"
+  if ((${#SETENV_SKIPPED[@]})); then
+    info "SSH: ${SETENV_SKIPPED[*]} reach(es) SSH commands through /etc/bash.bashrc, not SetEnv (no \" or # there); sftp does not need them"
+  fi
   install -d -m 755 /run/sshd
   /usr/sbin/sshd -t "${SSHD_OPTS[@]}" || fatal "sshd refused its configuration (see above)"
 }

@@ -10,6 +10,8 @@
 #   /run/secrets/pip_ca  BuildKit secret (id=pip_ca): extra CA certificate(s),
 #                        PEM.  Appended to the system bundle in a temporary
 #                        file that is deleted before the layer is committed.
+#   TFMP_PIP_VERSION     if set: first install exactly this pip (with the same
+#                        index, CA and constraints), then the packages with it
 set -euo pipefail
 
 log() { printf '[pip-install] %s\n' "$*" >&2; }
@@ -36,4 +38,8 @@ fi
 if [[ -n "${PIP_INDEX_URL:-}" ]]; then log "using the index given by the PIP_INDEX_URL build-arg"; fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+if [[ -n "${TFMP_PIP_VERSION:-}" ]]; then
+  log "pip $(python3 -m pip --version | awk '{print $2}') -> ${TFMP_PIP_VERSION}"
+  python3 -m pip install --no-cache-dir --progress-bar off "pip==${TFMP_PIP_VERSION}"
+fi
 python3 -m pip install --no-cache-dir --progress-bar off "$@"

@@ -3,7 +3,7 @@
 #
 # entrypoint.sh saves the container's environment (PATH, LD_LIBRARY_PATH,
 # CUDA/NVIDIA/TF variables, PIP_CONSTRAINT, variables passed with -e) at
-# start-up.  sshd already applies it to every session (~/.ssh/environment),
+# start-up.  sshd already applies it to every session (SetEnv, root-owned include),
 # but Debian's /etc/profile resets PATH for login shells, so re-apply it here.
 # Lines are NAME=value, one per line, no quoting (sshd's format).
 if [ -r /etc/tfmp/container.env ]; then

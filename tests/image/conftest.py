@@ -22,8 +22,8 @@ from typing import Sequence
 
 import pytest
 
-from image_helpers import (HOST_CA_BUNDLE, HOST_GID, HOST_UID, REPO, STANDIN_BASE, TEST_IMAGE,
-                           free_port, health, memlock_limit, run, wait_until)
+from image_helpers import (HOST_CA_BUNDLE, HOST_GID, HOST_UID, PARITY_VALUES, REPO, STANDIN_BASE,
+                           TEST_IMAGE, free_port, health, memlock_limit, run, wait_until)
 
 @pytest.fixture(scope="session")
 def docker_ok():
@@ -107,12 +107,13 @@ def stack(image, ssh_keypair, tmp_path_factory):
                   JUPYTER_HOST_PORT=str(st.jupyter_port), SSH_HOST_PORT=str(st.ssh_port),
                   NB_UID=str(HOST_UID), NB_GID=str(HOST_GID), PUBLIC_KEY=pub,
                   MEMLOCK_LIMIT=memlock_limit(), PIP_CA_FILE="/dev/null",
-                  TFMP_TEST_USER_VAR="passed-with-dash-e")
+                  TFMP_TEST_USER_VAR="passed-with-dash-e", **PARITY_VALUES)
     for var in ("JUPYTER_TOKEN", "SSH_PASSWORD"):
         st.env.pop(var, None)
     # A user variable passed to the container, which SSH sessions must see too.
     override.write_text(override.read_text()
-                        + "    environment:\n      TFMP_TEST_USER_VAR: ${TFMP_TEST_USER_VAR}\n")
+                        + "    environment:\n      TFMP_TEST_USER_VAR: ${TFMP_TEST_USER_VAR}\n"
+                        + "".join(f"      {var}: ${{{var}}}\n" for var in PARITY_VALUES))
     try:
         st.compose("up", "-d", "--no-build", "tfmp", timeout=180)
         st.wait_healthy()

@@ -17,6 +17,14 @@ HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # The "host user" whose files the workspace must hold (the tests run as root).
 HOST_UID = 4321
 HOST_GID = 4321
+# Passed to the shared stack; SSH sessions must see them unchanged (sshd's
+# SetEnv quoting rules; see entrypoint.sh, save_environment).
+PARITY_VALUES = {
+    "TFMP_TEST_SPACES": "a value  with spaces",
+    "TFMP_TEST_QUOTES": "it's 'single-quoted'",
+    "TFMP_TEST_EQUALS": "key=value=more",
+    "TFMP_TEST_DQUOTES": 'say "hi" # not a comment',
+}
 
 
 def run(cmd: Sequence[str], *, timeout: float = 60, check: bool = True, env: dict | None = None,

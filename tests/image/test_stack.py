@@ -17,7 +17,8 @@ import pytest
 import requests
 import websocket
 
-from image_helpers import HOST_GID, HOST_UID, container_env, exec_in, kernel_execute, run
+from image_helpers import (HOST_GID, HOST_UID, PARITY_VALUES, container_env, exec_in,
+                           kernel_execute, run)
 
 pytestmark = pytest.mark.docker
 
@@ -166,13 +167,14 @@ def test_ssh_password_is_refused_by_default(stack):
 
 PARITY_VARS = ["PATH", "LD_LIBRARY_PATH", "CUDA_VERSION", "NVIDIA_VISIBLE_DEVICES",
                "NVIDIA_DRIVER_CAPABILITIES", "TF_CPP_MIN_LOG_LEVEL", "PIP_CONSTRAINT",
-               "TFMP_WORKSPACE", "TFMP_TEST_USER_VAR", "LANG"]
+               "TFMP_WORKSPACE", "TFMP_TEST_USER_VAR", "LANG", *PARITY_VALUES]
 
 
 @pytest.mark.parametrize("shell", ["exec", "login shell"])
 def test_ssh_environment_matches_docker_exec(stack, shell):
     expected = container_env(stack.container)
     assert expected.get("TFMP_TEST_USER_VAR") == "passed-with-dash-e"
+    assert {v: expected.get(v) for v in PARITY_VALUES} == PARITY_VALUES
     command = "env -0" if shell == "exec" else "bash -lc 'env -0'"
     with ssh_client(stack) as client:
         status, out, err = ssh_run(client, command)
@@ -182,6 +184,18 @@ def test_ssh_environment_matches_docker_exec(stack, shell):
     assert not diff, f"differs over SSH ({shell}): {diff}"
     for secret in ("JUPYTER_TOKEN", "SSH_PASSWORD", "PUBLIC_KEY"):
         assert secret not in got
+
+
+def test_sftp_session_works_and_writes_as_the_user(stack):
+    """sftp (internal-sftp) under the same sshd settings: upload, list, ownership."""
+    with ssh_client(stack) as client, client.open_sftp() as sftp:
+        assert sftp.getcwd() in (None, "/home/tf")
+        with sftp.open("/workspace/sftp-check.txt", "w") as fh:
+            fh.write("over sftp\n")
+        assert "sftp-check.txt" in sftp.listdir("/workspace")
+    path = stack.workspace / "sftp-check.txt"
+    assert path.read_text() == "over sftp\n"
+    assert (path.stat().st_uid, path.stat().st_gid) == (HOST_UID, HOST_GID)
 
 
 def test_training_over_ssh_writes_metrics_owned_by_the_host_user(stack):
