@@ -136,9 +136,9 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
                                 "to see what mixed precision would do"))
     if policy == "mixed_float16" and not hw.gpus:
         findings.append(Finding(INFO, "hardware", None,
-                                "no GPU here: float16 math on a CPU is slow, so the float16 "
-                                "steps are compiled with XLA; train float16 on a GPU with "
-                                "Tensor Cores", None))
+                                "no GPU here: float16 math on a CPU is slow (the check compiles "
+                                "its float16 steps with XLA when it can); train float16 on a "
+                                "GPU with Tensor Cores", None))
     batches = _batches(bundle, steps)
     x0, y0 = batches[0]
     try:
