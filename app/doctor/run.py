@@ -49,6 +49,13 @@ def load_bundle(task, batch_size: int, steps: int, seed: int, data_dir: Optional
     if data_dir is None:  # where train keeps the built-in datasets
         data_dir = os.environ.get("TFMP_DATA_DIR") or default_data_dir(
             os.environ.get("TFMP_WORKSPACE") or "workspace")
+    if task.dataset.builtin and task.dataset.spec not in ("synthetic", "images") \
+            and not os.path.isdir(data_dir):
+        raise UsageError(f"dataset {task.dataset.spec!r}: check reads it from {data_dir!r} and "
+                         "never downloads, and that folder does not exist",
+                         f"run `python -m app train --dataset {task.dataset.spec}` once (it "
+                         "downloads), set TFMP_DATA_DIR or TFMP_WORKSPACE, or omit --dataset "
+                         "for synthetic data")
     return task.load_data(batch_size, data_dir, max_train_samples=batch_size * (steps + 1),
                           max_val_samples=batch_size, seed=seed, offline=True,
                           data_dir_explicit=False)
