@@ -196,9 +196,11 @@ def _float32_layers(entries, computing, by_path, policy) -> List[Finding]:
     for path, layer, parent in f32:
         if parent is None or id(parent) in reported_parents:
             continue
-        members = [l for p, l, par in computing if par is parent]
-        if members and all(by_path[p]["compute_dtype"] == "float32"
-                           for p, l, par in computing if par is parent):
+        members = [p for p, l, par in computing if par is parent]
+        # Created under the mixed policy, a nested model's own policy is mixed even when
+        # its last layers are float32 on purpose; float32 means it predates the policy.
+        if members and _policy_name(parent) == "float32" and all(
+                by_path[p]["compute_dtype"] == "float32" for p in members):
             reported_parents.add(id(parent))
             findings.append(Finding(
                 WARNING, "float32_layer", parent.name,

@@ -49,6 +49,13 @@ def load_bundle(task, batch_size: int, steps: int, seed: int, data_dir: Optional
     if data_dir is None:  # where train keeps the built-in datasets
         data_dir = os.environ.get("TFMP_DATA_DIR") or default_data_dir(
             os.environ.get("TFMP_WORKSPACE") or "workspace")
+    if task.dataset.builtin and task.dataset.spec not in ("synthetic", "images") \
+            and not os.path.isdir(data_dir):
+        raise UsageError(f"dataset {task.dataset.spec!r}: check reads it from {data_dir!r} and "
+                         "never downloads, and that folder does not exist",
+                         f"run `python -m app train --dataset {task.dataset.spec}` once (it "
+                         "downloads), set TFMP_DATA_DIR or TFMP_WORKSPACE, or omit --dataset "
+                         "for synthetic data")
     return task.load_data(batch_size, data_dir, max_train_samples=batch_size * (steps + 1),
                           max_val_samples=batch_size, seed=seed, offline=True,
                           data_dir_explicit=False)
@@ -136,9 +143,9 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
                                 "to see what mixed precision would do"))
     if policy == "mixed_float16" and not hw.gpus:
         findings.append(Finding(INFO, "hardware", None,
-                                "no GPU here: float16 math on a CPU is slow, so the float16 "
-                                "steps are compiled with XLA; train float16 on a GPU with "
-                                "Tensor Cores", None))
+                                "no GPU here: float16 math on a CPU is slow (the check compiles "
+                                "its float16 steps with XLA when it can); train float16 on a "
+                                "GPU with Tensor Cores", None))
     batches = _batches(bundle, steps)
     x0, y0 = batches[0]
     try:

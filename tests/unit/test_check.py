@@ -137,6 +137,23 @@ def test_model_built_before_the_policy(user_models):
     assert not report["comparison"]["ran"]
 
 
+def test_nested_model_built_before_the_policy_is_named():
+    import tensorflow as tf
+
+    tf.keras.mixed_precision.set_global_policy("float32")
+    backbone = tf.keras.Sequential([tf.keras.Input((8, 8, 1)), tf.keras.layers.Flatten(),
+                                    tf.keras.layers.Dense(16)], name="pretrained")
+
+    def build(input_shape, num_classes):
+        inputs = tf.keras.Input(input_shape)
+        x = tf.keras.layers.Dense(16)(backbone(inputs))
+        x = tf.keras.layers.Dense(num_classes)(x)
+        return tf.keras.Model(inputs, tf.keras.layers.Activation("softmax", dtype="float32")(x))
+
+    report = _check(build)
+    assert _named(report, "float32_layer", "warning") == {"pretrained"}, report["findings"]
+
+
 def test_arrays_as_data_and_json(user_models, tmp_path):
     import numpy as np
 
