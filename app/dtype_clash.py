@@ -76,9 +76,17 @@ def layer_name_from_message(exc: BaseException) -> Optional[str]:
     return f"of class {m.group(1)}" if m else None
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")   # Keras 3 puts terminal bold into its messages
+
+
 def first_line(exc: BaseException) -> str:
-    for line in str(exc).strip().splitlines():
-        line = line.strip()
+    """The line of the error that says which dtypes met (Keras 3 puts it under a first line
+    about output shapes that says nothing about dtypes), else its first real line."""
+    lines = [_ANSI.sub("", line).strip() for line in str(exc).strip().splitlines()]
+    for line in lines:
+        if any(p.search(line) for p in _CLASH_PATTERNS):
+            return line[:200]
+    for line in lines:
         if line and not line.startswith(("Exception encountered", "Traceback")):
             return line[:200]
     return type(exc).__name__

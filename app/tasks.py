@@ -88,30 +88,49 @@ def resolve_dataset(spec: str) -> DatasetEntry:
     return DatasetEntry(spec, False, fn, specs.source_file(fn))
 
 
+MODEL_FORMS = ("a built-in name, 'MODULE:FUNCTION', 'file.py:FUNCTION', a function "
+               "(input_shape, num_classes) -> keras.Model, or a keras.Model")
+DATA_FORMS = ("None (synthetic data), a built-in name or 'MODULE:FUNCTION', a function "
+              "returning the data, ((x_train, y_train), (x_val, y_val)) arrays, or "
+              "(train, val) unbatched tf.data datasets")
+
+
 def object_spec(obj) -> str:
     """A spec-like name for a Python object (recorded in metrics.json, compared by --resume)."""
     module = getattr(obj, "__module__", None) or "python"
-    return f"{module}:{getattr(obj, '__qualname__', getattr(obj, '__name__', type(obj).__name__))}"
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", type(obj).__name__)
+    return f"{module}:{name}"
 
 
 def model_entry(model) -> ModelEntry:
+    """The Python API's model: a spec, a function, or an already built keras.Model (built
+    under whatever policy was set then: check reports that)."""
     if isinstance(model, str):
         return resolve_model(model)
-    if not callable(model):
-        raise UsageError(f"model must be a spec or a function. Received: {type(model).__name__}",
-                         "a built-in name, MODULE:FUNCTION, or a function "
-                         "(input_shape, num_classes) -> keras.Model")
-    return ModelEntry(object_spec(model), False, model, specs.source_file(model))
+    import tensorflow as tf
+
+    if isinstance(model, tf.keras.Model):
+        built = model
+        return ModelEntry(f"<keras.Model {model.name!r}>", False, lambda: built, None)
+    if callable(model):
+        return ModelEntry(object_spec(model), False, model, specs.source_file(model))
+    raise UsageError(f"model is a {type(model).__name__}", MODEL_FORMS)
 
 
 def dataset_entry(data) -> DatasetEntry:
+    """The Python API's data: None (synthetic), a spec, a function, or what a dataset
+    function returns (arrays, or a (train, val) tf.data pair)."""
+    if data is None:
+        return DatasetEntry("synthetic", True)
     if isinstance(data, str):
         return resolve_dataset(data)
     if callable(data):
         return DatasetEntry(object_spec(data), False, data, specs.source_file(data))
-    first = data[0] if isinstance(data, (tuple, list)) and data else None
-    kind = "tf.data" if type(first).__module__.startswith("tensorflow") else "arrays"
-    return DatasetEntry(f"python:{kind}", False, lambda: data)
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        held = data
+        kind = "tf.data" if type(data[0]).__module__.startswith("tensorflow") else "arrays"
+        return DatasetEntry(f"python:{kind}", False, lambda: held, None)
+    raise UsageError(f"data is a {type(data).__name__}", DATA_FORMS)
 
 
 def parse_metrics(text: Optional[str]) -> Optional[list]:

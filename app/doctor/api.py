@@ -33,14 +33,14 @@ def check(model: Any, data: Any = None, precision: str = DEFAULT_PRECISION,
     precision: float32, mixed_float16 (default), mixed_bfloat16 or auto.
     json_path: also write the report there as JSON (atomically).
     """
-    from app.doctor.objects import task_from_objects
     from app.doctor.report import to_text
     from app.doctor.run import check_args, run_check
     from app.precision import validate_name
+    from app.tasks import Task
 
     validate_name(precision)
     check_args(batch_size, steps)
-    task = task_from_objects(model, data, loss, metrics, input_shape, num_classes)
+    task = Task.from_objects(model, data, loss, metrics, input_shape, num_classes)
     report = run_check(task, precision, batch_size, steps, seed=seed)
     if verbose:
         print(to_text(report), flush=True)

@@ -2,7 +2,6 @@
 comparison, and return the report dict (``app.doctor.report`` renders it)."""
 from __future__ import annotations
 
-import re
 import time
 from typing import Optional
 
@@ -311,26 +310,9 @@ def _clash(exc, policy, task) -> Finding:
 
     layer = dtype_clash.failing_layer(exc)
     line = dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec)
-    detail = _clash_detail(exc)
-    first = dtype_clash.first_line(exc)
-    if detail and first in line and detail not in line:
-        line = line.replace(first, detail)
-    line = re.sub(r"\x1b\[[0-9;]*m", "", line)  # Keras 3 puts terminal bold in messages
     what, _, fix = line.partition("; fix: ")
     return Finding(BLOCKER, "dtype_clash", getattr(layer, "name", None), what,
                    fix or dtype_clash.FIX)
-
-
-def _clash_detail(exc) -> str:
-    """The line of the error that says which dtypes met (Keras 3 puts it under a first line
-    about output shapes that says nothing about dtypes)."""
-    from app import dtype_clash
-
-    for line in str(exc).splitlines():
-        line = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
-        if any(p.search(line) for p in dtype_clash._CLASH_PATTERNS):
-            return line[:200]
-    return ""
 
 
 def _finish(report: dict, findings) -> dict:
