@@ -134,7 +134,10 @@ def short_name(spec: str) -> str:
     if ":" not in spec:
         return spec
     module, _, fn = spec.rpartition(":")
-    base = os.path.splitext(os.path.basename(module.rstrip("/")))[0].split(".")[-1]
+    if module.endswith(".py") or "/" in module:
+        base = os.path.splitext(os.path.basename(module))[0]
+    else:
+        base = module.split(".")[-1]  # a dotted module: its last part
     name = f"{base}.{fn}" if fn not in ("build", "load", "build_model", "load_data") else base
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:40]
 

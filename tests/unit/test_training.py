@@ -83,7 +83,24 @@ def test_outputs_and_metrics_schema(tiny_config, tmp_path):
             if f.startswith("events.out.tfevents")
             for event in tf.compat.v1.train.summary_iterator(os.path.join(root, f))
             for value in event.summary.value}
-    assert {"step/loss", "step/grad_norm", "step/loss_scale", "epoch/val_accuracy"} <= tags
+    # What the guide asks to watch: loss, gradient norm, loss scale, skipped steps,
+    # samples/s and learning rate (issue 10).
+    assert {"step/loss", "step/grad_norm", "step/loss_scale", "epoch/val_accuracy",
+            "epoch/skipped_steps", "epoch/samples_per_second", "epoch/learning_rate",
+            "epoch/loss_scale"} <= tags
+    assert row["learning_rate"] == pytest.approx(cfg.learning_rate)
+
+
+def test_default_run_folder_names_model_dataset_and_policy(tiny_config):
+    from datetime import datetime, timezone
+
+    from app.config import default_output, short_name
+
+    cfg = tiny_config(output=None, model="./nets/small.py:build", dataset="data.cifar:load")
+    now = datetime(2026, 11, 30, 1, 2, 3, tzinfo=timezone.utc)
+    assert default_output(cfg, "mixed_float16", now).endswith(
+        "runs/20261130T010203Z-small-cifar-mixed_float16")
+    assert short_name("mlp") == "mlp" and short_name("nets.small:make_net") == "small.make_net"
 
 
 def test_resume_restores_epoch_and_loss_scale(tiny_config):
