@@ -23,3 +23,31 @@ if _token_file:
         c.IdentityProvider.token = fh.read().strip()
 if not c.IdentityProvider.token:
     raise SystemExit("jupyter_server_config: no token; start the server through entrypoint.sh")
+
+# --- TensorBoard, behind the token (jupyter-server-proxy) ---------------------------
+# A named server: a "TensorBoard" tile in JupyterLab's launcher, and the first request to
+# <base_url>/tensorboard/ starts it (tfmp-tensorboard: 127.0.0.1 only, on a free port the
+# proxy picks, over $TFMP_TENSORBOARD_LOGDIR or <workspace>/runs).  Every request and
+# websocket to it passes Jupyter's authentication; TensorBoard has no port of its own
+# outside the container.
+c.ServerProxy.servers = {
+    "tensorboard": {
+        "command": ["/usr/local/bin/tfmp-tensorboard", "--port", "{port}"],
+        # Seconds to wait for the first answer; it usually comes in 3-6 s on 2 cores.
+        "timeout": 60,
+        # Opens as a JupyterLab tab beside the notebooks rather than a new browser tab.
+        "new_browser_tab": False,
+        "launcher_entry": {
+            "title": "TensorBoard",
+            "icon_path": "/usr/local/share/tfmp/tensorboard-icon.svg",
+            "category": "Other",
+        },
+    },
+}
+
+# `%tensorboard` in notebooks starts its own TensorBoard on a port inside the container and
+# shows it in an iframe.  Without this the iframe would ask the browser's host for that
+# port, which is not published; with it, the frame loads <base_url>/proxy/<port>/, through
+# Jupyter and its token.  Set here, in the server's environment, so every kernel inherits it.
+_base = (c.ServerApp.base_url if "base_url" in c.ServerApp else "/").strip("/")
+os.environ.setdefault("TENSORBOARD_PROXY_URL", f"/{_base}/proxy/%PORT%/" if _base else "/proxy/%PORT%/")
