@@ -22,7 +22,8 @@ import pytest
 import requests
 import websocket
 
-from image_helpers import HOST_GID, HOST_UID, REPO, exec_in, free_port, run, wait_until
+from image_helpers import (HOST_GID, HOST_UID, REPO, docker_run, exec_in, free_port, run,
+                           wait_until)
 from test_stack import CHROMIUM, ssh_client, ssh_run  # the image tests' one SSH client
 
 pytestmark = pytest.mark.docker
@@ -154,6 +155,16 @@ def test_tensorboard_websocket_without_the_token_is_refused(stack, first_open, p
         websocket.create_connection(f"ws://127.0.0.1:{stack.jupyter_port}{path}", timeout=30)
     location = (err.value.resp_headers or {}).get("location", "")
     assert _refused(err.value.status_code, location), (err.value.status_code, location)
+
+
+@pytest.mark.parametrize("value, says", [("runs", "must be an absolute path"),
+                                         ("/etc/passwd", "is a file, not a folder")])
+def test_a_bad_logdir_stops_the_start_with_one_line(image, value, says):
+    proc = docker_run(image, "-e", f"TFMP_TENSORBOARD_LOGDIR={value}", "-e", "ENABLE_SSH=0",
+                      command=["serve"], timeout=180)
+    assert proc.returncode == 64, proc.stderr[-2000:]
+    fatal = [line for line in proc.stderr.splitlines() if " FATAL " in line]
+    assert len(fatal) == 1 and says in fatal[0] and "TFMP_TENSORBOARD_LOGDIR" in fatal[0], fatal
 
 
 # --- `%tensorboard` in a kernel ---------------------------------------------------------------
