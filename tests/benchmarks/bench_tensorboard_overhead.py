@@ -88,10 +88,11 @@ class Poller(threading.Thread):
         prefix = f"/proxy/{TB_PORT}"
         while not self.stop.is_set():
             try:
-                _, body = self.jupyter.get(prefix + "/data/runs")
-                runs = json.loads(body)
-                self.jupyter.get(prefix + "/data/plugin/scalars/tags")
+                self.jupyter.get(prefix + "/data/runs")
+                _, body = self.jupyter.get(prefix + "/data/plugin/scalars/tags")
                 self.requests += 2
+                # The newest run that has a loss series yet (names start with the pair number).
+                runs = sorted(r for r, tags in json.loads(body).items() if "step/loss" in tags)
                 if runs:
                     query = urllib.request.quote(runs[-1], safe="")
                     self.jupyter.get(f"{prefix}/data/plugin/scalars/scalars?run={query}"
