@@ -33,7 +33,8 @@
 #   TFMP_QUIET           1: no start-up banner for batch commands
 #   TFMP_TENSORBOARD_LOGDIR  folder JupyterLab's TensorBoard (/tensorboard/) shows
 #                        (default $TFMP_WORKSPACE/runs, where `python -m app train`
-#                        writes runs); an absolute path, created if missing
+#                        writes runs); an absolute path (created if missing) or a
+#                        URL such as gs://bucket/runs
 set -euo pipefail
 
 readonly NB_USER=tf
