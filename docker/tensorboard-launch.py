@@ -12,10 +12,19 @@ The runs folder: TFMP_TENSORBOARD_LOGDIR if set, else $TFMP_WORKSPACE/runs, whic
 `python -m app train` writes every run by default, so each run shows up without settings.
 It is created when missing (a fresh workspace): TensorBoard then shows runs as they appear.
 A URL TensorBoard reads itself (gs://bucket/runs) is passed through unchecked.
+
+For a local folder TensorBoard runs without TensorFlow: its own event reader and data server
+read the files, and importing TensorFlow (which only its What-If Tool plugin asks for) took
+5-12 s of the first open on 2 cores and ~250 MB of memory.  Scalars, images, histograms,
+graphs, hparams, text and the time series view all work; the What-If Tool and Debugger V2
+need TensorFlow (`tensorboard --logdir ...` in a terminal has it).  A URL keeps TensorFlow,
+which reads gs://.
 """
+import importlib.abc
 import os
 import re
 import sys
+import types
 
 ENV_VAR = "TFMP_TENSORBOARD_LOGDIR"
 ALLOWED = "an absolute folder path (e.g. /workspace/runs) or a URL such as gs://bucket/runs"
@@ -42,7 +51,7 @@ def resolve_logdir(environ) -> str:
     if any(ord(ch) < 32 for ch in value):
         raise BadSetting(f"{origin} contains a control character; allowed: {ALLOWED}. "
                          f"Received: {value!r}")
-    if re.match(r"^[a-z][a-z0-9+.-]*://", value):
+    if is_url(value):
         return value
     if not os.path.isabs(value):
         raise BadSetting(f"{origin} must be an absolute path; allowed: {ALLOWED}. "
@@ -58,6 +67,34 @@ def resolve_logdir(environ) -> str:
         raise BadSetting(f"{origin}={value!r} is not readable by this user; allowed: {ALLOWED}, "
                          "readable by this user")
     return os.path.normpath(value)
+
+
+def is_url(logdir: str) -> bool:
+    return re.match(r"^[a-z][a-z0-9+.-]*://", logdir) is not None
+
+
+class _WithoutTensorFlow(importlib.abc.MetaPathFinder):
+    """Makes `import tensorflow` fail fast, so TensorBoard falls back to its own stub."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            raise ModuleNotFoundError(f"{name} is not used by this TensorBoard", name=name)
+        return None
+
+
+def run_tensorboard(logdir: str, port: int) -> None:
+    if not is_url(logdir):
+        # tensorboard.compat picks its TensorFlow stub when this marker module exists.
+        sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
+        sys.meta_path.insert(0, _WithoutTensorFlow())
+        print(f"tfmp-tensorboard: {logdir} on 127.0.0.1:{port}, without TensorFlow (not needed "
+              "for local event files; TensorBoard calls this its reduced feature set)",
+              file=sys.stderr, flush=True)
+    # No --path_prefix: the proxy strips /tensorboard/ and TensorBoard's pages use relative URLs.
+    sys.argv = ["tensorboard", "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)]
+    from tensorboard.main import run_main
+
+    run_main()
 
 
 def parse_args(argv):
@@ -81,12 +118,8 @@ def main(argv) -> int:
     if mode == "check":
         print(logdir)
         return 0
-    # The same interpreter as Jupyter's, whatever PATH says.  No --path_prefix: the proxy
-    # strips /tensorboard/ and TensorBoard's pages use relative URLs.
-    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir,
-           "--host", "127.0.0.1", "--port", str(port)]
-    os.execv(cmd[0], cmd)
-    return 1  # not reached
+    run_tensorboard(logdir, port)
+    return 0
 
 
 if __name__ == "__main__":
