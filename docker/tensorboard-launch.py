@@ -15,10 +15,10 @@ A URL TensorBoard reads itself (gs://bucket/runs) is passed through unchecked.
 
 For a local folder TensorBoard runs without TensorFlow: its own event reader and data server
 read the files, and importing TensorFlow (which only its What-If Tool plugin asks for) took
-5-12 s of the first open on 2 cores and ~250 MB of memory.  Scalars, images, histograms,
-graphs, hparams, text and the time series view all work; the What-If Tool and Debugger V2
-need TensorFlow (`tensorboard --logdir ...` in a terminal has it).  A URL keeps TensorFlow,
-which reads gs://.
+5-12 s of the first open on 2 cores and ~250 MB of memory.  This is TensorBoard's own
+standalone mode ("reduced feature set"); the scalars page is what the image tests check.
+The What-If Tool and Debugger V2 need TensorFlow (`tensorboard --logdir ...` in a terminal
+has it).  A URL keeps TensorFlow, which reads gs://.
 """
 import importlib.abc
 import os
