@@ -21,6 +21,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # metadata changes, every `apt-get update` fails.  Our apt step must not depend
 # on it, so such sources are moved aside (kept in sources.list.d.disabled/).
 #   openssh-server  SSH logins (sshd)
+#   rsync           `rsync -e ssh` to sync code and data (needs rsync on both ends)
 #   tini            PID 1: reaps zombies, forwards signals (fast `docker stop`)
 # Versions come from the base's distribution release, hence no pins.
 # hadolint ignore=DL3008
@@ -32,6 +33,7 @@ RUN shopt -s nullglob \
  && apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       openssh-server \
+      rsync \
       tini \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
@@ -93,6 +95,9 @@ COPY docker/profile-container-env.sh /etc/profile.d/zz-container-env.sh
 # before the file's own "not interactive: return".
 RUN sed -i '1i [ -r /etc/tfmp/ssh-extra-env.sh ] && . /etc/tfmp/ssh-extra-env.sh' /etc/bash.bashrc
 COPY docker/healthcheck.py /usr/local/bin/tfmp-healthcheck
+# TensorBoard behind JupyterLab's token: the launcher tile's server (jupyter_server_config.py).
+COPY docker/tensorboard-launch.py /usr/local/bin/tfmp-tensorboard
+COPY docker/tensorboard-icon.svg /usr/local/share/tfmp/tensorboard-icon.svg
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 
 # --- the project's own files, last: an app/ change rebuilds only these layers ----

@@ -33,6 +33,10 @@
 #   SSH_PASSWORD_FILE    same, read from a file
 #   ENABLE_SSH           1 (default) or 0 to run JupyterLab only
 #   TFMP_QUIET           1: no start-up banner for batch commands
+#   TFMP_TENSORBOARD_LOGDIR  folder JupyterLab's TensorBoard (/tensorboard/) shows
+#                        (default $TFMP_WORKSPACE/runs, where `python -m app train`
+#                        writes runs); an absolute path (created if missing) or a
+#                        URL such as gs://bucket/runs
 set -euo pipefail
 
 readonly NB_USER=tf
@@ -390,6 +394,15 @@ install_notebooks() {
   fi
 }
 
+# --- TensorBoard (JupyterLab tile at /tensorboard/, started on first use) ---------
+
+# Checked at start, as the user: a bad TFMP_TENSORBOARD_LOGDIR stops here with one
+# line instead of a tile that fails later.  Sets TENSORBOARD_LOGDIR.
+check_tensorboard_logdir() {
+  TENSORBOARD_LOGDIR=$("${USER_CMD[@]}" /usr/local/bin/tfmp-tensorboard --check 2>&1) \
+    || fatal "${TENSORBOARD_LOGDIR#tfmp-tensorboard: }"
+}
+
 # --- modes -----------------------------------------------------------------------
 
 serve() {
@@ -403,6 +416,7 @@ serve() {
   [[ $ssh_enabled == 0 ]] || setup_ssh
   mkdir -p "$STATE_DIR"
   install_notebooks
+  check_tensorboard_logdir
 
   local stopping=0
   trap 'stopping=1' TERM INT
@@ -424,6 +438,7 @@ serve() {
   fi
   info "==> Jupyter URL: $JUPYTER_URL   (token also in $TOKEN_FILE)"
   [[ -z $sshd_pid ]] || info "==> SSH: ssh -p ${SSH_HOST_PORT:-2222} $NB_USER@127.0.0.1"
+  info "==> TensorBoard: http://127.0.0.1:${JUPYTER_HOST_PORT:-8888}/tensorboard/ (launcher tile; runs in $TENSORBOARD_LOGDIR)"
 
   status=0
   wait -n || status=$?

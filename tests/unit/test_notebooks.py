@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -187,12 +189,44 @@ def execute(name: str, params: dict, tmp_path: Path, monkeypatch, timeout: int =
     monkeypatch.delenv("TFMP_WORKSPACE", raising=False)
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
+    try:
+        client.execute()
+    finally:
+        _stop_tensorboards_under(tmp_path)
     text = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
     line = next(ln for ln in text.splitlines() if ln.startswith(SUMMARY_MARK))
     summary = json.loads(line[len(SUMMARY_MARK):])
     print(f"{name} {params}: {summary}")  # shown when a check below fails
     return nb, summary
+
+
+def _stop_tensorboards_under(folder: Path) -> None:
+    """``%tensorboard`` leaves its server running after the kernel exits: stop the ones it
+    started for this test (TensorBoard's own registry of running servers)."""
+    try:
+        from tensorboard import manager
+    except ImportError:
+        return
+    for info in manager.get_all():
+        if info.logdir.startswith(str(folder)):
+            try:
+                os.kill(info.pid, signal.SIGTERM)
+            except OSError:
+                pass
+
+
+def _html(nb) -> str:
+    return "\n".join(str(o.get("data", {}).get("text/html", ""))
+                     for c in nb.cells for o in c.get("outputs", []))
+
+
+def _tensorboard_tags(logdir: str) -> set:
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(logdir)
+    acc.Reload()
+    tags = acc.Tags()
+    return set(tags.get("tensors", [])) | set(tags.get("scalars", []))
 
 
 def _all_text(nb) -> str:
@@ -257,12 +291,20 @@ def test_02_custom_loop_records_the_loss_scale_backing_off(tmp_path, monkeypatch
     assert any(o.output_type == "display_data" and "image/png" in o.data for o in outputs)
     assert any(o.output_type == "update_display_data" for o in outputs) or \
         sum(1 for o in outputs if "image/png" in o.get("data", {})) >= 1
+    # TensorBoard beside the plot: the run is under <workspace>/runs, with the plotted numbers.
+    assert Path(s["tensorboard_logdir"]).parent.parent == tmp_path / "ws" / "runs"
+    assert {"step/loss", "step/grad_norm", "step/loss_scale"} <= _tensorboard_tags(
+        s["tensorboard_logdir"])
+    assert "<iframe" in _html(nb), "%tensorboard showed no frame"
 
 
 @pytest.mark.slow
 def test_02_bfloat16_has_no_loss_scale(tmp_path, monkeypatch):
+    # As in the image's JupyterLab: the %tensorboard frame goes through Jupyter's proxy.
+    monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/proxy/%PORT%/")
     nb, s = execute(NAMES[1], _small(tmp_path, precision="mixed_bfloat16", plot_every=16),
                     tmp_path, monkeypatch)
+    assert re.search(r'"/proxy/\d+/"', _html(nb)), _html(nb)[-1000:]
     assert s["policy"] == "mixed_bfloat16" and s["loss_scaled"] is False
     assert s["steps"] == 2 * 1024 // 32
     assert s["skipped_steps"] == 0

@@ -1,0 +1,62 @@
+"""tfmp-tensorboard, the command behind JupyterLab's TensorBoard tile: which folder it serves,
+and one clear line for every bad setting (docker/tensorboard-launch.py in the checkout,
+/usr/local/bin/tfmp-tensorboard in the image)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CANDIDATES = [ROOT / "docker" / "tensorboard-launch.py", Path("/usr/local/bin/tfmp-tensorboard")]
+SCRIPT = next((p for p in CANDIDATES if p.is_file()), None)
+pytestmark = pytest.mark.skipif(SCRIPT is None, reason="tfmp-tensorboard is not here")
+
+
+def launch(*args: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("TFMP_TENSORBOARD_LOGDIR", "TFMP_WORKSPACE")}
+    clean.update(env)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          env=clean, timeout=60)
+
+
+def test_default_is_the_workspace_runs_folder_created_if_missing(tmp_path):
+    proc = launch("--check", TFMP_WORKSPACE=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(tmp_path / "runs")
+    assert (tmp_path / "runs").is_dir()
+
+
+def test_the_variable_chooses_another_folder_or_url(tmp_path):
+    target = tmp_path / "elsewhere" / "runs"
+    proc = launch("--check", TFMP_TENSORBOARD_LOGDIR=str(target), TFMP_WORKSPACE=str(tmp_path))
+    assert proc.returncode == 0 and proc.stdout.strip() == str(target)
+    proc = launch("--check", TFMP_TENSORBOARD_LOGDIR="gs://bucket/runs")
+    assert proc.returncode == 0 and proc.stdout.strip() == "gs://bucket/runs"
+
+
+@pytest.mark.parametrize("value, says", [
+    ("", "is set but empty"),
+    ("runs", "must be an absolute path"),
+    ("/a\nb", "contains a control character"),
+    ("FILE", "is a file, not a folder"),
+    ("FILE/sub", "cannot be created"),
+])
+def test_a_bad_logdir_gets_one_line_and_exit_2(tmp_path, value, says):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    proc = launch("--check", TFMP_TENSORBOARD_LOGDIR=value.replace("FILE", str(a_file)))
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and says in lines[0] and "TFMP_TENSORBOARD_LOGDIR" in lines[0], lines
+    assert "allowed: an absolute folder path" in lines[0]
+
+
+@pytest.mark.parametrize("args", [[], ["--port"], ["--port", "x"], ["--port", "70000"], ["--nope"]])
+def test_bad_arguments_get_one_line(args):
+    proc = launch(*args)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
