@@ -59,32 +59,34 @@ class DatasetEntry:
     source: Optional[str] = None
 
 
+def _user_function(spec: str, what: str, builtins: tuple, expected: str) -> Callable:
+    """The function a MODULE:FUNCTION spec names; UsageError for anything else."""
+    if not specs.is_user_spec(spec):
+        raise UsageError(f"{what} must be one of {', '.join(builtins)} or MODULE:FUNCTION. "
+                         f"Received: {what}={spec!r}", specs.SPEC_FORMS)
+    fn = specs.load_object(spec, what)
+    if not callable(fn):
+        raise UsageError(f"{what} spec {spec!r} names a {type(fn).__name__}, not a function",
+                         expected)
+    return fn
+
+
 def resolve_model(spec: str) -> ModelEntry:
     if spec in BUILTIN_MODELS:
         from app import models
 
         return ModelEntry(spec, True, models.BUILDERS[spec])
-    if not specs.is_user_spec(spec):
-        raise UsageError(f"model must be one of {', '.join(BUILTIN_MODELS)} or MODULE:FUNCTION. "
-                         f"Received: model={spec!r}", specs.SPEC_FORMS)
-    fn = specs.load_object(spec, "model")
-    if not callable(fn):
-        raise UsageError(f"model spec {spec!r} names a {type(fn).__name__}, not a function",
-                         "a function (input_shape, num_classes) -> keras.Model")
+    fn = _user_function(spec, "model", BUILTIN_MODELS,
+                        "a function (input_shape, num_classes) -> keras.Model")
     return ModelEntry(spec, False, fn, specs.source_file(fn))
 
 
 def resolve_dataset(spec: str) -> DatasetEntry:
     if spec in BUILTIN_DATASETS:
         return DatasetEntry(spec, True)
-    if not specs.is_user_spec(spec):
-        raise UsageError(f"dataset must be one of {', '.join(BUILTIN_DATASETS)} or "
-                         f"MODULE:FUNCTION. Received: dataset={spec!r}", specs.SPEC_FORMS)
-    fn = specs.load_object(spec, "dataset")
-    if not callable(fn):
-        raise UsageError(f"dataset spec {spec!r} names a {type(fn).__name__}, not a function",
-                         "a function returning ((x_train, y_train), (x_val, y_val)) or "
-                         "(train, val) unbatched tf.data datasets")
+    fn = _user_function(spec, "dataset", BUILTIN_DATASETS,
+                        "a function returning ((x_train, y_train), (x_val, y_val)) or "
+                        "(train, val) unbatched tf.data datasets")
     return DatasetEntry(spec, False, fn, specs.source_file(fn))
 
 

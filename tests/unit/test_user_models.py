@@ -63,7 +63,7 @@ def test_dotted_module_and_unknown_size_tf_data(tmp_path):
 def test_functional_model_with_batch_and_layer_normalization(tiny_config):
     from app.training import train
 
-    m = train(tiny_config(model=MISC + ":normalized", dataset=ARRAYS,
+    m = train(tiny_config(model=os.path.join(USER, "normalized.py") + ":build", dataset=ARRAYS,
                      precision="mixed_bfloat16", epochs=3, learning_rate=3e-3))
     assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
 
@@ -129,16 +129,16 @@ def test_python_api_with_functions_arrays_and_datasets(tmp_path):
 
 def test_float32_constant_in_a_custom_layer_is_named_in_one_line(tmp_path):
     out = tmp_path / "run"
-    proc = run_app("train", "--model", os.path.join(USER, "const_clash.py") + ":build",
+    proc = run_app("train", "--model", os.path.join(USER, "float32_constant.py") + ":build",
                    "--dataset", ARRAYS, "--precision", "mixed_bfloat16", "--epochs", "1",
                    *QUICK, "--output", str(out))
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     errors = error_lines(proc.stderr)
     assert len(errors) == 1, proc.stderr
-    assert "layer 'add_bias' (AddBias" in errors[0] and "self.compute_dtype" in errors[0]
+    assert "layer 'add_offset' (AddOffset" in errors[0] and "self.compute_dtype" in errors[0]
     # float32 has nothing to clash with: the same model trains
-    ok = run_app("train", "--model", os.path.join(USER, "const_clash.py") + ":build",
+    ok = run_app("train", "--model", os.path.join(USER, "float32_constant.py") + ":build",
                  "--dataset", ARRAYS, "--precision", "float32", "--epochs", "1", *QUICK,
                  "--output", str(tmp_path / "f32"))
     assert ok.returncode == 0, ok.stderr
@@ -188,7 +188,7 @@ def test_sigterm_then_resume_with_a_user_model(tmp_path):
     assert final["data"]["input_shape"] == [8, 8, 1]
     # the same run with another model is refused, and left as it was
     before = (out / "metrics.json").read_text()
-    other = run_app(*args, "--resume", "--model", MISC + ":normalized")
+    other = run_app(*args, "--resume", "--model", os.path.join(USER, "normalized.py") + ":build")
     assert other.returncode == 2 and "trained with a different spec" in other.stderr
     assert (out / "metrics.json").read_text() == before
 

@@ -2,22 +2,6 @@
 import tensorflow as tf
 
 
-def normalized(input_shape, num_classes):
-    """Functional model with BatchNormalization and LayerNormalization (both keep float32
-    statistics under a mixed policy) and a float32 softmax."""
-    inputs = tf.keras.Input(shape=input_shape)
-    x = tf.keras.layers.Conv2D(16, 3, padding="same")(inputs)
-    x = tf.keras.layers.BatchNormalization()(x)
-    x = tf.keras.layers.ReLU()(x)
-    x = tf.keras.layers.Flatten()(x)
-    x = tf.keras.layers.Dense(32)(x)
-    x = tf.keras.layers.LayerNormalization()(x)
-    x = tf.keras.layers.ReLU()(x)
-    x = tf.keras.layers.Dense(num_classes)(x)
-    outputs = tf.keras.layers.Activation("softmax", dtype="float32")(x)
-    return tf.keras.Model(inputs, outputs)
-
-
 def logits_16bit(input_shape, num_classes):
     """Output layer left in the policy's dtype: float16/bfloat16 logits."""
     return tf.keras.Sequential([tf.keras.Input(shape=input_shape), tf.keras.layers.Flatten(),
