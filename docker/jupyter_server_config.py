@@ -39,7 +39,7 @@ if not c.IdentityProvider.token:
 # outside the container.
 _TENSORBOARD = {
     "command": ["/usr/local/bin/tfmp-tensorboard", "--port", "{port}"],
-    # Seconds to wait for the first answer; it usually comes in 3-7 s on 2 cores.
+    # Seconds to wait for the first answer; it comes in 1-5 s on 2 cores.
     "timeout": 60,
     # Opens as a JupyterLab tab beside the notebooks rather than a new browser tab.
     "new_browser_tab": False,
