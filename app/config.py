@@ -32,7 +32,7 @@ class TrainConfig:
     workspace: str = "workspace"
     data_dir: str | None = None       # default: <workspace>/data
     image_dir: str | None = None      # for dataset=images: folder of class subfolders
-    output: str | None = None         # default: <workspace>/runs/<UTC>-<model>-<policy>
+    output: str | None = None         # default: <workspace>/runs/<UTC>-<model>-<dataset>-<policy>
     log_every: int = 100
     max_train_samples: int | None = None
     max_val_samples: int | None = None

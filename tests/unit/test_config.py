@@ -22,7 +22,7 @@ def test_workspace_and_data_dir_defaults():
     assert cfg.workspace == "/tmp/wsx"
     assert cfg.data_dir == os.path.join("/tmp/wsx", "data")
     out = default_output(cfg, "float32", now=datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc))
-    assert out == os.path.join("/tmp/wsx", "runs", "20240102T030405Z-mlp-float32")
+    assert out == os.path.join("/tmp/wsx", "runs", "20240102T030405Z-mlp-mnist-float32")
 
 
 def test_bad_environment_value_names_the_variable():
