@@ -1,6 +1,7 @@
 """Helpers shared by the image tests (imported by conftest.py and the test modules)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -113,9 +114,11 @@ def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 
 
-def kernel_execute(base_url: str, token: str, code: str, timeout: float = 120) -> tuple[str, list]:
-    """Start a kernel through Jupyter's REST API, run ``code`` over its websocket channel,
-    delete the kernel.  Returns (stdout text, error tracebacks)."""
+@contextlib.contextmanager
+def kernel_session(base_url: str, token: str, code: str, timeout: float = 120):
+    """Start a kernel through Jupyter's REST API, run ``code`` over its websocket channel and
+    yield the messages it sent for that request; the kernel (and anything it started, such
+    as a TensorBoard) lives until the block ends, then it is deleted."""
     import uuid
 
     import requests
@@ -126,8 +129,7 @@ def kernel_execute(base_url: str, token: str, code: str, timeout: float = 120) -
                          timeout=30)
     assert resp.status_code == 201, resp.text
     kernel_id = resp.json()["id"]
-    output: list = []
-    errors: list = []
+    messages: list = []
     try:
         ws = websocket.create_connection(
             base_url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels",
@@ -145,15 +147,21 @@ def kernel_execute(base_url: str, token: str, code: str, timeout: float = 120) -
             msg = json.loads(ws.recv())
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 return False
-            kind = msg["msg_type"]
-            if kind == "stream" and msg["content"]["name"] == "stdout":
-                output.append(msg["content"]["text"])
-            elif kind == "error":
-                errors.append("\n".join(msg["content"]["traceback"]))
-            return kind == "status" and msg["content"]["execution_state"] == "idle"
+            messages.append(msg)
+            return msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
 
         wait_until(idle, timeout=timeout, interval=0, what="the kernel to finish")
         ws.close()
+        yield messages
     finally:
         requests.delete(f"{base_url}/api/kernels/{kernel_id}", headers=headers, timeout=30)
-    return "".join(output), errors
+
+
+def kernel_execute(base_url: str, token: str, code: str, timeout: float = 120) -> tuple[str, list]:
+    """Run ``code`` in a fresh kernel; return (its stdout text, the error tracebacks)."""
+    with kernel_session(base_url, token, code, timeout) as messages:
+        out = "".join(m["content"]["text"] for m in messages
+                      if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+        errors = ["\n".join(m["content"]["traceback"]) for m in messages
+                  if m["msg_type"] == "error"]
+    return out, errors

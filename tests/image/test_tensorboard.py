@@ -8,7 +8,6 @@ to report, not a timed assertion: this machine is small and shared)."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import re
@@ -22,8 +21,8 @@ import pytest
 import requests
 import websocket
 
-from image_helpers import (HOST_GID, HOST_UID, REPO, docker_run, exec_in, free_port, run,
-                           wait_until)
+from image_helpers import (HOST_GID, HOST_UID, REPO, docker_run, exec_in, free_port,
+                           kernel_session, run, wait_until)
 from test_stack import CHROMIUM, ssh_client, ssh_run  # the image tests' one SSH client
 
 pytestmark = pytest.mark.docker
@@ -167,46 +166,9 @@ def test_a_bad_logdir_stops_the_start_with_one_line(image, value, says):
 
 # --- `%tensorboard` in a kernel ---------------------------------------------------------------
 
-@contextlib.contextmanager
-def _kernel_run(stack, code: str, timeout: float = 240):
-    """Run ``code`` in a new python3 kernel over Jupyter's REST + websocket API and yield its
-    messages; the kernel (and what it started, such as a TensorBoard) lives until the exit."""
-    headers = _headers(stack)
-    resp = requests.post(stack.base_url + "/api/kernels", json={"name": "python3"},
-                         headers=headers, timeout=30)
-    assert resp.status_code == 201, resp.text
-    kernel_id = resp.json()["id"]
-    messages: list[dict] = []
-    try:
-        ws = websocket.create_connection(
-            f"ws://127.0.0.1:{stack.jupyter_port}/api/kernels/{kernel_id}/channels",
-            header=[f"Authorization: token {stack.token()}"], timeout=timeout)
-        msg_id = uuid.uuid4().hex
-        ws.send(json.dumps({
-            "header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
-                       "msg_type": "execute_request", "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": False,
-                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
-        }))
-
-        def idle():
-            msg = json.loads(ws.recv())
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                return False
-            messages.append(msg)
-            return msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
-
-        wait_until(idle, timeout=timeout, interval=0, what="the kernel to finish")
-        ws.close()
-        yield messages
-    finally:
-        requests.delete(f"{stack.base_url}/api/kernels/{kernel_id}", headers=headers, timeout=30)
-
-
 def test_tensorboard_magic_shows_a_frame_through_the_proxy(stack):
     code = "%load_ext tensorboard\n%tensorboard --logdir /workspace/runs\n"
-    with _kernel_run(stack, code) as messages:
+    with kernel_session(stack.base_url, stack.token(), code, timeout=240) as messages:
         errors = ["\n".join(m["content"]["traceback"]) for m in messages
                   if m["msg_type"] == "error"]
         assert not errors, errors
