@@ -201,6 +201,8 @@ class _Monitor:
             raise TrainingDiverged(problem)
 
     def _divergence(self, epoch: int, total: int, worst_run: int) -> str | None:
+        if not (total and not self.loss_scaled) and worst_run <= self.cfg.max_skipped_steps:
+            return None
         where = f"step {int(self.stats.steps.numpy())} (epoch {epoch + 1})"
         if total and not self.loss_scaled:
             return (f"{where}: non-finite loss/gradients under {prec.global_policy_name()}, "
