@@ -77,13 +77,13 @@ def build(input_shape, num_classes):
 '''
 
 
-def _env():
+def _env(root=ROOT):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
-def run_app(args, work, i, model="mlp", tag="app"):
+def run_app(args, work, i, model="mlp", tag="app", root=ROOT):
     out = os.path.join(work, f"{tag}-{i}")
     extra = [] if model == "mlp" else ["--input-shape", "784"]
     cmd = [sys.executable, "-m", "app", "train", "--model", model, "--dataset", "synthetic",
@@ -91,7 +91,7 @@ def run_app(args, work, i, model="mlp", tag="app"):
            "--precision", args.policy, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
            "--max-train-samples", str(args.samples), "--max-val-samples", str(args.val_samples),
            "--output", out, "--no-save-model", "--progress", "lines", "--offline"]
-    subprocess.run(cmd, check=True, env=_env(), cwd=ROOT, capture_output=True, text=True)
+    subprocess.run(cmd, check=True, env=_env(root), cwd=root, capture_output=True, text=True)
     with open(os.path.join(out, "metrics.json")) as fh:
         return json.load(fh)["epochs"]
 
@@ -104,6 +104,11 @@ def run_spec(args, work, i):
     return run_app(args, work, i, model=path + ":build", tag="spec")
 
 
+def run_other(args, work, i):
+    """The built-in mlp trained by another checkout of the package (--other-root)."""
+    return run_app(args, work, i, tag="other", root=os.path.abspath(args.other_root))
+
+
 def run_baseline(args, work, i):
     out = os.path.join(work, f"baseline-{i}.json")
     cmd = [sys.executable, "-c", BASELINE, args.policy, str(args.epochs), str(args.batch_size),
@@ -113,7 +118,7 @@ def run_baseline(args, work, i):
         return json.load(fh)["epochs"]
 
 
-SIDES = ("app", "baseline", "spec")
+SIDES = ("app", "baseline", "spec", "other")
 
 
 def steady(rows):
@@ -132,17 +137,22 @@ def main(argv=None) -> int:
     p.add_argument("--val-samples", type=int, default=2000)
     p.add_argument("--output", default=None)
     p.add_argument("--sides", default="app,baseline,spec",
-                   help="comma-separated subset of app,baseline,spec (default all three)")
+                   help="comma-separated subset of app,baseline,spec,other (default the first "
+                        "three; other: --other-root's app, e.g. an older commit)")
+    p.add_argument("--other-root", default=None, metavar="DIR",
+                   help="another checkout of the package, for the side 'other'")
     args = p.parse_args(argv)
     sides = [x.strip() for x in args.sides.split(",") if x.strip()]
     if not set(sides) <= set(SIDES) or "app" not in sides or len(sides) < 2:
-        p.error("--sides: app and at least one of baseline, spec")
+        p.error("--sides: app and at least one of baseline, spec, other")
+    if "other" in sides and not args.other_root:
+        p.error("--sides other needs --other-root")
     if args.epochs < 2:
         p.error("--epochs must be at least 2 (the first epoch is warm-up)")
     work = args.output or tempfile.mkdtemp(prefix="bench-app-overhead-")
     os.makedirs(work, exist_ok=True)
 
-    fns = {"app": run_app, "baseline": run_baseline, "spec": run_spec}
+    fns = {"app": run_app, "baseline": run_baseline, "spec": run_spec, "other": run_other}
     sps = {name: [] for name in sides}
     ratios = {name: [] for name in sides if name != "app"}   # app/baseline, spec/app
     runs = []
@@ -163,6 +173,9 @@ def main(argv=None) -> int:
             ratios["baseline"].append(pair["app"] / pair["baseline"])
         if "spec" in pair:
             ratios["spec"].append(pair["spec"] / pair["app"])
+        if "other" in pair:
+            ratios["other"].append(pair["other"] / pair["baseline"] if "baseline" in pair
+                                   else pair["other"] / pair["app"])
 
     # Two estimates: the ratio of the pooled medians, and the median of the per-repeat
     # ratios (each repeat's runs ran back to back, so slow drift of the machine cancels).
@@ -187,7 +200,7 @@ def main(argv=None) -> int:
     with open(os.path.join(work, "bench_app_overhead.json"), "w") as fh:
         json.dump(result, fh, indent=2)
     labels = {"app": "python -m app train (mlp)", "baseline": "hand-written Keras fit",
-              "spec": "app train, my_mlp.py:build"}
+              "spec": "app train, my_mlp.py:build", "other": "--other-root's app train"}
     print()
     print("| side                        | median samples/s | n  |")
     print("|-----------------------------|-----------------:|---:|")
@@ -205,6 +218,14 @@ def main(argv=None) -> int:
         print(f"\npaired spec/app ratios: {', '.join(f'{x:.3f}' for x in r)}")
         print(f"user-spec MLP vs built-in mlp: {result['spec_vs_builtin_fraction'] * 100:+.1f}% "
               f"(median of paired ratios); target within 2%  {what}")
+    if "other" in ratios:
+        r = ratios["other"]
+        result["other_paired_ratios"] = r
+        vs = "baseline" if "baseline" in sides else "app"
+        print(f"\npaired other/{vs} ratios: {', '.join(f'{x:.3f}' for x in r)}; "
+              f"median {statistics.median(r):.3f}  {what}")
+    with open(os.path.join(work, "bench_app_overhead.json"), "w") as fh:
+        json.dump(result, fh, indent=2)
     print(f"JSON: {os.path.join(work, 'bench_app_overhead.json')}")
     return 0
 
