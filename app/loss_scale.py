@@ -132,32 +132,57 @@ def global_norm(grads) -> tf.Tensor:
     return tf.linalg.global_norm(grads)
 
 
+def finite_sum(grads) -> tf.Tensor:
+    """True when every gradient element is finite: one reduction per gradient and one
+    ``is_finite`` (a NaN or an inf anywhere makes the sum non-finite; so would a sum
+    beyond float32's range, ~3e38, which no trainable gradient reaches)."""
+    sums = [tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads if g is not None]
+    return tf.math.is_finite(tf.add_n(sums)) if sums else tf.constant(True)
+
+
+# Columns of StepStats.log_rows, one row per logging step.
+LOG_COLUMNS = ("step", "loss", "grad_norm", "loss_scale", "skipped_steps")
+
+
 class StepStats:
     """Per-step gradient statistics, kept in variables so the training step never waits
-    for Python: the global norm of the unscaled gradients, how many steps had non-finite
-    gradients (in total and in a row), and the step count.  The loops read them only every
-    ``--log-every`` steps and at the end of an epoch.
+    for Python: how many steps had non-finite gradients (in total and in a row), and the
+    step count, updated every step; and every ``log_every``-th step (``steps`` a multiple
+    of it) a log row - step, running loss, global norm of the unscaled gradients, loss
+    scale, skipped steps so far - written into a ring of ``capacity`` rows that Python
+    reads whenever it likes (``read_log``), without a per-step hook.
+
+    The global norm costs a pass over every gradient, so it is computed only on logging
+    steps (``tf.cond``); finiteness is one reduction per gradient, every step.
     """
 
-    def __init__(self):
-        def var(name, dtype):
-            return tf.Variable(tf.zeros((), dtype), trainable=False, name=name)
-        self.grad_norm = var("stats_grad_norm", tf.float32)
+    def __init__(self, log_every: int = 1, capacity: int = 1024):
+        def var(name, dtype, shape=()):
+            return tf.Variable(tf.zeros(shape, dtype), trainable=False, name=name)
+        self.log_every = max(1, int(log_every))
+        self.capacity = int(capacity)
+        self.grad_norm = var("stats_grad_norm", tf.float32)   # as of the last logging step
         self.nonfinite_total = var("stats_nonfinite_total", tf.int64)
         self.consecutive = var("stats_nonfinite_in_a_row", tf.int64)
         self.max_consecutive = var("stats_max_nonfinite_in_a_row", tf.int64)
         self.steps = var("stats_steps", tf.int64)
+        self.log_rows = var("stats_log_rows", tf.float64, (self.capacity, len(LOG_COLUMNS)))
+        self.log_count = var("stats_log_count", tf.int64)   # rows ever written
 
-    def record(self, grads, scale=None):
-        """Record one step (inside the tf.function).  ``scale``: divide the norm by it when
-        ``grads`` are still multiplied by the loss scale."""
-        norm = global_norm(grads)
-        if scale is not None:
-            norm = norm / scale
-        finite = tf.math.is_finite(norm)  # inf/NaN in any gradient makes the norm non-finite
+    def record(self, grads, scale=None, loss=None, loss_scale=None):
+        """Record one step (inside the tf.function), after the optimizer applied it.
+        ``scale``: divide the norm by it when ``grads`` are still multiplied by the loss
+        scale.  ``loss`` and ``loss_scale``: zero-argument callables giving the running
+        loss and the loss scale for the log row (traced into the logging branch only)."""
+        grads = [g for g in grads if g is not None]
+        finite = finite_sum(grads)
+
+        def norm():
+            n = global_norm(grads)
+            return n / tf.cast(scale, tf.float32) if scale is not None else n
         ctx = _multi_replica_context()
         if ctx is None:
-            self._write(norm, finite)
+            self._write(norm, finite, loss, loss_scale)
             return finite
         # Several replicas: a step counts as skipped when any replica's gradients were
         # non-finite (that is what the optimizer decides), and only the first replica of
@@ -169,20 +194,53 @@ class StepStats:
         local = len(tf.distribute.get_strategy().extended.worker_devices)
         first = tf.equal(tf.math.floormod(
             tf.cast(ctx.replica_id_in_sync_group, tf.int32), local), 0)
-        tf.cond(first, lambda: self._write(norm, finite), lambda: tf.constant(False))
+        tf.cond(first, lambda: self._write(norm, finite, loss, loss_scale),
+                lambda: tf.constant(False))
         return finite
 
-    def _write(self, norm, finite):
+    def _write(self, norm, finite, loss, loss_scale):
         in_a_row = tf.where(finite, tf.constant(0, tf.int64), self.consecutive + 1)
-        self.grad_norm.assign(norm)
-        self.nonfinite_total.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        total = self.nonfinite_total.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
         self.consecutive.assign(in_a_row)
         self.max_consecutive.assign(tf.maximum(self.max_consecutive, in_a_row))
-        self.steps.assign_add(1)
+        step = self.steps.assign_add(1)
+
+        def log_row():
+            n = norm()
+            self.grad_norm.assign(n)
+            row = tf.stack([tf.cast(step, tf.float64),
+                            tf.cast(loss() if loss is not None else float("nan"), tf.float64),
+                            tf.cast(n, tf.float64),
+                            tf.cast(loss_scale() if loss_scale is not None else 1.0, tf.float64),
+                            tf.cast(total, tf.float64)])
+            slot = tf.math.floormod(self.log_count, self.capacity)
+            written = self.log_rows.scatter_nd_update(tf.reshape(slot, (1, 1)), row[None])
+            # The count moves only after the row is in place: a reader never sees a row
+            # counted before it is written.
+            with tf.control_dependencies([written]):
+                self.log_count.assign_add(1)
+            return tf.constant(True)
+        is_log = tf.equal(tf.math.floormod(step, self.log_every), 0)
+        tf.cond(is_log, log_row, lambda: tf.constant(False))
         return tf.constant(True)
 
-    def attach_to(self, opt) -> None:
-        """Record the gradients ``Model.fit`` hands ``opt``.
+    def read_log(self, seen: int):
+        """(rows written since the first ``seen``, new count, rows lost to the ring) from
+        Python, any thread: each row a dict of LOG_COLUMNS."""
+        count = int(self.log_count.numpy())
+        if count <= seen:
+            return [], count, 0
+        rows = self.log_rows.numpy()
+        # Row i lives in slot i % capacity until row i + capacity is written: keep only the
+        # rows no write (up to the count read *after* the copy) can have replaced.
+        oldest = max(seen, int(self.log_count.numpy()) - self.capacity)
+        out = [dict(zip(LOG_COLUMNS, (float(v) for v in rows[i % self.capacity])))
+               for i in range(oldest, count)]
+        return out, count, oldest - seen
+
+    def attach_to(self, opt, loss=None) -> None:
+        """Record the gradients ``Model.fit`` hands ``opt``; ``loss``: a zero-argument
+        callable giving the running loss (read on logging steps only).
 
         fit computes gradients inside Keras' own train step, out of our reach, so this wraps
         the optimizer's apply method on this one instance.
@@ -196,9 +254,10 @@ class StepStats:
                 grads = list(grads)
                 if scaled:
                     grads = agree_on_nonfinite(grads)  # all replicas skip together
-                self.record([g for g in grads if g is not None],
-                            current_loss_scale(opt) if scaled else None)
-                return original(grads, trainable_variables)
+                scale = current_loss_scale(opt) if scaled else None  # before apply changes it
+                result = original(grads, trainable_variables)
+                self.record(grads, scale, loss, lambda: current_loss_scale(opt))
+                return result
 
             object.__setattr__(opt, "apply", apply)
         else:
@@ -207,7 +266,9 @@ class StepStats:
 
             def apply_gradients(grads_and_vars, *args, **kwargs):
                 grads_and_vars = list(grads_and_vars)
-                self.record([g for g, _ in grads_and_vars if g is not None])
-                return original(grads_and_vars, *args, **kwargs)
+                result = original(grads_and_vars, *args, **kwargs)
+                self.record([g for g, _ in grads_and_vars], None, loss,
+                            lambda: current_loss_scale(opt))
+                return result
 
             object.__setattr__(opt, "apply_gradients", apply_gradients)

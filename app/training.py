@@ -58,12 +58,14 @@ class _Summaries:
         self.writer = (tf.summary.create_file_writer(logdir)
                        if logdir and _tensorboard_available() else None)
         self.pending: list[tuple[int, dict]] = []
+        self.lock = threading.Lock()   # step records may arrive from the monitor's thread
 
     def scalars(self, step: int, values: dict, defer: bool = False):
         if self.writer is None:
             return
         if defer:
-            self.pending.append((step, values))
+            with self.lock:
+                self.pending.append((step, values))
         else:
             self._write(step, values)
 
@@ -76,9 +78,10 @@ class _Summaries:
     def flush(self):
         if self.writer is None:
             return
-        for step, values in self.pending:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for step, values in pending:
             self._write(step, values)
-        self.pending.clear()
         self.writer.flush()
 
     def close(self):
@@ -105,16 +108,22 @@ def get_strategy(dist: distribute.Distribution | None = None) -> tf.distribute.S
 # ---- interruption ---------------------------------------------------------------------------
 
 class _StopFlag:
-    """SIGTERM/SIGINT set a flag; the loops check it after every step."""
+    """SIGTERM/SIGINT set a flag and ``model.stop_training``: Keras' fit ends the epoch
+    after the running batch (it checks that attribute after every batch, no callback of
+    ours runs per step), and the next hook (``on_test_begin``/``on_epoch_end``) raises
+    ``TrainingInterrupted``; the custom loop checks the flag after every step."""
 
     def __init__(self):
         self.signum: int | None = None
+        self.model = None          # set once built: the model whose fit to stop
 
     def __call__(self, signum, frame):
         if self.signum is None:
             print(f"\nreceived signal {signum}: saving a checkpoint and stopping after this step",
                   file=sys.stderr, flush=True)
         self.signum = signum
+        if self.model is not None:
+            self.model.stop_training = True
 
     def check(self):
         if self.signum is not None:
@@ -137,67 +146,133 @@ def _signal_handlers(flag: _StopFlag):
 # ---- step monitoring (both loops) -----------------------------------------------------------
 
 class _Monitor:
-    """Bookkeeping shared by both loops.  ``tick()`` runs after every step and costs no
-    device synchronisation; every ``log_every`` steps (and at the end of each epoch)
-    ``check()`` reads the in-graph ``StepStats``: it counts skipped steps, stops a run whose
-    gradients stay non-finite, and logs loss, gradient norm and loss scale."""
+    """Bookkeeping shared by both loops, off the per-step path.
+
+    The train step itself writes a log row every ``log_every`` steps into
+    ``StepStats`` (in the graph).  ``drain()`` turns new rows into step records (on_step,
+    the plain ``step N:`` lines, TensorBoard); ``check()`` also counts skipped steps and
+    stops a run whose gradients stay non-finite.  In ``--loop fit`` a small thread
+    (``polling``) drains every ``poll_seconds`` while Keras trains; on a divergence it sets
+    ``model.stop_training`` and the error is raised at the next hook in the main thread
+    (``raise_pending``).  The custom loop calls ``tick()`` after every step: a flag test
+    and a counter, with a drain every ``log_every`` steps."""
+
+    poll_seconds = 0.25
 
     def __init__(self, cfg: TrainConfig, loss_scaled: bool, writer, on_step: StepCallback | None,
-                 opt, stats: loss_scale.StepStats, loss_metric, stop: _StopFlag, plain: bool,
-                 calls_per_check: int):
+                 opt, stats: loss_scale.StepStats, stop: _StopFlag, plain: bool):
         self.cfg, self.loss_scaled, self.writer = cfg, loss_scaled, writer
         self.on_step, self.opt, self.stats, self.stop, self.plain = on_step, opt, stats, stop, plain
-        self.loss_metric = loss_metric      # running mean of the loss over the epoch
-        self.calls_per_check = max(1, calls_per_check)
         self.calls = 0
         self.global_step = 0
         self.skipped_seen = 0
         self.skipped_epoch = 0
         self.step_log: list[dict] = []
+        self.epoch = 0
+        self.rows_seen = int(stats.log_count.numpy())
+        self.lock = threading.RLock()
+        self.pending: BaseException | None = None
 
-    def tick(self, epoch: int, check_stop: bool = True):
-        if check_stop:
-            self.stop.check()
+    # every step of the custom loop
+    def tick(self, epoch: int):
+        if self.stop.signum is not None:
+            raise TrainingInterrupted(self.stop.signum)
         self.calls += 1
-        if self.calls % self.calls_per_check == 0:
+        if self.calls % self.cfg.log_every == 0:
             self.check(epoch, log=True)
 
+    def begin_epoch(self, epoch: int):
+        with self.lock:   # rows not yet drained belong to the epoch that just ended
+            self.epoch = epoch
+
     def check(self, epoch: int, log: bool = False):
+        """Skipped steps and divergence (raises TrainingDiverged); with ``log``, the step
+        records written since the last drain.  Main thread, between steps."""
         st = self.stats
+        if log:
+            self.drain()
         self.global_step = int(st.steps.numpy())
         total = int(st.nonfinite_total.numpy())
-        worst_run = int(st.max_consecutive.numpy())
-        st.max_consecutive.assign(st.consecutive)
         self.skipped_epoch += total - self.skipped_seen
         self.skipped_seen = total
-        where = f"step {self.global_step} (epoch {epoch + 1})"
+        problem = self._divergence(epoch, total, int(st.max_consecutive.numpy()))
+        st.max_consecutive.assign(st.consecutive)
+        if problem:
+            raise TrainingDiverged(problem)
+
+    def _divergence(self, epoch: int, total: int, worst_run: int) -> str | None:
+        if not (total and not self.loss_scaled) and worst_run <= self.cfg.max_skipped_steps:
+            return None
+        where = f"step {int(self.stats.steps.numpy())} (epoch {epoch + 1})"
         if total and not self.loss_scaled:
-            raise TrainingDiverged(f"{where}: non-finite loss/gradients under "
-                                   f"{prec.global_policy_name()}, which has no loss scaling to "
-                                   "recover with")
+            return (f"{where}: non-finite loss/gradients under {prec.global_policy_name()}, "
+                    "which has no loss scaling to recover with")
         if worst_run > self.cfg.max_skipped_steps:
-            raise TrainingDiverged(
-                f"{where}: {worst_run} steps in a row had non-finite gradients (more than "
-                f"--max-skipped-steps {self.cfg.max_skipped_steps}; loss scale now "
-                f"{float(loss_scale.current_loss_scale(self.opt)):g})")
-        if not log:
-            return
+            return (f"{where}: {worst_run} steps in a row had non-finite gradients (more than "
+                    f"--max-skipped-steps {self.cfg.max_skipped_steps}; loss scale now "
+                    f"{float(loss_scale.current_loss_scale(self.opt)):g})")
+        return None
+
+    def drain(self):
+        with self.lock:
+            rows, self.rows_seen, lost = self.stats.read_log(self.rows_seen)
+            if lost:
+                print(f"note: {lost} step log record(s) were overwritten before they were read",
+                      file=sys.stderr, flush=True)
+            for row in rows:
+                self._emit(row)
+
+    def _emit(self, row: dict):
         record = {
-            "step": self.global_step, "epoch": epoch + 1,
-            "loss": _f(self.loss_metric.result()), "grad_norm": _f(st.grad_norm.numpy()),
-            "loss_scale": float(loss_scale.current_loss_scale(self.opt)),
-            "skipped_steps": total,
+            "step": int(row["step"]), "epoch": self.epoch + 1,
+            "loss": _f(row["loss"]), "grad_norm": _f(row["grad_norm"]),
+            "loss_scale": float(row["loss_scale"]),
+            "skipped_steps": int(row["skipped_steps"]),
         }
         self.step_log.append(record)
-        self.writer.scalars(self.global_step, {f"step/{k}": record[k]
-                                               for k in ("loss", "grad_norm", "loss_scale")},
+        self.writer.scalars(record["step"], {f"step/{k}": record[k]
+                                             for k in ("loss", "grad_norm", "loss_scale")},
                             defer=True)
         if self.plain:
             print(f"step {record['step']}: loss={_fmt(record['loss'])} "
                   f"grad_norm={_fmt(record['grad_norm'], '.4g')} "
-                  f"loss_scale={record['loss_scale']:g} skipped={total}", flush=True)
+                  f"loss_scale={record['loss_scale']:g} skipped={record['skipped_steps']}",
+                  flush=True)
         if self.on_step:
             self.on_step(record)
+
+    # --loop fit: a thread instead of a per-batch hook
+    @contextlib.contextmanager
+    def polling(self, model):
+        done = threading.Event()
+
+        def poll():
+            while not done.wait(self.poll_seconds):
+                try:
+                    self.drain()
+                    st = self.stats
+                    problem = self._divergence(self.epoch, int(st.nonfinite_total.numpy()),
+                                               int(st.max_consecutive.numpy()))
+                except BaseException as exc:  # e.g. the user's on_step raised
+                    problem = exc
+                if problem:
+                    self.pending = (problem if isinstance(problem, BaseException)
+                                    else TrainingDiverged(problem))
+                    model.stop_training = True
+                    return
+        thread = threading.Thread(target=poll, name="tfmp-step-log", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+    def raise_pending(self):
+        """In the main thread, at a hook: a stop the signal handler or the thread asked for."""
+        if self.pending is not None:
+            raise self.pending
+        self.stop.check()
 
 
 def _fmt(v, spec=".4f"):
@@ -295,8 +370,9 @@ class _Run:
         ckpt_dir = os.path.join(self.output, checkpointing.CHECKPOINT_DIR)
         self.ckpt = checkpointing.Checkpointer(self.output, self.model, self.opt,
                                                write_dir=self.dist.write_dir(ckpt_dir))
-        self.stats = loss_scale.StepStats()
+        self.stats = loss_scale.StepStats(log_every=cfg.log_every)
         self.stop = stop
+        stop.model = self.model
 
     def open_outputs(self):
         """The first thing that writes into the output folder (after any --resume check)."""
@@ -306,45 +382,46 @@ class _Run:
         self.metrics["tensorboard"] = (os.path.join(self.output, "tensorboard")
                                        if self.writer.writer is not None else None)
 
-    def make_monitor(self, loss_metric, calls_per_check: int):
+    def make_monitor(self):
         self.monitor = _Monitor(self.cfg, self.loss_scaled, self.writer, self.on_step, self.opt,
-                                self.stats, loss_metric, self.stop, self.plain, calls_per_check)
+                                self.stats, self.stop, self.plain)
         self.monitor.global_step = int(self.stats.steps.numpy())
 
     # loops -----------------------------------------------------------------------------------
     def run_fit(self, start_epoch: int):
         run = self
-        self.stats.attach_to(self.opt)
+        loss_metric = _LossMetric(self.model)
+        self.stats.attach_to(self.opt, loss=loss_metric.result)
         extra = {"jit_compile": True} if self.cfg.jit else {}  # else Keras' own default
         with self.strategy.scope():  # Keras 2: metric objects must come from the model's scope
             metrics = self.built.make_metrics()
         self.model.compile(optimizer=self.opt, loss=self.built.loss, metrics=metrics,
                            steps_per_execution=self.cfg.steps_per_execution, **extra)
-        spe = self.cfg.steps_per_execution
 
         class _Callback(tf.keras.callbacks.Callback):
-            # Only *begin* batch hooks: overriding on_train_batch_end would make Keras turn
-            # the logs into Python numbers after every step, a device sync that costs speed.
+            # No batch hooks at all: Keras 2 then skips its per-batch callback machinery,
+            # and neither Keras turns logs into Python numbers (a device sync) per step.
+            # Step logs come from the monitor's thread; a stop is raised at the next hook.
             def on_epoch_begin(self, epoch, logs=None):
+                run.monitor.raise_pending()
+                run.monitor.begin_epoch(epoch)
                 self.t0 = time.perf_counter()
                 self.t_train = None
-                self.epoch = epoch
-                self.started = False
-
-            def on_train_batch_begin(self, batch, logs=None):
-                if self.started:
-                    run.monitor.tick(self.epoch)
-                self.started = True
+                self.trained = False   # the whole epoch trained, no stop asked before validation
 
             def on_test_begin(self, logs=None):
                 if self.t_train is None:
                     self.t_train = time.perf_counter() - self.t0
+                run.monitor.raise_pending()   # stopped mid-epoch: no validation, no record
+                self.trained = True
 
             def on_epoch_end(self, epoch, logs=None):
                 total = time.perf_counter() - self.t0
-                run.monitor.tick(epoch, check_stop=False)  # the epoch's last batch
-                run.monitor.check(epoch)
+                if run.monitor.pending is not None or not self.trained:
+                    run.monitor.raise_pending()
+                run.monitor.check(epoch, log=True)
                 run.record_epoch(epoch, logs or {}, total, self.t_train or total)
+                run.monitor.raise_pending()   # a signal during validation: the epoch is kept
 
         callbacks = [_Callback()]
         train_ds, val_ds = self.bundle.train, self.bundle.val
@@ -354,10 +431,11 @@ class _Run:
             # folders) and a restarted job continues from there.
             callbacks.append(_backup_and_restore(os.path.join(self.output, "backup")))
             train_ds, val_ds = (_shard_by_data(train_ds), _shard_by_data(val_ds))
-        self.make_monitor(_LossMetric(self.model), self.cfg.log_every // spe)
-        self.model.fit(train_ds, validation_data=val_ds, epochs=self.cfg.epochs,
-                       initial_epoch=start_epoch, verbose=0 if self.plain else 1, shuffle=False,
-                       callbacks=callbacks)
+        self.make_monitor()
+        with self.monitor.polling(self.model):
+            self.model.fit(train_ds, validation_data=val_ds, epochs=self.cfg.epochs,
+                           initial_epoch=start_epoch, verbose=0 if self.plain else 1,
+                           shuffle=False, callbacks=callbacks)
 
     def run_custom(self, start_epoch: int):
         model, opt, strategy = self.model, self.opt, self.strategy
@@ -380,8 +458,10 @@ class _Run:
                 scaled = loss_scale.scale_loss(opt, loss)
             grads = tape.gradient(scaled, model.trainable_variables)
             unscaled, _ = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
-            self.stats.record(unscaled)  # replicas agree on finiteness (see StepStats)
             train_loss.update_state(tf.reduce_mean(per_example))
+            # replicas agree on finiteness (see StepStats); the log row reads the running loss
+            self.stats.record(unscaled, loss=train_loss.result,
+                              loss_scale=lambda: loss_scale.current_loss_scale(opt))
             for m in train_metrics:
                 m.update_state(y, preds)
 
@@ -402,8 +482,9 @@ class _Run:
         train_ds = distribute.distribute_dataset(self.dist, self.bundle.train)
         val_ds = distribute.distribute_dataset(self.dist, self.bundle.val)
 
-        self.make_monitor(train_loss, self.cfg.log_every)
+        self.make_monitor()
         for epoch in range(start_epoch, self.cfg.epochs):
+            self.monitor.begin_epoch(epoch)
             for m in (train_loss, val_loss, *train_metrics, *val_metrics):
                 m.reset_state() if hasattr(m, "reset_state") else m.reset_states()
             steps = -(-self.bundle.train_samples // self.dist.global_batch)
@@ -416,7 +497,7 @@ class _Run:
                 if bar is not None and ((i + 1) % 10 == 0 or i + 1 == steps):
                     bar.update(i + 1, [("loss", float(train_loss.result()))] + [
                         (m.name, float(m.result())) for m in train_metrics])
-            self.monitor.check(epoch)
+            self.monitor.check(epoch, log=True)
             t_train = time.perf_counter() - t0
             for x, y in val_ds:
                 eval_step(x, y)

@@ -18,6 +18,8 @@ NOISY = 0.25
 # A step shorter than this on a GPU is dominated by kernel launches and Python overhead.
 LAUNCH_BOUND_STEP_MS = 10.0
 DEFAULT_MAX_ACCURACY_GAP = 1.0  # percentage points
+# Training at this share of the input pipeline's own rate (or more) is input-bound.
+INPUT_BOUND = 0.8
 
 
 @dataclass(frozen=True)
@@ -49,24 +51,66 @@ def diagnose(summary: Mapping[str, Mapping[str, Any]],
              steps_per_epoch: Optional[int] = None,
              max_accuracy_gap: float = DEFAULT_MAX_ACCURACY_GAP,
              failed_runs: Sequence[Mapping[str, Any]] = (),
-             max_load: Optional[float] = None, cpu_count: Optional[int] = None) -> List[Diagnosis]:
+             max_load: Optional[float] = None, cpu_count: Optional[int] = None,
+             input_rate: Optional[float] = None,
+             layer_widths_note: Optional[str] = None) -> List[Diagnosis]:
     """All diagnoses, most important first.
 
     ``settings`` needs ``batch_size``, ``steps_per_execution`` and ``jit``;
-    ``layer_widths`` are the model's Dense units / Conv filters when known; ``max_load`` is
-    the highest 1-minute load average seen around the runs, ``cpu_count`` the CPUs.
+    ``layer_widths`` are the model's Dense units / Conv filters when known (else
+    ``layer_widths_note`` says why not); ``max_load`` is the highest 1-minute load average
+    seen around the runs, ``cpu_count`` the CPUs; ``input_rate`` the samples/s of the input
+    pipeline alone.
     """
     out: List[Diagnosis] = []
     out += _failures(failed_runs)
     out += _nonfinite(summary)
     out += _accuracy_gap(summary, max_accuracy_gap)
+    out += input_bound(summary, input_rate, settings)
     out += _hardware_without_fast_path(summary, hw)
     out += _launch_bound(summary, hw, settings, steps_per_epoch)
     out += _multiples_of_8(summary, settings, layer_widths)
+    if layer_widths is None and layer_widths_note and any(
+            p in summary for p in ("mixed_float16", "mixed_bfloat16")):
+        out.append(Diagnosis("layer_widths_unknown", "info", None,
+                             f"layer widths were not checked for multiples of 8: "
+                             f"{layer_widths_note}."))
     out += _loss_scale(summary)
     out += _noise(summary, max_load, cpu_count)
     out += _pays(summary, hw)
     return out
+
+
+def fastest(summary: Mapping[str, Mapping[str, Any]]):
+    """(policy, median samples/s) of the fastest policy, or (None, None)."""
+    best = (None, None)
+    for p, s in summary.items():
+        sps = _median(s, "samples_per_second")
+        if sps is not None and (best[1] is None or sps > best[1]):
+            best = (p, sps)
+    return best
+
+
+def input_bound(summary: Mapping[str, Mapping[str, Any]], input_rate: Optional[float],
+                settings: Mapping[str, Any], threshold: float = INPUT_BOUND) -> List[Diagnosis]:
+    """Training (the fastest policy) at ``threshold`` of the input pipeline's own rate or
+    more: the data, not the arithmetic, sets the pace, and no policy can go faster."""
+    policy, best = fastest(summary)
+    if not input_rate or input_rate <= 0 or best is None or best < threshold * input_rate:
+        return []
+    return [Diagnosis(
+        "input_bound", "warning", policy,
+        f"this job is input-bound: the input pipeline alone delivers {input_rate:,.0f} "
+        f"samples/s and training with {policy} reached {best:,.0f} samples/s "
+        f"({best / input_rate * 100:.0f}% of it). Mixed precision speeds up the model's "
+        "arithmetic, not the data, so it cannot train faster than the data arrives. Speed up "
+        "the pipeline first: cache() the data after the expensive loading and decoding steps "
+        "(in memory, or cache(filename) on a local disk); map(..., "
+        "num_parallel_calls=tf.data.AUTOTUNE) so preprocessing uses every core; "
+        "prefetch(tf.data.AUTOTUNE) after slow reads in your own pipeline (the app already "
+        "prefetches the batches it makes); and a larger --batch-size than "
+        f"{settings.get('batch_size')} (fewer, bigger batches cost less per sample). Then "
+        "compare the policies again.")]
 
 
 def _failures(failed_runs):

@@ -29,6 +29,9 @@ UNITS = {
     "loss_scale": "dynamic loss scale after the final epoch (1.0 for policies without loss "
                   "scaling: only mixed_float16 scales the loss)",
     "skipped_steps": "optimizer steps skipped for non-finite gradients, summed over the run",
+    "input_pipeline": "samples/s of the training batches alone (no model; median over the "
+                      "epochs after warm-up, one child process); training_share = the "
+                      "fastest policy's median samples/s / this",
 }
 
 MEMORY_LABEL = {
@@ -121,6 +124,15 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"XLA (--jit): {'on' if st.get('jit') else 'not forced (Keras default)'}; steps_per_execution: "
         f"{st.get('steps_per_execution') or 1}; loop: {st.get('loop')}; "
         f"TensorFlow {doc['environment'].get('tensorflow', '?')}.")
+    ip = doc.get("input_pipeline") or {}
+    if ip.get("samples_per_second"):
+        share = ip.get("training_share")
+        lines.append(
+            f"Input pipeline alone (the same batches, no model, warm-up excluded): "
+            f"{ip['samples_per_second']:,.0f} samples/s"
+            + (f"; the fastest policy trained at {share * 100:.0f}% of it." if share else "."))
+    elif ip.get("error"):
+        lines.append(f"Input pipeline alone: not measured ({ip['error']}).")
     if doc.get("baseline_added"):
         lines.append("float32 was added as the baseline of the relative columns.")
     if doc["skipped"]:

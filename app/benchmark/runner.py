@@ -22,7 +22,8 @@ from app.reporting import utc_now_iso
 
 # Flags of ``python -m app train`` that the benchmark passes through unchanged when set.
 PASS_THROUGH = (
-    ("model", "--model"), ("dataset", "--dataset"), ("loop", "--loop"),
+    ("model", "--model"), ("dataset", "--dataset"), ("loss", "--loss"), ("metrics", "--metrics"),
+    ("input_shape", "--input-shape"), ("num_classes", "--num-classes"), ("loop", "--loop"),
     ("epochs", "--epochs"), ("batch_size", "--batch-size"),
     ("learning_rate", "--learning-rate"), ("seed", "--seed"),
     ("max_train_samples", "--max-train-samples"), ("max_val_samples", "--max-val-samples"),
@@ -52,10 +53,8 @@ class TrainRejectedInput(Exception):
 Launcher = Callable[[List[str], str, Optional[float], Mapping[str, str]], int]
 
 
-def train_command(settings: Mapping[str, Any], policy: str, run_dir: str,
-                  extra_flags: Sequence[str] = ()) -> List[str]:
-    """The exact ``python -m app train`` command line of one run."""
-    cmd = [sys.executable, "-m", "app", "train", "--precision", policy, "--output", run_dir]
+def _setting_flags(settings: Mapping[str, Any]) -> List[str]:
+    cmd: List[str] = []
     for key, flag in PASS_THROUGH:
         val = settings.get(key)
         if val is not None:
@@ -63,8 +62,21 @@ def train_command(settings: Mapping[str, Any], policy: str, run_dir: str,
     for key, flag in BOOL_PASS_THROUGH:
         if settings.get(key):
             cmd.append(flag)
-    cmd += list(FIXED_FLAGS) + list(extra_flags)
     return cmd
+
+
+def train_command(settings: Mapping[str, Any], policy: str, run_dir: str,
+                  extra_flags: Sequence[str] = ()) -> List[str]:
+    """The exact ``python -m app train`` command line of one run."""
+    cmd = [sys.executable, "-m", "app", "train", "--precision", policy, "--output", run_dir]
+    return cmd + _setting_flags(settings) + list(FIXED_FLAGS) + list(extra_flags)
+
+
+def input_rate_command(settings: Mapping[str, Any], warmup_epochs: int,
+                       check_dir: str) -> List[str]:
+    """``python -m app.benchmark.input_rate``: the runs' data settings, no model."""
+    return ([sys.executable, "-m", "app.benchmark.input_rate", "--output", check_dir,
+             "--warmup-epochs", str(warmup_epochs)] + _setting_flags(settings))
 
 
 def subprocess_launcher(cmd: List[str], log_path: str, timeout: Optional[float],
@@ -268,3 +280,38 @@ def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:
         return json.loads(proc.stdout)
     except ValueError:
         return {"error": "`python -m app env --json` printed no JSON"}
+
+
+def measure_input_rate(settings: Mapping[str, Any], warmup_epochs: int, output: str, *,
+                       launcher: Launcher = subprocess_launcher,
+                       timeout: Optional[float] = None,
+                       progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr,
+                                                                         flush=True),
+                       ) -> Dict[str, Any]:
+    """The input pipeline's own rate, from a child process (this one never imports TF).
+
+    Returns its JSON report plus ``command`` and ``log``, or ``{"error": ...}`` when it
+    failed; raises TrainRejectedInput on exit status 2 (the settings are wrong)."""
+    log_path = os.path.join(output, "input_pipeline.log")
+    # Never created: the child checks the path as train checks --output, and writes nothing.
+    cmd = input_rate_command(settings, warmup_epochs, os.path.join(output, "input_pipeline"))
+    progress("[benchmark] input pipeline alone (same batches, no model) ...")
+    with _sigterm_as_exit():
+        rc = launcher(cmd, log_path, timeout, child_env())
+    if rc == EXIT_USAGE:
+        raise TrainRejectedInput(_error_line(log_path) or "the settings were rejected")
+    report: Optional[Dict[str, Any]] = None
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("{"):
+                    report = json.loads(line)
+    except (OSError, ValueError):
+        report = None
+    if rc != 0 or not isinstance(report, dict):
+        why = "timed out" if rc == -9 else (_tail(log_path) or f"exit status {rc}")
+        progress(f"[benchmark]   input pipeline not measured: {why}")
+        return {"error": why, "samples_per_second": None, "command": cmd, "log": log_path}
+    sps = report.get("samples_per_second")
+    progress(f"[benchmark]   {sps or float('nan'):,.0f} samples/s")
+    return dict(report, command=cmd, log=log_path)

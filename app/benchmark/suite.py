@@ -39,7 +39,7 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                   timeout: Optional[float] = None, argv: Sequence[str] = (),
                   launcher: runner.Launcher = runner.subprocess_launcher,
                   environment: Optional[Mapping[str, Any]] = None,
-                  echo: Callable[[str], None] = print) -> int:
+                  echo: Callable[[str], None] = print, measure_input: bool = True) -> int:
     """Run, write every file into ``output``, print the table; 0 if every run succeeded."""
     env = dict(environment) if environment is not None else runner.collect_environment()
     hw = hardware_from_env(env)
@@ -52,6 +52,10 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     os.makedirs(output, exist_ok=True)
     runs_dir = os.path.join(output, "runs")
     try:
+        # First: the cheapest child also checks the settings (a bad spec stops here).
+        pipeline = (runner.measure_input_rate(settings, warmup_epochs, output,
+                                              launcher=launcher, timeout=timeout)
+                    if measure_input else None)
         records = runner.run_schedule(schedule, settings, runs_dir, warmup_epochs,
                                       launcher=launcher, timeout=timeout)
     except runner.TrainRejectedInput as exc:
@@ -65,14 +69,20 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         raise UsageError(f"python -m app train rejected the settings: {exc.line}") from None
 
     results = stats.summarize(records, the_plan.run)
-    widths = layout.layer_widths(settings["model"])
+    widths, widths_note = _layer_widths(settings["model"], pipeline)
+    input_rate = (pipeline or {}).get("samples_per_second")
+    if pipeline is not None:
+        best = diagnose.fastest(results)[1]
+        pipeline["training_share"] = (round(best / input_rate, 4)
+                                      if best is not None and input_rate else None)
     failed = [r for r in records if not r["ok"]]
     loads = [v for r in records for v in (r.get("load_average") or []) if v is not None]
     diags = diagnose.diagnose(results, hw, settings, layer_widths=widths,
                               steps_per_epoch=_steps_per_epoch(records, settings),
                               max_accuracy_gap=max_accuracy_gap, failed_runs=failed,
                               max_load=max(loads) if loads else None,
-                              cpu_count=os.cpu_count())
+                              cpu_count=os.cpu_count(), input_rate=input_rate,
+                              layer_widths_note=widths_note)
     status = "ok" if not failed else ("failed" if len(failed) == len(records) else "partial")
     doc: Dict[str, Any] = {
         "schema": report.SCHEMA,
@@ -103,6 +113,8 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         "skipped": [{"policy": p, "reason": r} for p, r in the_plan.skipped.items()],
         "units": report.UNITS,
         "results": results,
+        "input_pipeline": pipeline,
+        "layer_widths": {"widths": widths, "note": widths_note},
         "diagnoses": [d.to_dict() for d in diags],
         "runs": records,
     }
@@ -123,6 +135,19 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     echo(f"Wrote {', '.join(f for f in OUTPUT_FILES if os.path.exists(os.path.join(output, f)))} "
          f"and runs/ to {output}")
     return 0 if status == "ok" else 1
+
+
+def _layer_widths(model: str, pipeline: Optional[Mapping[str, Any]]):
+    """(widths, why not known): the built-ins from layout's table, a user's model from the
+    input-rate child, which built it once."""
+    widths = layout.layer_widths(model)
+    if widths is not None:
+        return widths, None
+    pipeline = pipeline or {}
+    if pipeline.get("layer_widths") is not None:
+        return list(pipeline["layer_widths"]), None
+    return None, (pipeline.get("layer_widths_note") or pipeline.get("error")
+                  or "the model was not built outside the training runs")
 
 
 def _env_text(env: Mapping[str, Any]) -> str:

@@ -16,16 +16,22 @@ POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
 def add_parser(subparsers):
-    from app.config import DATASETS, LOOPS, MODELS
+    import argparse
+
+    from app.commands.train import SPEC_HELP, add_task_flags
+    from app.config import LOOPS
 
     p = subparsers.add_parser(
         "benchmark", help="measure float32 against mixed precision on this machine",
         description="Train the same model under each precision policy, interleaved, and "
-                    "report speed, peak memory and accuracy with plain-word diagnoses.")
-    what = p.add_argument_group("what to train (passed to `python -m app train`)")
-    # Defaults of None: resolved like `train` does (flag, then TFMP_* variable, then default).
-    what.add_argument("--model", choices=MODELS, default=None, help="default mlp")
-    what.add_argument("--dataset", choices=DATASETS, default=None, help="default mnist")
+                    "report speed, peak memory and accuracy with plain-word diagnoses; "
+                    "also time the input pipeline alone and say when the job is input-bound.",
+        epilog=SPEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # The same --model/--dataset/--loss/--metrics/--input-shape/--num-classes as train,
+    # passed to every `python -m app train` run.  Defaults of None: resolved like `train`
+    # does (flag, then TFMP_* variable, then default).
+    what = add_task_flags(p)
+    what.title = "what to train (passed to `python -m app train`)"
     what.add_argument("--loop", choices=LOOPS, default=None, help="default fit")
     what.add_argument("--batch-size", type=int, default=None, metavar="N", help="default 128")
     what.add_argument("--learning-rate", type=float, default=None, metavar="LR")
@@ -75,6 +81,35 @@ def parse_policies(text):
     return names
 
 
+def precheck_spec(spec, what: str) -> None:
+    """The spec errors this process can see without importing the user's code (which would
+    import TensorFlow here): the form, a missing .py file, a missing top-level module.
+    Everything else (no such function, a wrong return type...) is found by the first child
+    process, which exits 2 with its own one-line error."""
+    import importlib.util
+
+    from app import specs
+
+    if not specs.is_user_spec(spec):
+        return
+    module, _ = specs.split_spec(spec, what)
+    if module.endswith(".py") or "/" in module or os.sep in module:
+        if not os.path.isfile(module):
+            raise UsageError(f"{what} spec {spec!r}: file {module!r} does not exist",
+                             "an existing .py file, relative to the current directory "
+                             f"({os.getcwd()}) or absolute")
+        return
+    top = module.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UsageError(f"{what} spec {spec!r}: no module named {top!r} on the import path",
+                         f"{specs.SPEC_FORMS}; run from the folder that holds the module, or "
+                         "add it to PYTHONPATH")
+
+
 def validate(args):
     """Every check that can fail, before anything is created.  Returns (settings, policies)."""
     from app import config
@@ -104,7 +139,9 @@ def validate(args):
     # The training settings go through the same validation as `python -m app train`.
     # TFMP_* variables are resolved here, and the result is passed to every run as explicit
     # flags, so what the report records is what the runs used.
-    flags = {"model": args.model, "dataset": args.dataset, "loop": args.loop,
+    flags = {"model": args.model, "dataset": args.dataset, "loss": args.loss,
+             "metrics": args.metrics, "input_shape": args.input_shape,
+             "num_classes": args.num_classes, "loop": args.loop,
              "precision": "float32", "epochs": args.epochs, "batch_size": args.batch_size,
              "learning_rate": args.learning_rate, "max_train_samples": args.max_train_samples,
              "max_val_samples": args.max_val_samples, "seed": args.seed,
@@ -116,15 +153,19 @@ def validate(args):
         raise UsageError(f"steps_per_execution applies to --loop fit only. Received: "
                          f"steps_per_execution={cfg.steps_per_execution}, loop={cfg.loop!r}",
                          "--loop fit with --steps-per-execution, or leave it at 1")
+    for what, spec in (("model", cfg.model), ("dataset", cfg.dataset), ("loss", cfg.loss)):
+        precheck_spec(spec, what)
     output = args.output or os.path.join(
         cfg.workspace, "benchmarks",
-        config.utc_stamp() + f"-{cfg.model}")
+        config.utc_stamp() + f"-{config.short_name(cfg.model)}")
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         raise UsageError(f"output {output!r} already exists and is not an empty folder",
                          "a new or empty folder, so runs of different benchmarks never mix")
     config.check_output_writable(output)
     settings = {
-        "model": cfg.model, "dataset": cfg.dataset, "loop": cfg.loop, "epochs": cfg.epochs,
+        "model": cfg.model, "dataset": cfg.dataset, "loss": cfg.loss, "metrics": cfg.metrics,
+        "input_shape": cfg.input_shape, "num_classes": cfg.num_classes,
+        "loop": cfg.loop, "epochs": cfg.epochs,
         "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
         "max_train_samples": cfg.max_train_samples, "max_val_samples": cfg.max_val_samples,
         "seed": cfg.seed, "workspace": cfg.workspace,

@@ -26,7 +26,10 @@ PER_POLICY = ("seconds_per_epoch", "samples_per_second", "speedup_vs_float32", "
     (["--repeats", "0"], "repeats must be at least 1"),
     (["--epochs", "1"], "epochs must exceed warmup_epochs"),
     (["--warmup-epochs", "-1"], "warmup_epochs must be 0 or more"),
-    (["--model", "vgg"], "invalid choice: 'vgg'"),
+    (["--model", "vgg"], "model must be one of mlp, cnn, resnet or MODULE:FUNCTION"),
+    (["--model", "./no_such_file.py:build"], "file './no_such_file.py' does not exist"),
+    (["--model", "no_such_module_xyz:build"], "no module named 'no_such_module_xyz'"),
+    (["--dataset", "mnist:"], "is not MODULE:FUNCTION"),
     (["--model", "cnn", "--dataset", "cifar10"], "expects 28x28x1 images"),
     (["--loop", "custom", "--steps-per-execution", "4"], "applies to --loop fit only"),
     (["--repeats", "two"], "invalid int value: 'two'"),
@@ -170,3 +173,122 @@ runner.run_schedule([{{"order": 0, "repeat": 1, "policy": "float32"}}], {{"model
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ---- your own model and data -------------------------------------------------------------------
+
+USER_MODEL = '''
+import tensorflow as tf
+
+
+def build(input_shape, num_classes):
+    inputs = tf.keras.Input(shape=input_shape)
+    x = tf.keras.layers.Flatten()(inputs)
+    x = tf.keras.layers.Dense(20, activation="relu")(x)     # 20: not a multiple of 8
+    x = tf.keras.layers.Dense(num_classes)(x)
+    outputs = tf.keras.layers.Activation("softmax", dtype="float32")(x)
+    return tf.keras.Model(inputs, outputs)
+'''
+
+FAST_DATA = '''
+import numpy as np
+
+
+def load(seed):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, size=320).astype("int32")
+    x = (rng.normal(size=(320, 12)) + y[:, None]).astype("float32")
+    return (x[:256], y[:256]), (x[256:], y[256:])
+'''
+
+# Every training sample waits 4 ms in a Python function, one at a time: the data, not the
+# model, sets the pace (about 250 samples/s), whatever the machine.
+SLOW_DATA = '''
+import time
+
+import numpy as np
+import tensorflow as tf
+
+
+def _slow(x):
+    time.sleep(0.004)
+    return x
+
+
+def load():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, size=160).astype("int32")
+    x = (rng.normal(size=(160, 12)) + y[:, None]).astype("float32")
+    train = tf.data.Dataset.from_tensor_slices((x[:128], y[:128])).map(
+        lambda a, b: (tf.ensure_shape(tf.py_function(_slow, [a], tf.float32), [12]), b))
+    val = tf.data.Dataset.from_tensor_slices((x[128:], y[128:]))
+    return train, val
+'''
+
+
+def _user_benchmark(tmp_path, model, dataset, *extra):
+    """Run from the user's folder, with relative specs, as a user would."""
+    out = tmp_path / "bench"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "app", "benchmark", "--model", model, "--dataset", dataset,
+           "--batch-size", "16", "--epochs", "2", "--repeats", "1", "--output", "bench",
+           "--workspace", "ws", *extra]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    return proc, out
+
+
+@pytest.mark.slow
+def test_user_model_and_dataset_benchmark(tmp_path):
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "small.py").write_text(USER_MODEL)
+    (tmp_path / "mydata.py").write_text(FAST_DATA)
+    proc, out = _user_benchmark(tmp_path, "./nets/small.py:build", "mydata:load",
+                                "--policies", "float32,mixed_bfloat16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "benchmark.json").read_text())
+    assert doc["settings"]["model"] == "./nets/small.py:build"
+    assert doc["settings"]["dataset"] == "mydata:load"
+    assert doc["policies_run"] == ["float32", "mixed_bfloat16"]
+    for p in doc["policies_run"]:
+        assert doc["results"][p]["runs_ok"] == 1
+        assert doc["results"][p]["samples_per_second"]["median"] > 0
+    runs = doc["runs"]
+    assert all("./nets/small.py:build" in r["command"] for r in runs)
+    ip = doc["input_pipeline"]
+    assert ip["samples_per_second"] > 0 and ip["train_samples"] == 256
+    assert [e["samples"] for e in ip["epochs"]] == [256, 256]
+    # the user's model was built once in the input-rate child: its hidden width is checked
+    assert doc["layer_widths"]["widths"] == [20]
+    eight = [d for d in doc["diagnoses"] if d["code"] == "not_multiple_of_8"]
+    assert eight and "layer widths 20" in eight[0]["message"]
+    assert "Input pipeline alone" in proc.stdout
+
+
+@pytest.mark.slow
+def test_slow_user_pipeline_is_diagnosed_input_bound(tmp_path):
+    (tmp_path / "small.py").write_text(USER_MODEL)
+    (tmp_path / "slowdata.py").write_text(SLOW_DATA)
+    proc, out = _user_benchmark(tmp_path, "small.py:build", "slowdata.py:load",
+                                "--policies", "float32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "benchmark.json").read_text())
+    assert doc["input_pipeline"]["samples_per_second"] > 0
+    bound = [d for d in doc["diagnoses"] if d["code"] == "input_bound"]
+    assert bound, (doc["input_pipeline"], doc["results"]["float32"]["samples_per_second"])
+    assert "input-bound" in proc.stdout and "num_parallel_calls=tf.data.AUTOTUNE" in proc.stdout
+
+
+@pytest.mark.parametrize("model, dataset, words", [
+    ("./nets/none.py:build", "synthetic", "file './nets/none.py' does not exist"),
+    ("mlp", "nosuchmodule_abc:load", "no module named 'nosuchmodule_abc'"),
+    ("small.py:nothing_here", "synthetic", "nothing_here"),    # found by the child
+])
+def test_bad_user_specs_one_line_exit_2_nothing_written(tmp_path, model, dataset, words):
+    (tmp_path / "small.py").write_text(USER_MODEL)
+    proc, out = _user_benchmark(tmp_path, model, dataset)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and words in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() and not (tmp_path / "ws").exists()

@@ -123,3 +123,44 @@ def test_noise_names_competing_work_when_the_load_was_high():
     [busy] = diagnose.diagnose(summary, CPU_BF16, SETTINGS, max_load=5.4, cpu_count=2)
     assert "throttling" in quiet.message
     assert "load average up to 5.4 on 2 CPUs" in busy.message
+
+
+# ---- input-bound: the decision as a pure function ---------------------------------------------
+
+def _sps(**medians):
+    return {p: {"samples_per_second": {"median": v, "min": v, "max": v, "n": 1}}
+            for p, v in medians.items()}
+
+
+@pytest.mark.parametrize("train, pipeline, bound", [
+    ({"float32": 900.0, "mixed_bfloat16": 950.0}, 1000.0, True),    # 95% of the data's rate
+    ({"float32": 800.0}, 1000.0, True),                             # exactly the threshold
+    ({"float32": 500.0, "mixed_bfloat16": 790.0}, 1000.0, False),   # the fastest decides
+    ({"float32": 30_000.0}, 250_000.0, False),                      # a fast pipeline
+    ({"float32": 900.0}, None, False),                              # not measured
+    ({"float32": None}, 1000.0, False),                             # every run failed
+])
+def test_input_bound_decision(train, pipeline, bound):
+    out = diagnose.input_bound(_sps(**train), pipeline, {"batch_size": 32})
+    assert bool(out) == bound
+    if bound:
+        d = out[0]
+        assert d.code == "input_bound" and d.severity == "warning"
+        assert d.policy == max((p for p in train), key=lambda p: train[p])
+        for words in ("input-bound", "cannot train faster than the data", "cache()",
+                      "num_parallel_calls=tf.data.AUTOTUNE", "prefetch", "--batch-size than 32"):
+            assert words in d.message, words
+
+
+def test_input_bound_is_part_of_all_diagnoses():
+    codes = [d.code for d in diagnose.diagnose(_sps(float32=990.0), HardwareInfo(), SETTINGS,
+                                               input_rate=1000.0)]
+    assert "input_bound" in codes
+
+
+def test_unknown_layer_widths_are_said_with_the_reason():
+    summary = _sps(float32=100.0, mixed_bfloat16=100.0)
+    out = diagnose.diagnose(summary, HardwareInfo(), SETTINGS, layer_widths=None,
+                            layer_widths_note="the model could not be built for the check")
+    notes = [d for d in out if d.code == "layer_widths_unknown"]
+    assert notes and "could not be built" in notes[0].message

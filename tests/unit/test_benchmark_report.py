@@ -27,11 +27,19 @@ POLICY_FIELDS = ("seconds_per_epoch", "samples_per_second", "speedup_vs_float32"
 class FakeTrain:
     """Writes a metrics.json like the real trainer; remembers the order it was called in."""
 
-    def __init__(self, fail_policy=None):
+    def __init__(self, fail_policy=None, input_rate=10_000.0):
         self.calls = []
         self.fail_policy = fail_policy
+        self.input_rate = input_rate
+        self.input_commands = []
 
     def __call__(self, cmd, log_path, timeout, env):
+        if "app.benchmark.input_rate" in cmd:   # the input pipeline alone, first
+            self.input_commands.append(cmd)
+            with open(log_path, "w") as fh:
+                fh.write("$ fake\n" + json.dumps({"samples_per_second": self.input_rate,
+                                                   "epochs": [], "layer_widths": None}) + "\n")
+            return 0
         policy = cmd[cmd.index("--precision") + 1]
         out = cmd[cmd.index("--output") + 1]
         self.calls.append(policy)
@@ -52,8 +60,8 @@ class FakeTrain:
         return 0
 
 
-def _bench(tmp_path, policies=None, repeats=2, fail_policy=None):
-    fake = FakeTrain(fail_policy)
+def _bench(tmp_path, policies=None, repeats=2, fail_policy=None, input_rate=10_000.0):
+    fake = FakeTrain(fail_policy, input_rate)
     out = str(tmp_path / "bench")
     lines = []
     rc = suite.run_benchmark(dict(SETTINGS), policies, out, repeats=repeats, warmup_epochs=1,
@@ -144,3 +152,27 @@ def test_rejected_settings_empty_the_users_folder_but_keep_it(tmp_path):
     assert exc_info.value.line() == ("error: python -m app train rejected the settings: dataset "
                                      "'mnist' not found; allowed: put mnist.npz there")
     assert out.is_dir() and list(out.iterdir()) == []
+
+
+def test_input_pipeline_rate_recorded_and_input_bound_said(tmp_path):
+    # The fake trains mixed_bfloat16 at 307 samples/s after warm-up; a pipeline of 330
+    # samples/s alone makes that 93%: input-bound.
+    rc, out, fake, printed = _bench(tmp_path, input_rate=330.0)
+    assert rc == 0
+    doc = json.load(open(os.path.join(out, "benchmark.json")))
+    ip = doc["input_pipeline"]
+    assert ip["samples_per_second"] == 330.0 and 0.9 < ip["training_share"] < 0.95
+    assert fake.input_commands and "--model" in fake.input_commands[0]
+    codes = [d["code"] for d in doc["diagnoses"]]
+    assert "input_bound" in codes
+    assert "Input pipeline alone" in printed and "input-bound" in printed
+    # the built-in mlp's widths come from layout's table
+    assert doc["layer_widths"] == {"widths": [512, 256], "note": None}
+
+
+def test_fast_input_pipeline_is_not_called_input_bound(tmp_path):
+    rc, out, _, printed = _bench(tmp_path, input_rate=100_000.0)
+    doc = json.load(open(os.path.join(out, "benchmark.json")))
+    assert doc["input_pipeline"]["training_share"] < 0.01
+    assert "input_bound" not in [d["code"] for d in doc["diagnoses"]]
+    assert "Input pipeline alone" in printed

@@ -65,3 +65,38 @@ def test_step_stats_see_fit_gradients():
     assert float(probe.grad_norm.numpy()) > 0
     assert int(probe.nonfinite_total.numpy()) == 0
     assert int(probe.steps.numpy()) == 2
+
+
+def test_step_stats_log_a_row_every_n_steps_into_a_ring():
+    stats = loss_scale.StepStats(log_every=2, capacity=3)
+    grads = [tf.constant([1.0, 2.0]), tf.constant([2.0])]          # global norm 3
+
+    @tf.function
+    def step():
+        stats.record(grads, loss=lambda: tf.constant(0.5), loss_scale=lambda: tf.constant(4.0))
+
+    for _ in range(5):
+        step()
+    rows, count, lost = stats.read_log(0)
+    assert (count, lost) == (2, 0) and [r["step"] for r in rows] == [2, 4]
+    assert rows[0] == {"step": 2, "loss": 0.5, "grad_norm": pytest.approx(3.0),
+                       "loss_scale": 4.0, "skipped_steps": 0}
+    assert int(stats.steps.numpy()) == 5
+    for _ in range(5):                      # steps 6..10: three more rows, the ring is full
+        step()
+    rows, count, lost = stats.read_log(2)
+    assert (count, lost) == (5, 0) and [r["step"] for r in rows] == [6, 8, 10]
+    for _ in range(8):                      # four more rows: the oldest unread one is gone
+        step()
+    rows, count, lost = stats.read_log(5)
+    assert (count, lost) == (9, 1) and [r["step"] for r in rows] == [14, 16, 18]
+
+
+def test_step_stats_count_non_finite_steps_every_step():
+    stats = loss_scale.StepStats(log_every=100)
+    nan = [tf.constant([1.0, float("nan")])]
+    for grads in (nan, nan, [tf.constant([1.0])], nan):
+        stats.record(grads)
+    assert int(stats.nonfinite_total.numpy()) == 3
+    assert int(stats.consecutive.numpy()) == 1 and int(stats.max_consecutive.numpy()) == 2
+    assert int(stats.log_count.numpy()) == 0             # no logging step yet
