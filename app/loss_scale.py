@@ -127,6 +127,19 @@ def unscale_and_apply(opt, scaled_grads, variables):
     return unscaled, finite
 
 
+def metric_mean(metric):
+    """A Keras ``Mean`` metric's value, read from its variables.
+
+    Inside a replica context (MirroredStrategy), Keras 2's ``Metric.result()`` calls
+    ``merge_call``, which TensorFlow refuses inside the ``tf.cond`` of a logging step;
+    reading the sync-on-read variables there gives this replica's running mean instead,
+    which is what a step log needs."""
+    total, count = getattr(metric, "total", None), getattr(metric, "count", None)
+    if total is None or count is None:
+        return metric.result()
+    return tf.math.divide_no_nan(tf.cast(total, tf.float32), tf.cast(count, tf.float32))
+
+
 def global_norm(grads) -> tf.Tensor:
     grads = [tf.cast(g, tf.float32) for g in grads if g is not None]
     return tf.linalg.global_norm(grads)

@@ -460,7 +460,7 @@ class _Run:
             unscaled, _ = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
             train_loss.update_state(tf.reduce_mean(per_example))
             # replicas agree on finiteness (see StepStats); the log row reads the running loss
-            self.stats.record(unscaled, loss=train_loss.result,
+            self.stats.record(unscaled, loss=lambda: loss_scale.metric_mean(train_loss),
                               loss_scale=lambda: loss_scale.current_loss_scale(opt))
             for m in train_metrics:
                 m.update_state(y, preds)
@@ -534,7 +534,7 @@ class _LossMetric:
     def result(self):
         for m in self.model.metrics:
             if m.name == "loss":
-                return m.result()
+                return loss_scale.metric_mean(m)
         return float("nan")
 
 
