@@ -397,10 +397,18 @@ install_notebooks() {
 # --- TensorBoard (JupyterLab tile at /tensorboard/, started on first use) ---------
 
 # Checked at start, as the user: a bad TFMP_TENSORBOARD_LOGDIR stops here with one
-# line instead of a tile that fails later.  Sets TENSORBOARD_LOGDIR.
+# line instead of a tile that fails later.  The default folder the user did not ask
+# for (e.g. a read-only /workspace under --user) only warns, as the notebooks do.
+# Sets TENSORBOARD_LOGDIR.
 check_tensorboard_logdir() {
-  TENSORBOARD_LOGDIR=$("${USER_CMD[@]}" /usr/local/bin/tfmp-tensorboard --check 2>&1) \
-    || fatal "${TENSORBOARD_LOGDIR#tfmp-tensorboard: }"
+  local out
+  if out=$("${USER_CMD[@]}" /usr/local/bin/tfmp-tensorboard --check 2>&1); then
+    TENSORBOARD_LOGDIR=$out
+    return
+  fi
+  [[ -z ${TFMP_TENSORBOARD_LOGDIR:-} ]] || fatal "${out#tfmp-tensorboard: }"
+  warn "TensorBoard: ${out#tfmp-tensorboard: } (the tile shows runs once that folder exists)"
+  TENSORBOARD_LOGDIR="${TFMP_WORKSPACE:-/workspace}/runs"
 }
 
 # --- modes -----------------------------------------------------------------------
