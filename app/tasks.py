@@ -255,12 +255,15 @@ class Task:
                              "a function returning a tf.keras.Model (Sequential, functional or "
                              "subclassed), compiled or not")
         notes: list = []
-        if sample_batch is not None and not model.built:
-            _forward(model, sample_batch[0], self.model.spec)
+        # One forward pass on a few samples: it builds a subclassed model, and its output
+        # gives the unit count, the dtype and whether the outputs are probabilities.
+        prediction = (_forward(model, sample_batch[0], self.model.spec)
+                      if sample_batch is not None else None)
+        units = _output_units(model, prediction)
         compiled_loss, compiled_metrics, optimizer = _compiled_parts(model)
-        self._check_output_fits(model, bundle, sample_batch)
+        self._check_output_fits(units, bundle)
         loss_spec = self.loss_spec if self.loss_spec is not None else compiled_loss
-        loss_fn, loss_name = self._make_loss(loss_spec, model, bundle, sample_batch, notes)
+        loss_fn, loss_name = self._make_loss(loss_spec, model, bundle, units, prediction, notes)
         metric_specs = (self.metrics_spec if self.metrics_spec is not None
                         else compiled_metrics if compiled_metrics is not None
                         else list(DEFAULT_METRICS))
@@ -272,10 +275,10 @@ class Task:
                          + " are used")
 
         def make_metrics():
-            return [_metric(m, bundle, model) for m in metric_specs]
+            return [_metric(m, bundle, units) for m in metric_specs]
         make_metrics()  # resolve now: a bad name is a usage error before anything is written
         warnings = []
-        out_dtype = _output_dtype(model, sample_batch)
+        out_dtype = _output_dtype(model, prediction)
         if out_dtype in ("float16", "bfloat16"):
             warnings.append(
                 f"the model's output (layer {output_layer_name(model)!r}) is {out_dtype}; it is "
@@ -284,8 +287,7 @@ class Task:
                 "float32 (`python -m app check` lists every finding)")
         return BuiltModel(model, optimizer, loss_fn, loss_name, make_metrics, notes, warnings)
 
-    def _check_output_fits(self, model, bundle, sample_batch):
-        units = _output_units(model, sample_batch)
+    def _check_output_fits(self, units, bundle):
         if units is None or bundle.label_kind == "other":
             return
         need = int(bundle.num_classes)
@@ -299,17 +301,17 @@ class Task:
                              f"a model whose last layer has {need} units (use num_classes), "
                              "or labels 0..units-1")
 
-    def _make_loss(self, loss_spec, model, bundle, sample_batch, notes):
+    def _make_loss(self, loss_spec, model, bundle, units, prediction, notes):
         import tensorflow as tf
 
         if loss_spec is None:
             if bundle.label_kind == "onehot":
                 name = "categorical_crossentropy"
-            elif bundle.label_kind == "binary" and _output_units(model, sample_batch) == 1:
+            elif bundle.label_kind == "binary" and units == 1:
                 name = "binary_crossentropy"
             else:
                 name = DEFAULT_LOSS
-            from_logits = not _outputs_look_like_probabilities(model, sample_batch)
+            from_logits = not _outputs_look_like_probabilities(model, prediction)
             cls = {"categorical_crossentropy": tf.keras.losses.CategoricalCrossentropy,
                    "binary_crossentropy": tf.keras.losses.BinaryCrossentropy,
                    DEFAULT_LOSS: tf.keras.losses.SparseCategoricalCrossentropy}[name]
@@ -389,28 +391,28 @@ def _compiled_parts(model):
     return loss, (list(metrics) if metrics else None), optimizer
 
 
-def _output_units(model, sample_batch=None) -> Optional[int]:
+def _output_units(model, prediction=None) -> Optional[int]:
     try:
         shape = model.outputs[0].shape if getattr(model, "outputs", None) else None
     except (AttributeError, ValueError):
         shape = None
-    if shape is None and sample_batch is not None:
-        shape = _forward(model, sample_batch[0], "model").shape
+    if shape is None and prediction is not None:
+        shape = prediction.shape
     if shape is None or len(shape) < 2 or shape[-1] is None:
         return None
     return int(shape[-1])
 
 
-def _outputs_look_like_probabilities(model, sample_batch) -> bool:
+def _outputs_look_like_probabilities(model, prediction) -> bool:
     """Softmax outputs are non-negative and sum to 1; logits almost never do."""
     import numpy as np
     import tensorflow as tf
 
-    if sample_batch is None:
+    if prediction is None:
         last = model.layers[-1] if model.layers else None
         act = getattr(getattr(last, "activation", None), "__name__", "")
         return act == "softmax" or type(last).__name__ == "Softmax"
-    y = np.asarray(tf.cast(_forward(model, sample_batch[0], "model"), tf.float32))
+    y = np.asarray(tf.cast(prediction, tf.float32))
     if y.ndim < 2 or y.shape[-1] == 1:
         return bool(((y >= 0) & (y <= 1)).all())
     return bool((y >= -1e-3).all() and np.allclose(y.sum(axis=-1), 1.0, atol=2e-2))
@@ -425,15 +427,13 @@ def output_layer_name(model) -> str:
     return layers[-1].name if layers else model.name
 
 
-def _output_dtype(model, sample_batch) -> Optional[str]:
+def _output_dtype(model, prediction) -> Optional[str]:
     try:
         if getattr(model, "outputs", None):
             return str(getattr(model.outputs[0].dtype, "name", model.outputs[0].dtype))
     except (AttributeError, ValueError):
         pass
-    if sample_batch is None:
-        return None
-    return _forward(model, sample_batch[0], "model").dtype.name
+    return None if prediction is None else prediction.dtype.name
 
 
 def _per_example(loss):
@@ -465,14 +465,14 @@ def _keras_object(spec, what: str, keras_get, allowed: str):
     return obj
 
 
-def _metric(spec, bundle, model):
+def _metric(spec, bundle, units):
     """A fresh Keras metric object for ``spec`` (the loops each need their own)."""
     import tensorflow as tf
 
     if spec in ("accuracy", "acc"):
         if bundle.label_kind == "onehot":
             return tf.keras.metrics.CategoricalAccuracy(name="accuracy")
-        if bundle.label_kind == "binary" and _output_units(model) == 1:
+        if bundle.label_kind == "binary" and units == 1:
             return tf.keras.metrics.BinaryAccuracy(name="accuracy")
         return tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")
     obj = _keras_object(spec, "metric", tf.keras.metrics.get,
