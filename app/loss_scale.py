@@ -9,7 +9,8 @@ Keras 3: ``keras.optimizers.LossScaleOptimizer`` with ``scale_loss``; ``apply`` 
 ``opt.dynamic_scale``.
 
 Nothing outside this module asks which Keras is running.  Skipped steps are counted by us
-(``count_nonfinite``), because neither optimizer exposes a counter.
+(``StepStats``), because neither optimizer exposes a counter: ``step_skipped`` reads each
+step's decision from the optimizer's loss-scale state.
 """
 from __future__ import annotations
 
@@ -104,27 +105,48 @@ def agree_on_nonfinite(grads):
     return [g if g is None else g + tf.cast(poison, g.dtype) for g in grads]
 
 
-def unscale_and_apply(opt, scaled_grads, variables):
-    """Apply gradients of the *scaled* loss.  Returns (unscaled_grads, finite) as tensors.
+def _scale_and_counter(opt):
+    """A dynamic LossScaleOptimizer's scale (float32) and its counter of finite steps since
+    the scale last changed."""
+    if IS_KERAS3:
+        return tf.cast(tf.convert_to_tensor(opt.dynamic_scale), tf.float32), opt.step_counter
+    return tf.cast(opt.loss_scale, tf.float32), opt.dynamic_counter
 
-    With a LossScaleOptimizer a non-finite step is skipped and the scale lowered by the
-    optimizer itself; ``finite`` tells the caller to count it.
+
+def step_skipped(opt, scale_before):
+    """Right after ``opt`` (a dynamic LossScaleOptimizer) applied a step: did it skip it?
+
+    Read from the optimizer's own state instead of another pass over every gradient (the
+    optimizer has just made that pass): a skipped step resets the counter to 0 and halves
+    the scale (Keras 2: not below 1); the only other reset, growth after
+    ``dynamic_growth_steps`` finite steps, raises the scale.  (Growth that would overflow
+    float32 leaves the scale as it is, and would read as a skip: that needs the scale at
+    2**127, ~110 growth periods without one overflow.)"""
+    scale, counter = _scale_and_counter(opt)
+    return tf.logical_and(tf.equal(tf.cast(counter, tf.int64), 0), scale <= scale_before)
+
+
+def unscale_and_apply(opt, scaled_grads, variables):
+    """Apply gradients of the *scaled* loss.  Returns ``(grads, divide_by, skipped)``:
+
+    ``grads`` divided by ``divide_by`` (a float32 tensor, or None when ``grads`` are already
+    unscaled) are the true gradients, for a norm on logging steps; no division is done here,
+    on every step.  ``skipped`` is a bool tensor, True when the LossScaleOptimizer skipped
+    the step for non-finite gradients (it lowered the scale too), and None without loss
+    scaling, where nothing is ever skipped.
     """
     scaled_grads = list(scaled_grads)
     if not is_loss_scaled(opt):
         opt.apply_gradients(zip(scaled_grads, variables))
-        return scaled_grads, all_finite(scaled_grads)
+        return scaled_grads, None, None
+    before = current_loss_scale(opt)
     if IS_KERAS3:
         scaled_grads = agree_on_nonfinite(scaled_grads)
-        scale = current_loss_scale(opt)
-        unscaled = [g / tf.cast(scale, g.dtype) for g in scaled_grads]
-        finite = all_finite(unscaled)
         opt.apply(scaled_grads, variables)  # unscales inside; skips if non-finite
-        return unscaled, finite
+        return scaled_grads, before, step_skipped(opt, before)
     unscaled = opt.get_unscaled_gradients(scaled_grads)
-    finite = all_finite(unscaled)
     opt.apply_gradients(zip(unscaled, variables))  # skips and lowers the scale if non-finite
-    return unscaled, finite
+    return unscaled, None, step_skipped(opt, before)
 
 
 def metric_mean(metric):
@@ -145,28 +167,25 @@ def global_norm(grads) -> tf.Tensor:
     return tf.linalg.global_norm(grads)
 
 
-def finite_sum(grads) -> tf.Tensor:
-    """True when every gradient element is finite: one reduction per gradient and one
-    ``is_finite`` (a NaN or an inf anywhere makes the sum non-finite; so would a sum
-    beyond float32's range, ~3e38, which no trainable gradient reaches)."""
-    sums = [tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads if g is not None]
-    return tf.math.is_finite(tf.add_n(sums)) if sums else tf.constant(True)
-
-
 # Columns of StepStats.log_rows, one row per logging step.
 LOG_COLUMNS = ("step", "loss", "grad_norm", "loss_scale", "skipped_steps")
 
 
 class StepStats:
-    """Per-step gradient statistics, kept in variables so the training step never waits
-    for Python: how many steps had non-finite gradients (in total and in a row), and the
-    step count, updated every step; and every ``log_every``-th step (``steps`` a multiple
-    of it) a log row - step, running loss, global norm of the unscaled gradients, loss
-    scale, skipped steps so far - written into a ring of ``capacity`` rows that Python
-    reads whenever it likes (``read_log``), without a per-step hook.
+    """Per-step statistics, kept in variables so the training step never waits for Python.
 
-    The global norm costs a pass over every gradient, so it is computed only on logging
-    steps (``tf.cond``); finiteness is one reduction per gradient, every step.
+    Every step: the step count, and under loss scaling whether the optimizer skipped the
+    step (in total, in a row, the longest run), read from the optimizer's own state
+    (``step_skipped``).  Every ``log_every``-th step (``steps`` a multiple of it): a log row
+    - step, running loss, global norm of the gradients, loss scale, skipped steps so far -
+    written into a ring of ``capacity`` rows that Python reads whenever it likes
+    (``read_log``), without a per-step hook.
+
+    Nothing here passes over the gradients on ordinary steps: the norm is computed in the
+    logging branch only (``tf.cond``).  Without loss scaling nothing is skipped: a
+    non-finite gradient is applied, poisons the weights, and from then on the loss is
+    non-finite too, so a logging step that sees a non-finite loss or norm counts one in
+    ``nonfinite_total``, which the training loops treat as divergence.
     """
 
     def __init__(self, log_every: int = 1, capacity: int = 1024):
@@ -182,50 +201,53 @@ class StepStats:
         self.log_rows = var("stats_log_rows", tf.float64, (self.capacity, len(LOG_COLUMNS)))
         self.log_count = var("stats_log_count", tf.int64)   # rows ever written
 
-    def record(self, grads, scale=None, loss=None, loss_scale=None):
+    def record(self, grads, skipped=None, scale=None, loss=None, loss_scale=None):
         """Record one step (inside the tf.function), after the optimizer applied it.
+        ``skipped``: the bool tensor from ``step_skipped`` under loss scaling, else None.
         ``scale``: divide the norm by it when ``grads`` are still multiplied by the loss
         scale.  ``loss`` and ``loss_scale``: zero-argument callables giving the running
         loss and the loss scale for the log row (traced into the logging branch only)."""
         grads = [g for g in grads if g is not None]
-        finite = finite_sum(grads)
 
         def norm():
             n = global_norm(grads)
             return n / tf.cast(scale, tf.float32) if scale is not None else n
         ctx = _multi_replica_context()
         if ctx is None:
-            self._write(norm, finite, loss, loss_scale)
-            return finite
-        # Several replicas: a step counts as skipped when any replica's gradients were
-        # non-finite (that is what the optimizer decides), and only the first replica of
-        # each worker writes these per-process variables, once per step.  grad_norm is then
-        # that replica's own contribution, not the norm of the all-reduced gradient.
-        bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
-                             tf.cast(tf.logical_not(finite), tf.float32))
-        finite = tf.equal(bad, 0.0)
+            self._write(norm, skipped, loss, loss_scale)
+            return
+        # Several replicas: the optimizer's skip decision is the same on all of them (it
+        # looks at the all-reduced gradients), and only the first replica of each worker
+        # writes these per-process variables, once per step.  grad_norm is then that
+        # replica's own contribution, not the norm of the all-reduced gradient.
         local = len(tf.distribute.get_strategy().extended.worker_devices)
         first = tf.equal(tf.math.floormod(
             tf.cast(ctx.replica_id_in_sync_group, tf.int32), local), 0)
-        tf.cond(first, lambda: self._write(norm, finite, loss, loss_scale),
+        tf.cond(first, lambda: self._write(norm, skipped, loss, loss_scale),
                 lambda: tf.constant(False))
-        return finite
 
-    def _write(self, norm, finite, loss, loss_scale):
-        in_a_row = tf.where(finite, tf.constant(0, tf.int64), self.consecutive + 1)
-        total = self.nonfinite_total.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
-        self.consecutive.assign(in_a_row)
-        self.max_consecutive.assign(tf.maximum(self.max_consecutive, in_a_row))
+    def _write(self, norm, skipped, loss, loss_scale):
+        if skipped is not None:
+            in_a_row = tf.where(skipped, self.consecutive + 1, tf.constant(0, tf.int64))
+            self.nonfinite_total.assign_add(tf.cast(skipped, tf.int64))
+            self.consecutive.assign(in_a_row)
+            self.max_consecutive.assign(tf.maximum(self.max_consecutive, in_a_row))
         step = self.steps.assign_add(1)
 
         def log_row():
             n = norm()
             self.grad_norm.assign(n)
-            row = tf.stack([tf.cast(step, tf.float64),
-                            tf.cast(loss() if loss is not None else float("nan"), tf.float64),
+            value = (tf.cast(loss(), tf.float32) if loss is not None
+                     else tf.constant(float("nan")))
+            if skipped is None:   # no loss scaling: a non-finite value means divergence
+                ok = tf.math.is_finite(n)
+                if loss is not None:
+                    ok = tf.logical_and(ok, tf.math.is_finite(value))
+                self.nonfinite_total.assign_add(tf.cast(tf.logical_not(ok), tf.int64))
+            row = tf.stack([tf.cast(step, tf.float64), tf.cast(value, tf.float64),
                             tf.cast(n, tf.float64),
                             tf.cast(loss_scale() if loss_scale is not None else 1.0, tf.float64),
-                            tf.cast(total, tf.float64)])
+                            tf.cast(self.nonfinite_total, tf.float64)])
             slot = tf.math.floormod(self.log_count, self.capacity)
             written = self.log_rows.scatter_nd_update(tf.reshape(slot, (1, 1)), row[None])
             # The count moves only after the row is in place: a reader never sees a row
@@ -269,18 +291,22 @@ class StepStats:
                     grads = agree_on_nonfinite(grads)  # all replicas skip together
                 scale = current_loss_scale(opt) if scaled else None  # before apply changes it
                 result = original(grads, trainable_variables)
-                self.record(grads, scale, loss, lambda: current_loss_scale(opt))
+                self.record(grads, step_skipped(opt, scale) if scaled else None, scale, loss,
+                            lambda: current_loss_scale(opt))
                 return result
 
             object.__setattr__(opt, "apply", apply)
         else:
             # Keras 2's minimize calls apply_gradients with unscaled grads (LSO unscales first).
             original = opt.apply_gradients
+            scaled = is_loss_scaled(opt)
 
             def apply_gradients(grads_and_vars, *args, **kwargs):
                 grads_and_vars = list(grads_and_vars)
+                before = current_loss_scale(opt) if scaled else None
                 result = original(grads_and_vars, *args, **kwargs)
-                self.record([g for g, _ in grads_and_vars], None, loss,
+                self.record([g for g, _ in grads_and_vars],
+                            step_skipped(opt, before) if scaled else None, None, loss,
                             lambda: current_loss_scale(opt))
                 return result
 

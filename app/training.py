@@ -185,13 +185,18 @@ class _Monitor:
         with self.lock:   # rows not yet drained belong to the epoch that just ended
             self.epoch = epoch
 
-    def check(self, epoch: int, log: bool = False):
+    def check(self, epoch: int, log: bool = False, epoch_loss=None):
         """Skipped steps and divergence (raises TrainingDiverged); with ``log``, the step
-        records written since the last drain.  Main thread, between steps."""
+        records written since the last drain.  Main thread, between steps.  ``epoch_loss``:
+        at the end of an epoch, its running loss; without loss scaling a non-finite one is
+        divergence even when no logging step came after it (with loss scaling, skipped
+        steps' losses are non-finite by design)."""
         st = self.stats
         if log:
             self.drain()
         self.global_step = int(st.steps.numpy())
+        if epoch_loss is not None and not self.loss_scaled and _f(epoch_loss) is None:
+            st.nonfinite_total.assign_add(1)
         total = int(st.nonfinite_total.numpy())
         self.skipped_epoch += total - self.skipped_seen
         self.skipped_seen = total
@@ -318,7 +323,8 @@ class _Run:
         self.metrics["steps"] = (self.previous_steps + (monitor.step_log if monitor else []))[-1000:]
         write_json_atomic(os.path.join(self.output, "metrics.json"), self.metrics)
 
-    def record_epoch(self, epoch: int, logs: dict, epoch_seconds: float, train_seconds: float):
+    def record_epoch(self, epoch: int, logs: dict, epoch_seconds: float, train_seconds: float,
+                     train_cpu_seconds: float):
         # loss, val_loss and each of the task's metrics with its val_ twin (accuracy for the
         # built-ins), in the order Keras reports them.
         named = {"loss": _f(logs.get("loss")), **{
@@ -329,6 +335,9 @@ class _Run:
             **named,
             "epoch_seconds": round(epoch_seconds, 4), "train_seconds": round(train_seconds, 4),
             "samples_per_second": round(self.bundle.train_samples / max(train_seconds, 1e-9), 2),
+            # CPU time of the whole process (every thread) over the same span: unlike the
+            # wall clock it does not grow while the machine gives the job less CPU.
+            "train_cpu_seconds": round(train_cpu_seconds, 4),
             "loss_scale": float(loss_scale.current_loss_scale(self.opt)),
             "skipped_steps": self.monitor.skipped_epoch,
             "steps": int(self.stats.steps.numpy()),
@@ -337,7 +346,7 @@ class _Run:
         self.metrics["epochs"].append(row)
         self.monitor.skipped_epoch = 0
         self.writer.scalars(epoch + 1, {f"epoch/{k}": v for k, v in row.items() if k not in (
-            "epoch", "epoch_seconds", "train_seconds", "steps")})
+            "epoch", "epoch_seconds", "train_seconds", "train_cpu_seconds", "steps")})
         self.writer.flush()
         self.ckpt.save(epoch + 1, int(self.stats.steps.numpy()))
         self.write_metrics()
@@ -388,8 +397,9 @@ class _Run:
         self.monitor.global_step = int(self.stats.steps.numpy())
 
     # loops -----------------------------------------------------------------------------------
-    def run_fit(self, start_epoch: int):
-        run = self
+    def compile_for_fit(self):
+        """Compile the model for Keras' fit with the task's loss and metrics, the step
+        statistics recorded inside the train step (tests/benchmarks time exactly this)."""
         loss_metric = _LossMetric(self.model)
         self.stats.attach_to(self.opt, loss=loss_metric.result)
         extra = {"jit_compile": True} if self.cfg.jit else {}  # else Keras' own default
@@ -398,6 +408,10 @@ class _Run:
         self.model.compile(optimizer=self.opt, loss=self.built.loss, metrics=metrics,
                            steps_per_execution=self.cfg.steps_per_execution, **extra)
 
+    def run_fit(self, start_epoch: int):
+        run = self
+        self.compile_for_fit()
+
         class _Callback(tf.keras.callbacks.Callback):
             # No batch hooks at all: Keras 2 then skips its per-batch callback machinery,
             # and neither Keras turns logs into Python numbers (a device sync) per step.
@@ -405,22 +419,24 @@ class _Run:
             def on_epoch_begin(self, epoch, logs=None):
                 run.monitor.raise_pending()
                 run.monitor.begin_epoch(epoch)
-                self.t0 = time.perf_counter()
-                self.t_train = None
+                self.t0, self.c0 = time.perf_counter(), time.process_time()
+                self.t_train = self.c_train = None
                 self.trained = False   # the whole epoch trained, no stop asked before validation
 
             def on_test_begin(self, logs=None):
                 if self.t_train is None:
                     self.t_train = time.perf_counter() - self.t0
+                    self.c_train = time.process_time() - self.c0
                 run.monitor.raise_pending()   # stopped mid-epoch: no validation, no record
                 self.trained = True
 
             def on_epoch_end(self, epoch, logs=None):
-                total = time.perf_counter() - self.t0
+                total, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
                 if run.monitor.pending is not None or not self.trained:
                     run.monitor.raise_pending()
-                run.monitor.check(epoch, log=True)
-                run.record_epoch(epoch, logs or {}, total, self.t_train or total)
+                run.monitor.check(epoch, log=True, epoch_loss=(logs or {}).get("loss"))
+                run.record_epoch(epoch, logs or {}, total, self.t_train or total,
+                                 cpu if self.c_train is None else self.c_train)
                 run.monitor.raise_pending()   # a signal during validation: the epoch is kept
 
         callbacks = [_Callback()]
@@ -457,10 +473,12 @@ class _Run:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
                 scaled = loss_scale.scale_loss(opt, loss)
             grads = tape.gradient(scaled, model.trainable_variables)
-            unscaled, _ = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
+            grads, divide_by, skipped = loss_scale.unscale_and_apply(
+                opt, grads, model.trainable_variables)
             train_loss.update_state(tf.reduce_mean(per_example))
-            # replicas agree on finiteness (see StepStats); the log row reads the running loss
-            self.stats.record(unscaled, loss=lambda: loss_scale.metric_mean(train_loss),
+            # the log row reads the running loss
+            self.stats.record(grads, skipped, divide_by,
+                              loss=lambda: loss_scale.metric_mean(train_loss),
                               loss_scale=lambda: loss_scale.current_loss_scale(opt))
             for m in train_metrics:
                 m.update_state(y, preds)
@@ -490,15 +508,15 @@ class _Run:
             steps = -(-self.bundle.train_samples // self.dist.global_batch)
             bar = None if self.plain else tf.keras.utils.Progbar(
                 steps, stateful_metrics=["loss"] + [m.name for m in train_metrics])
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for i, (x, y) in enumerate(train_ds):
                 train_step(x, y)
                 self.monitor.tick(epoch)
                 if bar is not None and ((i + 1) % 10 == 0 or i + 1 == steps):
                     bar.update(i + 1, [("loss", float(train_loss.result()))] + [
                         (m.name, float(m.result())) for m in train_metrics])
-            self.monitor.check(epoch, log=True)
-            t_train = time.perf_counter() - t0
+            self.monitor.check(epoch, log=True, epoch_loss=train_loss.result())
+            t_train, c_train = time.perf_counter() - t0, time.process_time() - c0
             for x, y in val_ds:
                 eval_step(x, y)
             logs = {"loss": train_loss.result(),
@@ -508,7 +526,7 @@ class _Run:
             if bar is not None:
                 print(f"epoch {epoch + 1}/{self.cfg.epochs}: " + " ".join(
                     f"{k}={float(v):.4f}" for k, v in logs.items()), flush=True)
-            self.record_epoch(epoch, logs, time.perf_counter() - t0, t_train)
+            self.record_epoch(epoch, logs, time.perf_counter() - t0, t_train, c_train)
 
 
 def _backup_and_restore(backup_dir: str):

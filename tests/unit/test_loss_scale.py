@@ -40,15 +40,17 @@ def test_overflow_lowers_the_scale_skips_the_step_then_recovers():
             loss = loss_fn(y, model(x, training=True))
             scaled = loss_scale.scale_loss(opt, loss)
         grads = tape.gradient(scaled, model.trainable_variables)
-        _, finite = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
-        return finite
+        _, _, skipped = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
+        return skipped
 
     before = model.get_layer("logits").kernel.numpy().copy()
-    assert not bool(step())                                  # overflow
-    assert np.array_equal(before, model.get_layer("logits").kernel.numpy())  # skipped
+    assert bool(step())                                      # overflow: skipped
+    assert np.array_equal(before, model.get_layer("logits").kernel.numpy())  # weights kept
     assert float(loss_scale.current_loss_scale(opt)) == 2.0 ** 39          # halved
-    finites = [bool(step()) for _ in range(40)]
-    assert finites[-1]                                       # recovered
+    skips = [bool(step()) for _ in range(40)]
+    assert not skips[-1]                                     # recovered
+    # every skip halved the scale once, and nothing else changed it (growth needs 2000)
+    assert float(loss_scale.current_loss_scale(opt)) == 2.0 ** (39 - sum(skips))
     assert float(loss_scale.current_loss_scale(opt)) < 2.0 ** 20
     assert not np.array_equal(before, model.get_layer("logits").kernel.numpy())
 
@@ -92,11 +94,52 @@ def test_step_stats_log_a_row_every_n_steps_into_a_ring():
     assert (count, lost) == (9, 1) and [r["step"] for r in rows] == [14, 16, 18]
 
 
-def test_step_stats_count_non_finite_steps_every_step():
+def test_step_stats_count_skipped_steps_every_step():
     stats = loss_scale.StepStats(log_every=100)
-    nan = [tf.constant([1.0, float("nan")])]
-    for grads in (nan, nan, [tf.constant([1.0])], nan):
-        stats.record(grads)
+    grads = [tf.constant([1.0, 2.0])]
+    for skipped in (True, True, False, True):
+        stats.record(grads, skipped=tf.constant(skipped))
     assert int(stats.nonfinite_total.numpy()) == 3
     assert int(stats.consecutive.numpy()) == 1 and int(stats.max_consecutive.numpy()) == 2
     assert int(stats.log_count.numpy()) == 0             # no logging step yet
+
+
+@pytest.mark.parametrize("bad", ["norm", "loss"])
+def test_without_loss_scaling_a_logging_step_counts_a_non_finite_norm_or_loss(bad):
+    """Nothing is skipped without loss scaling, and ordinary steps look at nothing; a
+    logging step whose gradient norm or running loss is non-finite counts once."""
+    stats = loss_scale.StepStats(log_every=2)
+    fine, nan = [tf.constant([3.0, 4.0])], [tf.constant([1.0, float("nan")])]
+    loss = [0.5]
+    for _ in range(2):
+        stats.record(fine, loss=lambda: tf.constant(loss[0]))
+    assert int(stats.nonfinite_total.numpy()) == 0
+    stats.record(nan if bad == "norm" else fine, loss=lambda: tf.constant(loss[0]))
+    assert int(stats.nonfinite_total.numpy()) == 0         # not a logging step: not looked at
+    if bad == "loss":
+        loss[0] = float("inf")
+    stats.record(nan if bad == "norm" else fine, loss=lambda: tf.constant(loss[0]))
+    assert int(stats.nonfinite_total.numpy()) == 1
+    rows, _, _ = stats.read_log(0)
+    assert [r["skipped_steps"] for r in rows] == [0, 1]
+
+
+def test_step_skipped_reads_the_optimizer_decision_in_fit():
+    """Under mixed_float16, fit's LossScaleOptimizer skips overflowing steps; the stats
+    attached to it count exactly the steps that halved the scale."""
+    precision.apply_policy("mixed_float16")
+    try:
+        model = build_model("mlp", (16,), 3)
+        opt = loss_scale.wrap_optimizer(tf.keras.optimizers.SGD(0.01), "mixed_float16",
+                                        initial_scale=2.0 ** 24)
+        loss_scale.build_optimizer(opt, model.trainable_variables)
+        stats = loss_scale.StepStats(log_every=4)
+        stats.attach_to(opt)
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+        x = np.random.default_rng(0).uniform(size=(320, 16)).astype("float32")
+        model.fit(x, np.arange(320) % 3, epochs=1, batch_size=8, verbose=0)
+    finally:
+        precision.apply_policy("float32")
+    skipped = int(stats.nonfinite_total.numpy())
+    assert 1 <= skipped < 40 and int(stats.steps.numpy()) == 40
+    assert float(loss_scale.current_loss_scale(opt)) == 2.0 ** (24 - skipped)
