@@ -14,6 +14,8 @@ step's decision from the optimizer's loss-scale state.
 """
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import tensorflow as tf
 
 KERAS_MAJOR = int(str(getattr(tf.keras, "__version__", "2")).split(".")[0])
@@ -126,27 +128,37 @@ def step_skipped(opt, scale_before):
     return tf.logical_and(tf.equal(tf.cast(counter, tf.int64), 0), scale <= scale_before)
 
 
-def unscale_and_apply(opt, scaled_grads, variables):
-    """Apply gradients of the *scaled* loss.  Returns ``(grads, divide_by, skipped)``:
+class Applied(NamedTuple):
+    """What ``unscale_and_apply`` did: ``grads`` divided by ``divide_by`` (a float32 tensor,
+    or None when ``grads`` are already unscaled) are the true gradients; ``skipped`` is a
+    bool tensor, True when the LossScaleOptimizer skipped the step for non-finite gradients
+    (it lowered the scale too), and None without loss scaling, where nothing is skipped."""
+    grads: list
+    divide_by: Optional[tf.Tensor]
+    skipped: Optional[tf.Tensor]
 
-    ``grads`` divided by ``divide_by`` (a float32 tensor, or None when ``grads`` are already
-    unscaled) are the true gradients, for a norm on logging steps; no division is done here,
-    on every step.  ``skipped`` is a bool tensor, True when the LossScaleOptimizer skipped
-    the step for non-finite gradients (it lowered the scale too), and None without loss
-    scaling, where nothing is ever skipped.
-    """
+    def grad_norm(self) -> tf.Tensor:
+        """Global norm of the true gradients: a pass over all of them, so log it every N
+        steps rather than every step."""
+        n = global_norm(self.grads)
+        return n if self.divide_by is None else n / self.divide_by
+
+
+def unscale_and_apply(opt, scaled_grads, variables) -> Applied:
+    """Apply gradients of the *scaled* loss; nothing here passes over the gradients beyond
+    what the optimizer itself does (no unscaling for a norm, no finiteness check of ours)."""
     scaled_grads = list(scaled_grads)
     if not is_loss_scaled(opt):
         opt.apply_gradients(zip(scaled_grads, variables))
-        return scaled_grads, None, None
+        return Applied(scaled_grads, None, None)
     before = current_loss_scale(opt)
     if IS_KERAS3:
         scaled_grads = agree_on_nonfinite(scaled_grads)
         opt.apply(scaled_grads, variables)  # unscales inside; skips if non-finite
-        return scaled_grads, before, step_skipped(opt, before)
+        return Applied(scaled_grads, before, step_skipped(opt, before))
     unscaled = opt.get_unscaled_gradients(scaled_grads)
     opt.apply_gradients(zip(unscaled, variables))  # skips and lowers the scale if non-finite
-    return unscaled, None, step_skipped(opt, before)
+    return Applied(unscaled, None, step_skipped(opt, before))
 
 
 def metric_mean(metric):

@@ -473,11 +473,10 @@ class _Run:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
                 scaled = loss_scale.scale_loss(opt, loss)
             grads = tape.gradient(scaled, model.trainable_variables)
-            grads, divide_by, skipped = loss_scale.unscale_and_apply(
-                opt, grads, model.trainable_variables)
+            applied = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
             train_loss.update_state(tf.reduce_mean(per_example))
             # the log row reads the running loss
-            self.stats.record(grads, skipped, divide_by,
+            self.stats.record(applied.grads, applied.skipped, applied.divide_by,
                               loss=lambda: loss_scale.metric_mean(train_loss),
                               loss_scale=lambda: loss_scale.current_loss_scale(opt))
             for m in train_metrics:

@@ -36,9 +36,9 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
         scale = loss_scale.current_loss_scale(optimizer)
         loss, grads = step(x, y, scale)
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-        _, _, was_skipped = loss_scale.unscale_and_apply(optimizer, [g for g, _ in pairs],
-                                                         [v for _, v in pairs])
-        skipped += int(was_skipped is not None and bool(was_skipped))
+        applied = loss_scale.unscale_and_apply(optimizer, [g for g, _ in pairs],
+                                               [v for _, v in pairs])
+        skipped += int(applied.skipped is not None and bool(applied.skipped))
         losses.append(finite_float(loss))
     end = eval_loss(model, loss_fn, x_eval, y_eval)
     return {"start": start, "end": end, "train_losses": losses, "skipped_steps": skipped}

@@ -40,8 +40,7 @@ def test_overflow_lowers_the_scale_skips_the_step_then_recovers():
             loss = loss_fn(y, model(x, training=True))
             scaled = loss_scale.scale_loss(opt, loss)
         grads = tape.gradient(scaled, model.trainable_variables)
-        _, _, skipped = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
-        return skipped
+        return loss_scale.unscale_and_apply(opt, grads, model.trainable_variables).skipped
 
     before = model.get_layer("logits").kernel.numpy().copy()
     assert bool(step())                                      # overflow: skipped
