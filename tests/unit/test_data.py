@@ -63,3 +63,27 @@ def test_image_folder(tmp_path):
     x, y = next(iter(bundle.train))
     assert tuple(x.shape[1:]) == (32, 32, 3) and x.dtype.name == "float32"
     assert float(np.max(x)) <= 1.0
+
+
+def test_in_memory_batches_cover_every_row_once_in_a_new_order_each_epoch():
+    from app.data import make_dataset
+
+    x = np.arange(70, dtype=np.float32).reshape(70, 1)
+    y = np.arange(70) % 7
+
+    def epochs(ds, k=3):
+        return [np.concatenate([b[0].numpy()[:, 0] for b in ds]).astype(int) for _ in range(k)]
+
+    ds = make_dataset(x, y, 16, shuffle=True, seed=3)
+    assert int(ds.cardinality()) == 5                  # known to Keras: 4 full batches + 6
+    assert [int(b[0].shape[0]) for b in make_dataset(x, y, 16, shuffle=True)] == [16] * 4 + [6]
+    orders = epochs(ds)
+    for order in orders:                               # every row once, labels still aligned
+        assert sorted(order) == list(range(70))
+    first = next(iter(make_dataset(x, y, 16, shuffle=True, seed=3)))
+    assert np.array_equal(first[1].numpy(), first[0].numpy()[:, 0].astype(int) % 7)
+    assert len({tuple(o) for o in orders}) == 3        # reshuffled every epoch
+    assert [list(o) for o in epochs(make_dataset(x, y, 16, shuffle=True, seed=3))] == \
+        [list(o) for o in orders]                      # the same orders for the same seed
+    assert epochs(make_dataset(x, y, 16, shuffle=True, seed=4), 1)[0].tolist() != orders[0].tolist()
+    assert epochs(make_dataset(x, y, 16, shuffle=False), 1)[0].tolist() == list(range(70))
