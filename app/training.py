@@ -185,17 +185,19 @@ class _Monitor:
         with self.lock:   # rows not yet drained belong to the epoch that just ended
             self.epoch = epoch
 
-    def check(self, epoch: int, log: bool = False, epoch_loss=None):
+    def check(self, epoch: int, log: bool = False, epoch_loss=None, model=None):
         """Skipped steps and divergence (raises TrainingDiverged); with ``log``, the step
-        records written since the last drain.  Main thread, between steps.  ``epoch_loss``:
-        at the end of an epoch, its running loss; without loss scaling a non-finite one is
-        divergence even when no logging step came after it (with loss scaling, skipped
-        steps' losses are non-finite by design)."""
+        records written since the last drain.  Main thread, between steps.  At the end of
+        an epoch, ``epoch_loss`` (its running loss) and ``model``: without loss scaling a
+        non-finite loss, or weights that a step with a finite loss but non-finite gradients
+        poisoned, is divergence even when no logging step came after it (with loss
+        scaling, skipped steps' losses are non-finite by design and weights stay clean)."""
         st = self.stats
         if log:
             self.drain()
         self.global_step = int(st.steps.numpy())
-        if epoch_loss is not None and not self.loss_scaled and _f(epoch_loss) is None:
+        if not self.loss_scaled and ((epoch_loss is not None and _f(epoch_loss) is None)
+                                     or (model is not None and not _weights_finite(model))):
             st.nonfinite_total.assign_add(1)
         total = int(st.nonfinite_total.numpy())
         self.skipped_epoch += total - self.skipped_seen
@@ -278,6 +280,12 @@ class _Monitor:
         if self.pending is not None:
             raise self.pending
         self.stop.check()
+
+
+def _weights_finite(model) -> bool:
+    """One pass over the trainable weights, once an epoch."""
+    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in model.trainable_variables]
+    return bool(tf.reduce_all(tf.stack(checks))) if checks else True
 
 
 def _fmt(v, spec=".4f"):
@@ -434,7 +442,8 @@ class _Run:
                 total, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
                 if run.monitor.pending is not None or not self.trained:
                     run.monitor.raise_pending()
-                run.monitor.check(epoch, log=True, epoch_loss=(logs or {}).get("loss"))
+                run.monitor.check(epoch, log=True, epoch_loss=(logs or {}).get("loss"),
+                                  model=run.model)
                 run.record_epoch(epoch, logs or {}, total, self.t_train or total,
                                  cpu if self.c_train is None else self.c_train)
                 run.monitor.raise_pending()   # a signal during validation: the epoch is kept
@@ -514,7 +523,7 @@ class _Run:
                 if bar is not None and ((i + 1) % 10 == 0 or i + 1 == steps):
                     bar.update(i + 1, [("loss", float(train_loss.result()))] + [
                         (m.name, float(m.result())) for m in train_metrics])
-            self.monitor.check(epoch, log=True, epoch_loss=train_loss.result())
+            self.monitor.check(epoch, log=True, epoch_loss=train_loss.result(), model=model)
             t_train, c_train = time.perf_counter() - t0, time.process_time() - c0
             for x, y in val_ds:
                 eval_step(x, y)

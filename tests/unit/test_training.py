@@ -117,3 +117,37 @@ def test_resume_restores_epoch_and_loss_scale(tiny_config):
     # at 2**30 again, which would have ended the epoch at the first run's value
     assert again["epochs"][1]["loss_scale"] < scale_after_first
     assert [r["step"] for r in again["steps"]] == [4, 8]  # the step count continues
+
+
+KINK_MODEL = '''
+import tensorflow as tf
+
+
+class Kink(tf.keras.layers.Layer):
+    """Adds sqrt(w * x) with w a weight held at 0: the value is 0, the gradient w * inf =
+    NaN (a variable, so that no graph optimizer folds the zero away)."""
+
+    def build(self, input_shape):
+        self.zero = self.add_weight(name="zero", shape=(), initializer="zeros", trainable=False)
+
+    def call(self, x):
+        return x + tf.sqrt(self.zero * x)
+
+
+def build(input_shape, num_classes):
+    inputs = tf.keras.Input(shape=input_shape)
+    x = Kink()(tf.keras.layers.Dense(num_classes)(inputs))
+    return tf.keras.Model(inputs, tf.keras.layers.Activation("softmax", dtype="float32")(x))
+'''
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_poisoned_weights_after_a_finite_loss_stop_the_run_at_the_epoch_end(tiny_config, loop,
+                                                                             tmp_path):
+    """One step an epoch, no logging step: its loss is finite but its gradients are NaN, so
+    the weights are poisoned; the epoch is not recorded and the run stops as diverged."""
+    (tmp_path / "kink.py").write_text(KINK_MODEL)
+    m = train(tiny_config(model=str(tmp_path / "kink.py") + ":build", loop=loop, epochs=2,
+                          batch_size=32, max_train_samples=32, log_every=100, input_shape="784"))
+    assert m["status"] == "diverged" and m["epochs"] == []
+    assert "non-finite" in m["diagnosis"]
