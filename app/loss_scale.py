@@ -107,14 +107,6 @@ def agree_on_nonfinite(grads):
     return [g if g is None else g + tf.cast(poison, g.dtype) for g in grads]
 
 
-def _scale_and_counter(opt):
-    """A dynamic LossScaleOptimizer's scale (float32) and its counter of finite steps since
-    the scale last changed."""
-    if IS_KERAS3:
-        return tf.cast(tf.convert_to_tensor(opt.dynamic_scale), tf.float32), opt.step_counter
-    return tf.cast(opt.loss_scale, tf.float32), opt.dynamic_counter
-
-
 def step_skipped(opt, scale_before):
     """Right after ``opt`` (a dynamic LossScaleOptimizer) applied a step: did it skip it?
 
@@ -124,8 +116,10 @@ def step_skipped(opt, scale_before):
     ``dynamic_growth_steps`` finite steps, raises the scale.  (Growth that would overflow
     float32 leaves the scale as it is, and would read as a skip: that needs the scale at
     2**127, ~110 growth periods without one overflow.)"""
-    scale, counter = _scale_and_counter(opt)
-    return tf.logical_and(tf.equal(tf.cast(counter, tf.int64), 0), scale <= scale_before)
+    # The counter of finite steps since the scale last changed.
+    counter = opt.step_counter if IS_KERAS3 else opt.dynamic_counter
+    return tf.logical_and(tf.equal(tf.cast(counter, tf.int64), 0),
+                          current_loss_scale(opt) <= scale_before)
 
 
 class Applied(NamedTuple):
