@@ -134,7 +134,9 @@ def test_password_login_only_when_configured(container):
     with pytest.raises(paramiko.AuthenticationException):
         client.connect("127.0.0.1", port=port, username="tf", password="wrong",
                        allow_agent=False, look_for_keys=False, timeout=15)
-    assert name
+    # ...and the start-up log says password login is on (it is off unless configured:
+    # test_stack.py::test_ssh_password_is_refused_by_default).
+    assert "password login enabled" in run(["docker", "logs", name]).stderr
 
 
 def test_non_root_start_runs_jupyter_only(container):

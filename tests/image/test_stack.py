@@ -189,7 +189,13 @@ def test_ssh_environment_matches_docker_exec(stack, shell):
 def test_sftp_session_works_and_writes_as_the_user(stack):
     """sftp (internal-sftp) under the same sshd settings: upload, list, ownership."""
     with ssh_client(stack) as client, client.open_sftp() as sftp:
-        assert sftp.getcwd() in (None, "/home/tf")
+        # A relative path lands in the user's home (paramiko's getcwd() is None until a chdir,
+        # so ask the server what "." is, and write through a relative name).
+        assert sftp.normalize(".") == "/home/tf"
+        with sftp.open("sftp-relative.txt", "w") as fh:
+            fh.write("relative\n")
+        assert sftp.stat("/home/tf/sftp-relative.txt").st_size == len("relative\n")
+        sftp.remove("/home/tf/sftp-relative.txt")
         with sftp.open("/workspace/sftp-check.txt", "w") as fh:
             fh.write("over sftp\n")
         assert "sftp-check.txt" in sftp.listdir("/workspace")

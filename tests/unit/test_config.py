@@ -59,4 +59,13 @@ def test_output_under_a_file_is_not_writable(tmp_path):
 
 
 def test_config_is_a_plain_dataclass():
-    assert TrainConfig().to_dict()["model"] == "mlp"
+    """What metrics.json records: every field, JSON-ready, and it gives the same config back."""
+    import dataclasses
+    import json
+
+    cfg = TrainConfig(model="cnn", epochs=3, jit=True, output="/tmp/x")
+    assert dataclasses.is_dataclass(cfg)
+    d = cfg.to_dict()
+    assert list(d) == [f.name for f in dataclasses.fields(TrainConfig)]
+    assert json.loads(json.dumps(d)) == d
+    assert TrainConfig(**d) == cfg and TrainConfig(**d) != TrainConfig()

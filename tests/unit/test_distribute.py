@@ -126,8 +126,14 @@ def test_cli_bad_distribution_input(tmp_path, args, env, says):
 
 
 def test_cluster_is_hashable_value():
-    # a frozen dataclass: safe to compare and cache
-    assert Cluster(("a:1",), "worker", 0, False) == Cluster(("a:1",), "worker", 0, False)
+    # a frozen dataclass: safe to compare, to use as a key and to cache
+    import dataclasses
+
+    a, b = Cluster(("a:1",), "worker", 0, False), Cluster(("a:1",), "worker", 0, False)
+    assert a == b and hash(a) == hash(b)
+    assert len({a, b, Cluster(("a:1",), "worker", 1, False)}) == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.task_index = 1
 
 
 def test_kubernetes_example_is_an_indexed_job_with_a_headless_service():

@@ -288,9 +288,23 @@ def test_02_custom_loop_records_the_loss_scale_backing_off(tmp_path, monkeypatch
     assert s["final_loss"] is not None and s["final_loss"] < 2.0  # chance is ln(10) = 2.30
     assert s["val_accuracy"] >= 0.50
     outputs = [o for c in nb.cells for o in c.get("outputs", [])]
-    assert any(o.output_type == "display_data" and "image/png" in o.data for o in outputs)
-    assert any(o.output_type == "update_display_data" for o in outputs) or \
-        sum(1 for o in outputs if "image/png" in o.get("data", {})) >= 1
+    pngs = [o.data["image/png"] for o in outputs
+            if o.output_type == "display_data" and "image/png" in o.data]
+    assert pngs, "the live view drew nothing"
+    # nbclient applies update_display_data in place, so the view holds its last render.  Only
+    # a render after steps were skipped has red in it (the loss-scale panel's marks); the first
+    # one, drawn before any step, has none: red means the view was updated during training.
+    import base64
+    import io
+
+    from PIL import Image
+
+    def red_pixels(png: str) -> int:
+        image = Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB")
+        colors = image.getcolors(maxcolors=image.width * image.height)
+        return sum(n for n, (r, g, b) in colors if r > 200 and g < 80 and b < 80)
+
+    assert max(red_pixels(png) for png in pngs) > 0, "the live view was never updated"
     # TensorBoard beside the plot: the run is under <workspace>/runs, with the plotted numbers.
     assert Path(s["tensorboard_logdir"]).parent.parent == tmp_path / "ws" / "runs"
     assert {"step/loss", "step/grad_norm", "step/loss_scale"} <= _tensorboard_tags(
