@@ -2,13 +2,10 @@
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from conftest import ROOT, error_lines, run_app
+from conftest import error_lines, run_app
 
 QUICK = ["--dataset", "synthetic", "--max-train-samples", "128", "--max-val-samples", "32",
          "--batch-size", "32", "--precision", "float32", "--progress", "lines", "--offline",
@@ -131,35 +128,23 @@ def test_env_text_format_from_a_fake_report():
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
+    from training_process import TrainingProcess
+
     out = tmp_path / "run"
     args = ["train", "--dataset", "synthetic", "--max-train-samples", "20000",
             "--max-val-samples", "256", "--batch-size", "32", "--precision", "float32",
             "--epochs", "5", "--offline", "--no-save-model", "--progress", "lines",
             "--log-every", "50", "--output", str(out)]
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.Popen([sys.executable, "-m", "app", *args], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:   # wait until the first epoch is on disk
-            metrics = out / "metrics.json"
-            if metrics.exists() and json.loads(metrics.read_text())["epochs"]:
-                break
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
-        time.sleep(0.5)                 # now somewhere inside epoch 2
-        sent = time.time()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert time.time() - sent < 10, "SIGTERM took too long"
-    assert proc.returncode == 143, err
+    with TrainingProcess(args) as run:
+        run.wait_inside_epoch(2)        # the premise: epoch 1 is done, epoch 2 has begun
+        run.send(signal.SIGTERM)
+        code, _, err = run.finish()     # its timeout guards a hang; how fast: a benchmark
+    assert code == 143, err
     assert "--resume" in err
     interrupted = json.loads((out / "metrics.json").read_text())
     assert interrupted["status"] == "interrupted"
-    assert len(interrupted["epochs"]) < 5
+    assert [e["epoch"] for e in interrupted["epochs"]] == [1]   # stopped inside epoch 2
+    assert list((out / "checkpoints").iterdir()), "no checkpoint saved"
 
     resumed = run_app(*args, "--resume", timeout=300)
     assert resumed.returncode == 0, resumed.stderr

@@ -4,13 +4,11 @@ Python API (``app.train``); every spec error is one line, exit 2, nothing writte
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import ROOT, error_lines, run_app
+from conftest import error_lines, run_app
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 USER = os.path.join(HERE, "user_models")
@@ -162,24 +160,16 @@ def test_sigterm_then_resume_with_a_user_model(tmp_path):
     args = ["train", "--model", AWARE, "--dataset", "synthetic", "--input-shape", "8,8,1",
             "--max-train-samples", "20000", "--max-val-samples", "128", "--epochs", "4",
             "--precision", "float32", *QUICK, "--log-every", "50", "--output", str(out)]
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.Popen([sys.executable, "-m", "app", *args], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if (out / "metrics.json").exists() and _metrics(out)["epochs"]:
-                break
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 143, err
-    assert _metrics(out)["status"] == "interrupted"
+    from training_process import TrainingProcess
+
+    with TrainingProcess(args) as run:
+        run.wait_inside_epoch(2)        # the premise: epoch 1 is done, epoch 2 has begun
+        run.send(signal.SIGTERM)
+        code, _, err = run.finish()
+    assert code == 143, err
+    interrupted = _metrics(out)
+    assert interrupted["status"] == "interrupted"
+    assert [e["epoch"] for e in interrupted["epochs"]] == [1]   # stopped inside epoch 2
     resumed = run_app(*args, "--resume", timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     final = _metrics(out)
