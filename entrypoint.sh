@@ -471,7 +471,7 @@ self_test() {
   for dir in tests/unit tests/gpu; do [[ -d $dir ]] && suites+=("$dir"); done
   ((${#suites[@]})) || fatal "no tests shipped in $TESTS_ROOT/tests"
   exec "${USER_CMD[@]}" PYTHONDONTWRITEBYTECODE=1 \
-    python3 -m pytest -p no:cacheprovider -q "${suites[@]}" "$@"
+    python3 -m pytest -p no:cacheprovider -q --image-self-test "${suites[@]}" "$@"
 }
 
 main() {

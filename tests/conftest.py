@@ -5,6 +5,10 @@
 * ``docker``-marked tests need a Docker engine.  On a developer machine without
   one they are skipped; under CI (``CI=true``) a missing engine is an error,
   never a silent skip, because CI is supposed to have started it.
+* ``--image-self-test`` (the image's ``self-test`` passes it): a skipped test fails the run
+  unless it is ``gpu``-marked (no GPU here) or ``host_only``-marked (it needs files the image
+  does not ship; skipped there with the marker's reason).  A test that skips because the
+  image lacks something it needs is a hole in the self-test, not a pass.
 """
 from __future__ import annotations
 
@@ -43,7 +47,24 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
+def pytest_addoption(parser):
+    parser.addoption("--image-self-test", action="store_true", default=False,
+                     help="the image's self-test: fail the run when a test other than the "
+                          "gpu- or host_only-marked ones skips")
+
+
+def _skip_allowed(item) -> bool:
+    return item.get_closest_marker("gpu") is not None or \
+        item.get_closest_marker("host_only") is not None
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--image-self-test"):
+        for item in items:
+            marker = item.get_closest_marker("host_only")
+            if marker is not None:
+                item.add_marker(pytest.mark.skip(
+                    reason="host only: " + marker.kwargs.get("reason", "(no reason given)")))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and _gpu_count() == 0:
         skip_gpu = pytest.mark.skip(reason="no GPU visible to TensorFlow on this machine")
@@ -59,3 +80,39 @@ def pytest_collection_modifyitems(config, items):
             skip_docker = pytest.mark.skip(reason=problem)
             for item in docker_items:
                 item.add_marker(skip_docker)
+
+
+# --- the image's self-test: no hidden skips --------------------------------------------------
+
+class _SkipWatch:
+    """Collects skipped tests that may not skip (see the module docstring)."""
+
+    def __init__(self):
+        self.unexpected: list = []
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        if report.skipped and not hasattr(report, "wasxfail") and not _skip_allowed(item):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+            self.unexpected.append((item.nodeid, str(reason)))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.unexpected:
+            terminalreporter.section("skips that the image's self-test does not allow")
+            for nodeid, reason in self.unexpected:
+                terminalreporter.write_line(f"UNEXPECTED SKIP {nodeid}: {reason}")
+            terminalreporter.write_line(
+                f"error: {len(self.unexpected)} test(s) skipped in the image; allowed: "
+                "gpu-marked tests without a GPU, host_only-marked tests")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        if self.unexpected and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config):
+    if config.getoption("--image-self-test"):
+        config.pluginmanager.register(_SkipWatch(), "tfmp-skip-watch")

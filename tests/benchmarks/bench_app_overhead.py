@@ -16,9 +16,12 @@ validation, and reads three figures per run:
 * cpu: CPU seconds of the whole process (every thread) per training sample, the median of
   those epochs - the work done per sample, which a slower or busier machine does not change.
 
-Targets: the tool costs <= 3% against the baseline; the spec side is within 2% of the
+Targets: the tool costs <= 3% against the baseline; the spec side costs <= 2% over the
 built-in one.  Each repeat runs the sides back to back in a rotating order; each figure is the
-median of the per-repeat ratios.
+median of the per-repeat ratios.  A target is judged on the CPU figure (between processes the
+wall figures of this machine swing by more than the effect; bench_step_overhead.py judges
+wall time, in one process); the exit status is 1 when a target is missed, so a run can be
+used as a check.
 
     python tests/benchmarks/bench_app_overhead.py --repeats 6 --epochs 4 --samples 60000
 
@@ -143,6 +146,7 @@ def figures(rows, samples: int) -> dict:
 # figure -> (what it is, True when larger is better)
 FIGURES = {"wall": ("median epoch, samples/s", True), "best": ("fastest epoch, samples/s", True),
            "cpu": ("CPU microseconds per sample", False)}
+VERDICT = "cpu"   # the figure a target is judged on (see the module docstring)
 
 
 def cost(a: float, b: float, higher_is_better: bool) -> float:
@@ -230,10 +234,20 @@ def main(argv=None) -> int:
             print(f"  {label:28s} {entry[fig]['median_cost'] * 100:+6.1f}%   "
                   f"[{', '.join(f'{c * 100:+.1f}' for c in costs)}]")
     print(what)
+    missed = []
+    for entry in result["comparisons"]:
+        if entry["target_fraction"] is None:
+            continue
+        entry["target_met"] = entry[VERDICT]["median_cost"] <= entry["target_fraction"]
+        if not entry["target_met"]:
+            missed.append(f"{entry['side']} vs {entry['reference']}: "
+                          f"{entry[VERDICT]['median_cost'] * 100:+.1f}% "
+                          f"> {entry['target_fraction'] * 100:.0f}% ({FIGURES[VERDICT][0]})")
     with open(os.path.join(work, "bench_app_overhead.json"), "w") as fh:
         json.dump(result, fh, indent=2)
     print(f"JSON: {os.path.join(work, 'bench_app_overhead.json')}")
-    return 0
+    print("targets: all met" if not missed else "targets MISSED: " + "; ".join(missed))
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ computed from wall time and from process CPU time; the figures are the medians o
 rounds.  The machine's slow spells show as blocks that got about one core instead of the
 ~1.5 a block uses otherwise (CPU seconds / wall seconds); the figures are also given over the
 rounds in which every side got at least 85% of the median.  Targets: app <= 3% over the
-baseline, spec within 2% of app.
+baseline, spec <= 2% over app, judged on the wall-time medians (the speed a user sees; in one
+process the machine's drift is shared by both sides).  The exit status is 1 when a target is
+missed, so a run can be used as a check.
 
     python tests/benchmarks/bench_step_overhead.py --rounds 80 --samples 5120
 
@@ -183,11 +185,18 @@ def main(argv=None) -> int:
                      f"{e['cpu']['median_cost_full_cpu_rounds'] * 100:+.1f}%")
         print(line)
     print(f"[{args.policy}, batch {args.batch_size}, {args.samples} samples per block]")
+    missed = []
+    for e in comparisons:
+        e["target_met"] = e["wall"]["median_cost"] <= e["target_fraction"]
+        if not e["target_met"]:
+            missed.append(f"{e['side']} vs {e['reference']}: wall "
+                          f"{e['wall']['median_cost'] * 100:+.1f}% > {e['target_fraction'] * 100:.0f}%")
     path = os.path.join(work, "bench_step_overhead.json")
     with open(path, "w") as fh:
         json.dump(result, fh, indent=2)
     print(f"JSON: {path}")
-    return 0
+    print("targets: all met" if not missed else "targets MISSED: " + "; ".join(missed))
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

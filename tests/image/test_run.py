@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 import paramiko
 import pytest
@@ -92,14 +91,16 @@ def _serve(container, *args):
     return name
 
 
-def test_docker_stop_takes_under_3_seconds(container):
+def test_docker_stop_is_handled_by_the_entrypoint(container):
+    """SIGTERM reaches the entrypoint through tini and it stops the services itself: exit 0
+    and its log line.  Ignored, Docker would kill it at the end of the grace period (137).
+    How long a stop takes is a figure of tests/benchmarks/bench_image.sh."""
     name = _serve(container)
-    t0 = time.monotonic()
-    run(["docker", "stop", "-t", "10", name], timeout=30)
-    elapsed = time.monotonic() - t0
-    assert elapsed < 3, f"docker stop took {elapsed:.1f}s"
+    run(["docker", "stop", "-t", "30", name], timeout=90)
     code = run(["docker", "inspect", "-f", "{{.State.ExitCode}}", name]).stdout.strip()
-    assert code == "0"
+    logs = run(["docker", "logs", name]).stderr
+    assert code == "0", logs[-2000:]
+    assert "stopping (signal received)" in logs, logs[-2000:]
 
 
 @pytest.mark.parametrize("victim", ["jupyter-lab", "sshd"])
@@ -182,6 +183,13 @@ def test_self_test_runs_the_apps_unit_tests_in_the_image(image):
         + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
     assert re.search(r"\b\d+ passed\b", proc.stdout) and " failed" not in proc.stdout, tail
+    # Only GPU tests (no GPU here) and host-only ones may skip; the run itself fails on any
+    # other skip (--image-self-test), and the summary (-ra) is read here too.
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    allowed = ("no GPU visible to TensorFlow on this machine", "host only: ")
+    assert skipped, "no skip reported at all: is -ra still on?"
+    assert all(any(a in line for a in allowed) for line in skipped), "\n".join(skipped)
+    assert "UNEXPECTED SKIP" not in proc.stdout
 
 
 def test_no_build_secret_or_nvidia_apt_source_left_in_the_image(image):

@@ -186,6 +186,32 @@ def test_ssh_environment_matches_docker_exec(stack, shell):
         assert secret not in got
 
 
+def test_ssh_sessions_see_the_environment_of_a_jupyter_kernel(stack):
+    """What a notebook runs under (a kernel started by JupyterLab) and what an SSH user runs
+    under agree on every variable that decides where TensorFlow finds CUDA, pip's
+    constraints, the workspace, and on the Python interpreter itself."""
+    code = ("import json, os, sys\n"
+            "print(json.dumps({'env': dict(os.environ),"
+            " 'python': os.path.realpath(sys.executable)}))\n")
+    out, errors = kernel_execute(stack.base_url, stack.token(), code)
+    assert not errors, errors
+    kernel = json.loads(out)
+    assert kernel["env"].get("TFMP_TEST_USER_VAR") == "passed-with-dash-e"
+    assert {v: kernel["env"].get(v) for v in PARITY_VALUES} == PARITY_VALUES
+    python = "python -c 'import os, sys; print(os.path.realpath(sys.executable))'"
+    with ssh_client(stack) as client:
+        for shell, command in (("exec", "env -0"), ("login shell", "bash -lc 'env -0'")):
+            status, out, err = ssh_run(client, command)
+            assert status == 0, err
+            got = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+            diff = {v: (kernel["env"].get(v), got.get(v)) for v in PARITY_VARS
+                    if kernel["env"].get(v) != got.get(v)}
+            assert not diff, f"a kernel and SSH ({shell}) differ: {diff}"
+        status, out, err = ssh_run(client, python)
+    assert status == 0, err
+    assert out.strip() == kernel["python"]
+
+
 def test_sftp_session_works_and_writes_as_the_user(stack):
     """sftp (internal-sftp) under the same sshd settings: upload, list, ownership."""
     with ssh_client(stack) as client, client.open_sftp() as sftp:

@@ -3,8 +3,8 @@ IDE / file-sync workflows over SSH, driven from the host against the shared comp
 TensorBoard's own HTTP data API, a headless Chromium driven over the DevTools protocol, the
 Jupyter kernel API, paramiko, and the real `ssh` and `rsync` clients.
 
-The first request to /tensorboard/ starts TensorBoard; how long it took is printed (a figure
-to report, not a timed assertion: this machine is small and shared)."""
+The first request to /tensorboard/ starts TensorBoard; how long that takes is a figure of
+tests/benchmarks/bench_image.sh, not a timed assertion (this machine is small and shared)."""
 from __future__ import annotations
 
 import base64
@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -44,15 +43,10 @@ def _refused(status: int, location: str = "") -> bool:
 # --- fixtures ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def first_open(stack) -> float:
-    """The first request to /tensorboard/ (it starts TensorBoard); seconds until it answered."""
-    start = time.monotonic()
-    resp = requests.get(stack.base_url + "/tensorboard/", headers=_headers(stack), timeout=90)
-    elapsed = time.monotonic() - start
-    print(f"\nfirst open of /tensorboard/ answered {resp.status_code} in {elapsed:.2f} s")
-    assert resp.status_code == 200, resp.text[:500]
-    assert "tensorboard" in resp.text.lower()
-    return elapsed
+def first_open(stack) -> requests.Response:
+    """The first request to /tensorboard/ (it starts TensorBoard); its answer.  The timeout
+    only guards against a hang."""
+    return requests.get(stack.base_url + "/tensorboard/", headers=_headers(stack), timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +68,12 @@ def trained_run(stack) -> str:
 
 # --- TensorBoard behind the token ----------------------------------------------------------
 
-def test_first_open_starts_tensorboard(first_open):
-    assert first_open < 90
+def test_first_open_starts_tensorboard(stack, first_open):
+    """The tile's URL opens TensorBoard's own page, served by a TensorBoard it started."""
+    assert first_open.status_code == 200, first_open.text[:500]
+    assert "<title>TensorBoard</title>" in first_open.text and "<tb-webapp" in first_open.text
+    ps = exec_in(stack.container, "pgrep", "-f", "-a", "tfmp-tensorboard").stdout
+    assert "tfmp-tensorboard" in ps, ps
 
 
 def test_tensorboard_listens_on_loopback_only_and_has_no_host_port(stack, first_open):

@@ -1,0 +1,95 @@
+"""A training job as a scheduler runs it (`docker run IMAGE python -m app train ...`), stopped
+the way schedulers and users stop it: `docker stop` (SIGTERM through tini) saves a checkpoint
+and exits 143, and `--resume` in a *new* container on the same volume finishes the run;
+`docker kill --signal INT` (Ctrl-C) exits 130.
+
+Small on purpose: synthetic data, an MLP, float32; the signal is sent once the job's own log
+shows a step of epoch 2 (a `step N:` line after the `epoch 1/E:` line)."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+from image_helpers import docker_run, run, wait_until
+
+pytestmark = pytest.mark.docker
+
+EPOCHS = 3
+
+
+def _train_args(output: str) -> list:
+    return ["python", "-m", "app", "train", "--dataset", "synthetic", "--model", "mlp",
+            "--max-train-samples", "20000", "--max-val-samples", "128", "--batch-size", "32",
+            "--precision", "float32", "--epochs", str(EPOCHS), "--offline", "--no-save-model",
+            "--progress", "lines", "--log-every", "50", "--output", output]
+
+
+def _inside_epoch(stdout: str, epoch: int) -> bool:
+    lines = stdout.splitlines()
+    ended = [i for i, line in enumerate(lines) if line.startswith(f"epoch {epoch - 1}/")]
+    assert not any(line.startswith(f"epoch {epoch}/") for line in lines), \
+        f"epoch {epoch} ended before the signal could be sent:\n{stdout[-2000:]}"
+    return bool(ended) and any(line.startswith("step ") for line in lines[ended[0] + 1:])
+
+
+@pytest.fixture
+def volume():
+    name = f"tfmp-t-{uuid.uuid4().hex[:10]}"
+    run(["docker", "volume", "create", name], timeout=30)
+    yield name
+    run(["docker", "volume", "rm", "-f", name], check=False, timeout=60)
+
+
+def _start_training(container, volume: str, output: str) -> str:
+    name = container("-e", "TFMP_QUIET=1", "-v", f"{volume}:/workspace",
+                     command=_train_args(output))
+
+    deadline = time.monotonic() + 240
+    while True:   # not wait_until: a job that ended or went past epoch 2 fails at once
+        logs = run(["docker", "logs", name])
+        if _inside_epoch(logs.stdout, 2):
+            return name
+        output = logs.stdout[-2000:] + logs.stderr[-2000:]
+        state = run(["docker", "inspect", "-f", "{{.State.Running}}", name]).stdout.strip()
+        assert state == "true", f"the job ended before epoch 2:\n{output}"
+        assert time.monotonic() < deadline, f"no step of epoch 2 logged within 240 s:\n{output}"
+        time.sleep(0.5)
+
+
+def _exit_code(name: str) -> int:
+    return int(run(["docker", "inspect", "-f", "{{.State.ExitCode}}", name]).stdout.strip())
+
+
+def test_docker_stop_saves_a_checkpoint_and_a_new_container_resumes(image, container, volume):
+    output = "/workspace/runs/stopped"
+    name = _start_training(container, volume, output)
+    run(["docker", "stop", "-t", "60", name], timeout=120)   # 60 s grace: a kill would be 137
+    logs = run(["docker", "logs", name])
+    assert _exit_code(name) == 143, logs.stdout[-2000:] + logs.stderr[-2000:]
+    assert "received signal 15" in logs.stderr and "--resume" in logs.stderr, logs.stderr[-2000:]
+
+    script = (f"{' '.join(_train_args(output))} --resume && "
+              f"cat {output}/metrics.json > /tmp/m.json && echo METRICS && cat /tmp/m.json")
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{volume}:/workspace",
+                      command=["bash", "-c", script], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert f"done: {EPOCHS} epoch(s)" in proc.stdout
+    metrics = json.loads(proc.stdout.split("METRICS\n", 1)[1])
+    assert metrics["status"] == "completed"
+    assert [e["epoch"] for e in metrics["epochs"]] == list(range(1, EPOCHS + 1))
+    # the new container went on from the checkpoint: it trained epochs 2.. only
+    trained_here = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+    assert trained_here[0].startswith(f"epoch 2/{EPOCHS}:"), proc.stdout[-2000:]
+
+
+def test_sigint_to_a_training_container_exits_130(container, volume):
+    name = _start_training(container, volume, "/workspace/runs/interrupted")
+    run(["docker", "kill", "--signal", "INT", name], timeout=30)
+    wait_until(lambda: run(["docker", "inspect", "-f", "{{.State.Running}}", name]).stdout.strip()
+               == "false", 120, what=f"{name} to exit after SIGINT")
+    logs = run(["docker", "logs", name])
+    assert _exit_code(name) == 130, logs.stdout[-2000:] + logs.stderr[-2000:]
+    assert "received signal 2" in logs.stderr and "Traceback" not in logs.stderr
