@@ -94,10 +94,8 @@ def _keras_default_settings() -> tuple:
 
 @pytest.mark.parametrize("flags, jit, steps", [
     ([], None, None),                                    # None: what Keras picks by itself
-    (["--jit"], True, None),
-    (["--steps-per-execution", "4"], None, 4),
     (["--jit", "--steps-per-execution", "3"], True, 3),
-], ids=["neither", "jit", "steps-4", "both"])
+], ids=["neither", "both"])
 def test_jit_and_steps_per_execution_reach_the_compiled_model(tmp_path, fit_spy, flags, jit,
                                                               steps):
     from app.cli import main
