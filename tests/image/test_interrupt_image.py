@@ -40,7 +40,12 @@ def volume():
     name = f"tfmp-t-{uuid.uuid4().hex[:10]}"
     run(["docker", "volume", "create", name], timeout=30)
     yield name
-    run(["docker", "volume", "rm", "-f", name], check=False, timeout=60)
+    # The `container` fixture may not have removed the stopped job yet: a volume in use
+    # cannot be removed, so its users go first.
+    users = run(["docker", "ps", "-aq", "--filter", f"volume={name}"], check=False).stdout.split()
+    if users:
+        run(["docker", "rm", "-f", "-v", *users], check=False, timeout=60)
+    run(["docker", "volume", "rm", "-f", name], timeout=60)
 
 
 def _start_training(container, volume: str, output: str) -> str:
