@@ -354,7 +354,7 @@ def _rule_tensorflow_without_cuda(p: GpuProbe) -> Problem | None:
 
 def _driver_usable(p: GpuProbe) -> bool:
     return (p.libcuda_error is None and p.cuinit_status == 0 and bool(_gpu_nodes(p))
-            and _hidden_by(p) is None)
+            and _hidden_by(p) is None and _rule_driver_too_old(p) is None)
 
 
 def _rule_cuda_libraries_failed(p: GpuProbe) -> Problem | None:
