@@ -301,3 +301,38 @@ def test_read_driver_reports_cuinit_failures_and_missing_libraries(tmp_path):
     assert reading.cuinit_status == 803 and reading.gpus is None
     missing = gp.read_driver(str(tmp_path / "nowhere" / "libcuda.so.1"))
     assert missing.load_error and missing.cuinit_status is None
+
+
+# ---- the reports that show the list ------------------------------------------------------
+
+def test_env_report_text_lists_problems_with_their_fixes():
+    from app.envreport import format_text
+
+    report = {
+        "python": "3.8.10", "platform": "Linux", "tensorflow": "2.9.3", "keras": "2.9.0",
+        "keras_major": 2, "numpy": "1.23.5", "built_with_cuda": True, "cuda_version": "11.2",
+        "cudnn_version": "8", "auto_precision": {"policy": "float32", "reason": "no GPU"},
+        "hardware": {"gpus": [], "cpu_avx512_bf16": False, "cpu_amx": False},
+        "gpu_problems": [gp.Problem("hidden_by_cuda_visible_devices",
+                                    "CUDA_VISIBLE_DEVICES=-1 hides every GPU",
+                                    "unset CUDA_VISIBLE_DEVICES").to_dict()]}
+    text = format_text(report)
+    assert ("GPU problems:\n  [hidden_by_cuda_visible_devices] CUDA_VISIBLE_DEVICES=-1 hides "
+            "every GPU\n    fix: unset CUDA_VISIBLE_DEVICES") in text
+    assert format_text(dict(report, gpu_problems=[])).endswith("GPU problems:\n  none")
+
+
+@pytest.mark.slow
+def test_env_json_carries_the_list_beside_the_report():
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "CUDA_VISIBLE_DEVICES": "-1"}
+    proc = subprocess.run([sys.executable, "-m", "app", "env", "--json"], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert {"tensorflow", "hardware", "auto_precision"} <= set(report)
+    found = [p["id"] for p in report["gpu_problems"]]
+    assert "hidden_by_cuda_visible_devices" in found
+    assert found == sorted(found, key=gp.PROBLEM_IDS.index)
+    for p in report["gpu_problems"]:
+        assert set(p) == {"id", "line", "fix"} and p["line"] and p["fix"]
