@@ -53,7 +53,7 @@ def _gpu_problem_lines() -> tuple:
 def pytest_report_header(config):
     """The self-test's header says why a GPU box's GPU tests would skip."""
     ids, lines = _gpu_problem_lines()
-    return ["GPU problems: " + ("none" if not ids else "")] + list(lines)
+    return ["GPU problems:" + ("" if ids else " none")] + list(lines)
 
 
 def _in_ci() -> bool:
