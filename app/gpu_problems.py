@@ -208,7 +208,14 @@ def _gpu_nodes(probe: GpuProbe) -> list:
     return [n for n in probe.device_nodes if re.fullmatch(r"nvidia\d+|dxg", n)]
 
 
+def _tf_sees_gpus(p: GpuProbe) -> bool:
+    """TensorFlow lists GPUs: whatever /dev or the variables look like, they are not hidden."""
+    return p.gpus_seen_by == "tensorflow" and bool(p.gpus)
+
+
 def _rule_no_gpu_devices(p: GpuProbe) -> Problem | None:
+    if _tf_sees_gpus(p):
+        return None
     if not _gpu_nodes(p):
         return Problem("no_gpu_devices",
                        "no GPU device nodes (/dev/nvidia0, /dev/nvidia1, ...): this container "
@@ -237,7 +244,7 @@ def _capabilities_hint(env: Mapping[str, str]) -> str:
 
 
 def _rule_no_driver_libraries(p: GpuProbe) -> Problem | None:
-    if not _gpu_nodes(p):
+    if not _gpu_nodes(p) or _tf_sees_gpus(p):
         return None  # no GPU given at all: no_gpu_devices says it; no library is expected
     if p.libcuda_error is not None:
         return Problem("no_driver_libraries",
@@ -322,7 +329,7 @@ def _hidden_by(p: GpuProbe) -> str | None:
 
 
 def _rule_hidden(p: GpuProbe) -> Problem | None:
-    setting = _hidden_by(p)
+    setting = None if _tf_sees_gpus(p) else _hidden_by(p)
     if setting is None:
         return None
     name = setting.split("=", 1)[0]

@@ -54,8 +54,9 @@ def test_no_device_nodes():
 
 
 def test_nvidiactl_alone_is_not_a_gpu_but_wsl2s_dxg_is():
-    assert "no_gpu_devices" in ids(replace(HEALTHY, device_nodes=("nvidiactl", "nvidia-uvm")))
-    assert "no_gpu_devices" not in ids(replace(HEALTHY, device_nodes=("dxg",)))
+    no_tf_gpus = replace(HEALTHY, gpus=())
+    assert "no_gpu_devices" in ids(replace(no_tf_gpus, device_nodes=("nvidiactl", "nvidia-uvm")))
+    assert "no_gpu_devices" not in ids(replace(no_tf_gpus, device_nodes=("dxg",)))
 
 
 def test_device_nodes_without_libcuda():
@@ -336,3 +337,9 @@ def test_env_json_carries_the_list_beside_the_report():
     assert found == sorted(found, key=gp.PROBLEM_IDS.index)
     for p in report["gpu_problems"]:
         assert set(p) == {"id", "line", "fix"} and p["line"] and p["fix"]
+
+
+def test_gpus_tensorflow_lists_are_never_reported_missing_or_hidden():
+    # E.g. a runtime that names its nodes differently, or a variable this parser misreads.
+    probe = replace(HEALTHY, device_nodes=(), env={"CUDA_VISIBLE_DEVICES": "7"})
+    assert gp.find_problems(probe) == []
