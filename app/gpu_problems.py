@@ -274,6 +274,11 @@ def _rule_no_driver_libraries(p: GpuProbe) -> Problem | None:
                              "(`dmesg | grep -i nvrm`); then restart the container"))
 
 
+def _version_text(v: Sequence[int]) -> str:
+    """(450, 80, 2) -> "450.80.02" (NVIDIA writes the third part with two digits)."""
+    return ".".join([str(n) for n in v[:2]] + [f"{n:02d}" for n in v[2:]])
+
+
 def _required_cuda(p: GpuProbe) -> tuple:
     return parse_cuda_version(p.tf_cuda_version) or DEFAULT_CUDA
 
@@ -284,13 +289,14 @@ def _rule_driver_too_old(p: GpuProbe) -> Problem | None:
     req_major, req_minor = _required_cuda(p)
     need = f"CUDA {req_major}.{req_minor}"
     minimum = MINOR_VERSION_COMPAT_MINIMUM.get(req_major)
-    minimum_text = ".".join(f"{n:02d}" if i == 2 else str(n) for i, n in enumerate(minimum)) \
-        if minimum else None
-    fix = (f"update the host's NVIDIA driver: {TOOLKIT_DRIVER_11_2} or newer is CUDA 11.2's own "
-           f"driver; any CUDA {req_major}.x driver >= {minimum_text} runs it by CUDA's "
-           "minor-version compatibility, except on GPUs that need PTX compiled (compute "
-           "capability 8.0 and newer)") if req_major == 11 and minimum_text else \
-        f"update the host's NVIDIA driver to one that supports {need}"
+    minimum_text = _version_text(minimum) if minimum else None
+    if (req_major, req_minor) == (11, 2):
+        fix = (f"update the host's NVIDIA driver: {TOOLKIT_DRIVER_11_2} or newer is CUDA 11.2's "
+               f"own driver; any CUDA 11.x driver from {minimum_text} on runs it by CUDA's "
+               "minor-version compatibility, except on GPUs that need PTX compiled (compute "
+               "capability 8.0 and newer)")
+    else:
+        fix = f"update the host's NVIDIA driver to one that supports {need}"
     driver = p.driver_cuda_version
     if driver is not None and driver // 1000 < req_major:
         return Problem("driver_too_old",
