@@ -14,7 +14,6 @@ Importing this module does not import TensorFlow.  Python 3.8 compatible (the re
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
@@ -618,7 +617,9 @@ def format_problems(problems: Sequence[dict], indent: str = "  ") -> list:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    from app.cli import _OneLineParser  # the package's one-line usage errors (exit 2)
+
+    parser = _OneLineParser(
         prog="python -m app.gpu_problems",
         description="Why TensorFlow sees no GPU here (without importing TensorFlow).")
     mode = parser.add_mutually_exclusive_group()

@@ -343,3 +343,17 @@ def test_gpus_tensorflow_lists_are_never_reported_missing_or_hidden():
     # E.g. a runtime that names its nodes differently, or a variable this parser misreads.
     probe = replace(HEALTHY, device_nodes=(), env={"CUDA_VISIBLE_DEVICES": "7"})
     assert gp.find_problems(probe) == []
+
+
+def test_check_libraries_with_the_real_loader():
+    failed = dict(gp.check_libraries(("libc.so.6", "libtfmp-missing.so.1")))
+    assert list(failed) == ["libtfmp-missing.so.1"]
+    assert "libtfmp-missing.so.1" in failed["libtfmp-missing.so.1"]
+
+
+def test_bad_flags_are_one_line_and_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "app.gpu_problems", "--banner", "--json"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")
