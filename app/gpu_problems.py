@@ -19,7 +19,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 from app.hardware import GpuInfo, HardwareInfo, make_gpu
@@ -576,10 +576,7 @@ def probe_machine(tf=None, tf_gpus: Sequence[GpuInfo] | None = None,
     else:
         build = read_tensorflow_build_without_import() or {}
         built_with_cuda = bool(build.get("is_cuda_build")) if build else None
-        tf_version = None
-        for d in distributions:
-            tf_version = d.split()[1]
-            break
+        tf_version = distributions[0].split()[1] if distributions else None
     gpus: tuple | None
     if tf is not None and tf_gpus is not None:
         gpus, seen_by = tuple(tf_gpus), "tensorflow"
@@ -591,13 +588,12 @@ def probe_machine(tf=None, tf_gpus: Sequence[GpuInfo] | None = None,
         kernel_driver_version=read_kernel_driver_version(), gpus=gpus, gpus_seen_by=seen_by,
         env=env, built_with_cuda=built_with_cuda, tf_version=tf_version,
         tf_cuda_version=build.get("cuda_version"), tf_distributions=distributions)
-    # dlopen the CUDA libraries only where their failure is the question left: they are
-    # large, and on a working box TensorFlow has loaded them already.
+    # dlopen the CUDA libraries only where their failure is the question left: where
+    # TensorFlow was asked and listed GPUs, they loaded.  Without TensorFlow (the banner)
+    # this is the only way to know, in the banner's own short-lived process.
     cuda = parse_cuda_version(probe.tf_cuda_version) or DEFAULT_CUDA
     tf_found_none = seen_by == "tensorflow" and not gpus
     if built_with_cuda and _driver_usable(probe) and cuda[0] == 11 and (tf is None or tf_found_none):
-        from dataclasses import replace
-
         probe = replace(probe, library_errors=check_libraries())
     return probe
 
