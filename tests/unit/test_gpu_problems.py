@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from app import gpu_probe as probe_mod
 from app import gpu_problems as gp
 from app.hardware import make_gpu
 
@@ -27,7 +28,7 @@ P100 = make_gpu("Tesla P100-PCIE-16GB", (6, 0))
 GTX1660 = make_gpu("NVIDIA GeForce GTX 1660 Ti", (7, 5))
 
 # A GPU box where everything works: TensorFlow 2.9.3 (CUDA 11.2) sees a T4.
-HEALTHY = gp.GpuProbe(
+HEALTHY = probe_mod.GpuProbe(
     device_nodes=("nvidia0", "nvidiactl", "nvidia-uvm"), libcuda_error=None, cuinit_status=0,
     driver_cuda_version=11040, kernel_driver_version="470.82.01", gpus=(T4,),
     gpus_seen_by="tensorflow", env={"NVIDIA_VISIBLE_DEVICES": "all",
@@ -231,9 +232,9 @@ def test_parsers():
     closed = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.82.01  Wed Oct 27 21:21:55 "
               "UTC 2021\nGCC version:  gcc version 9.3.0\n")
     opened = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.54.03  Release Build\n"
-    assert gp.parse_proc_driver_version(closed) == "470.82.01"
-    assert gp.parse_proc_driver_version(opened) == "535.54.03"
-    assert gp.parse_proc_driver_version("") is None
+    assert probe_mod.parse_proc_driver_version(closed) == "470.82.01"
+    assert probe_mod.parse_proc_driver_version(opened) == "535.54.03"
+    assert probe_mod.parse_proc_driver_version("") is None
 
 
 def test_check_libraries_reports_each_failure():
@@ -242,17 +243,17 @@ def test_check_libraries_reports_each_failure():
             raise OSError(f"{name}: cannot open shared object file: No such file or directory")
         return object()
 
-    assert gp.check_libraries(load=load) == (
+    assert probe_mod.check_libraries(load=load) == (
         ("libcudnn.so.8", "libcudnn.so.8: cannot open shared object file: No such file or "
                           "directory"),)
-    assert "libcublasLt.so.11" in gp.CUDA11_LIBRARIES
+    assert "libcublasLt.so.11" in probe_mod.CUDA11_LIBRARIES
 
 
 def test_device_node_listing(tmp_path):
     for name in ("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-modeset", "null", "dxg"):
         (tmp_path / name).touch()
-    assert gp.list_device_nodes(str(tmp_path)) == ("dxg", "nvidia-uvm", "nvidia0", "nvidiactl")
-    assert gp.list_device_nodes(str(tmp_path / "missing")) == ()
+    assert probe_mod.list_device_nodes(str(tmp_path)) == ("dxg", "nvidia-uvm", "nvidia0", "nvidiactl")
+    assert probe_mod.list_device_nodes(str(tmp_path / "missing")) == ()
 
 
 def test_the_module_does_not_import_tensorflow():
@@ -280,15 +281,15 @@ def build_stub(tmp_path: Path, **defines) -> Path:
 
 
 def test_read_driver_from_a_stub_with_an_old_driver(tmp_path):
-    reading = gp.read_driver(str(build_stub(tmp_path, CUDA_VERSION=10010)))
-    assert reading == gp.DriverReading(load_error=None, cuinit_status=0, cuda_version=10010,
+    reading = probe_mod.read_driver(str(build_stub(tmp_path, CUDA_VERSION=10010)))
+    assert reading == probe_mod.DriverReading(load_error=None, cuinit_status=0, cuda_version=10010,
                                        gpus=())
 
 
 def test_read_driver_lists_the_drivers_gpus(tmp_path):
     lib = build_stub(tmp_path, CUDA_VERSION=11000, DEVICES=2, CC_MAJOR=8, CC_MINOR=6,
                      NAME='"NVIDIA GeForce RTX 3090"')
-    reading = gp.read_driver(str(lib))
+    reading = probe_mod.read_driver(str(lib))
     assert reading.cuda_version == 11000
     assert [(g.name, g.compute_capability, g.tensor_cores) for g in reading.gpus] == \
         [("NVIDIA GeForce RTX 3090", (8, 6), True)] * 2
@@ -298,9 +299,9 @@ def test_read_driver_lists_the_drivers_gpus(tmp_path):
 
 
 def test_read_driver_reports_cuinit_failures_and_missing_libraries(tmp_path):
-    reading = gp.read_driver(str(build_stub(tmp_path, INIT_STATUS=803)))
+    reading = probe_mod.read_driver(str(build_stub(tmp_path, INIT_STATUS=803)))
     assert reading.cuinit_status == 803 and reading.gpus is None
-    missing = gp.read_driver(str(tmp_path / "nowhere" / "libcuda.so.1"))
+    missing = probe_mod.read_driver(str(tmp_path / "nowhere" / "libcuda.so.1"))
     assert missing.load_error and missing.cuinit_status is None
 
 
@@ -346,7 +347,7 @@ def test_gpus_tensorflow_lists_are_never_reported_missing_or_hidden():
 
 
 def test_check_libraries_with_the_real_loader():
-    failed = dict(gp.check_libraries(("libc.so.6", "libtfmp-missing.so.1")))
+    failed = dict(probe_mod.check_libraries(("libc.so.6", "libtfmp-missing.so.1")))
     assert list(failed) == ["libtfmp-missing.so.1"]
     assert "libtfmp-missing.so.1" in failed["libtfmp-missing.so.1"]
 
@@ -357,3 +358,12 @@ def test_bad_flags_are_one_line_and_exit_2():
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")
+
+
+def test_the_libraries_are_dlopened_only_where_they_are_the_question():
+    assert not gp.library_check_needed(HEALTHY)                      # TensorFlow lists a GPU
+    assert gp.library_check_needed(replace(HEALTHY, gpus=()))        # ... it lists none
+    assert gp.library_check_needed(replace(HEALTHY, gpus_seen_by="driver"))  # the banner
+    assert not gp.library_check_needed(replace(HEALTHY, gpus=(), built_with_cuda=False))
+    assert not gp.library_check_needed(replace(HEALTHY, gpus=(), cuinit_status=803))
+    assert not gp.library_check_needed(replace(HEALTHY, gpus=(), driver_cuda_version=10020))
