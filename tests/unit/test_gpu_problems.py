@@ -367,3 +367,9 @@ def test_the_libraries_are_dlopened_only_where_they_are_the_question():
     assert not gp.library_check_needed(replace(HEALTHY, gpus=(), built_with_cuda=False))
     assert not gp.library_check_needed(replace(HEALTHY, gpus=(), cuinit_status=803))
     assert not gp.library_check_needed(replace(HEALTHY, gpus=(), driver_cuda_version=10020))
+
+
+def test_a_newer_major_driver_runs_cuda_11_2_by_backward_compatibility():
+    probe = replace(HEALTHY, driver_cuda_version=12020, kernel_driver_version="535.54.03",
+                    gpus=(A100,))
+    assert gp.find_problems(probe) == []
