@@ -222,7 +222,7 @@ save_environment() {
 # --- banner --------------------------------------------------------------------
 
 banner() {
-  local versions gpus shm_kb
+  local versions gpus shm_kb line
   versions=$(python3 - <<'PY' 2>/dev/null || true
 import platform
 from importlib import metadata
@@ -248,9 +248,13 @@ PY
   fi
   if [[ -n $gpus ]]; then
     while IFS= read -r line; do info "GPU: $line"; done <<<"$gpus"
-  else
-    warn "No GPU is visible: training will run on the CPU (and mixed_float16 would be slow there)." \
-      "For GPUs: NVIDIA Container Toolkit on the host, then \`docker run --gpus all\` or the compose file's GPU reservation."
+  fi
+  # Why no GPU (or no fast one): one WARN line per problem and one per fix, without
+  # importing TensorFlow (app/gpu_problems.py; docs/image.md, "No GPU?").
+  local problems
+  problems=$(timeout 20 python3 -m app.gpu_problems --banner 2>/dev/null || true)
+  if [[ -n $problems ]]; then
+    while IFS= read -r line; do warn "$line"; done <<<"$problems"
   fi
   shm_kb=$(df -k --output=size /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ' || echo 0)
   if [[ $shm_kb =~ ^[0-9]+$ ]] && ((shm_kb < 1048576)); then

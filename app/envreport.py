@@ -9,6 +9,7 @@ def collect(hardware=None) -> dict:
     import numpy as np
     import tensorflow as tf
 
+    from app import gpu_problems
     from app import hardware as hw_mod
     from app.loss_scale import KERAS_MAJOR
     from app.precision import choose_policy
@@ -32,6 +33,8 @@ def collect(hardware=None) -> dict:
         "hardware": hw.to_dict(),
         "auto_precision": {"policy": auto.policy, "reason": auto.reason},
         "executable": sys.executable,
+        # Why no GPU (or no fast one), most fundamental first; [] on a working GPU box.
+        "gpu_problems": gpu_problems.problems_here(tf=tf, tf_gpus=hw.gpus),
     }
 
 
@@ -58,4 +61,8 @@ def format_text(r: dict) -> str:
     lines.append(f"CPU bfloat16:  AVX512_BF16 {'yes' if r['hardware']['cpu_avx512_bf16'] else 'no'}, "
                  f"AMX {'yes' if r['hardware']['cpu_amx'] else 'no'}")
     lines.append(f"auto precision: {r['auto_precision']['policy']} ({r['auto_precision']['reason']})")
+    if "gpu_problems" in r:
+        from app.gpu_problems import format_problems
+
+        lines += ["GPU problems:"] + (format_problems(r["gpu_problems"]) or ["  none"])
     return "\n".join(lines)

@@ -43,6 +43,23 @@ def _docker_problem() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_problem_lines() -> tuple:
+    """Why no GPU here (app/gpu_problems.py, no TensorFlow import): the ids and the text."""
+    try:
+        from app.gpu_problems import format_problems, problems_here
+    except ImportError:  # an app from before gpu_problems on the path
+        return (), ()
+    problems = problems_here()
+    return tuple(p["id"] for p in problems), tuple(format_problems(problems))
+
+
+def pytest_report_header(config):
+    """The self-test's header says why a GPU box's GPU tests would skip."""
+    ids, lines = _gpu_problem_lines()
+    return ["GPU problems:" + ("" if ids else " none")] + list(lines)
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -67,7 +84,9 @@ def pytest_collection_modifyitems(config, items):
                     reason="host only: " + marker.kwargs.get("reason", "(no reason given)")))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and _gpu_count() == 0:
-        skip_gpu = pytest.mark.skip(reason="no GPU visible to TensorFlow on this machine")
+        why = ", ".join(_gpu_problem_lines()[0])
+        skip_gpu = pytest.mark.skip(reason="no GPU visible to TensorFlow on this machine"
+                                    + (f" ({why}: see the header)" if why else ""))
         for item in gpu_items:
             item.add_marker(skip_gpu)
 
