@@ -1,0 +1,48 @@
+# shellcheck shell=bash
+# Part of entrypoint.sh (sourced, every mode): the start-up banner - image version,
+# Python/TensorFlow/JupyterLab/numpy versions, CUDA/cuDNN, the GPUs, /dev/shm.
+#
+# Environment:
+#   TFMP_QUIET  1: no banner for batch commands (serve and self-test always show it)
+
+banner() {
+  local versions gpus shm_kb line
+  versions=$(python3 - <<'PY' 2>/dev/null || true
+import platform
+from importlib import metadata
+
+def version(*names):
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return "not installed"
+
+print(f"Python {platform.python_version()}, "
+      f"TensorFlow {version('tensorflow', 'tensorflow-gpu', 'tensorflow-cpu')}, "
+      f"JupyterLab {version('jupyterlab')}, numpy {version('numpy')}")
+PY
+  )
+  info "== Mixed-precision TensorFlow training image ${TFMP_IMAGE_VERSION:-dev} =="
+  info "${versions:-versions unknown}; CUDA ${CUDA_VERSION:-n/a}, cuDNN ${CUDNN_VERSION:-n/a}"
+  gpus=""
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    gpus=$(timeout 10 nvidia-smi -L 2>/dev/null || true)
+  fi
+  if [[ -n $gpus ]]; then
+    while IFS= read -r line; do info "GPU: $line"; done <<<"$gpus"
+  else
+    warn "No GPU is visible: training will run on the CPU (and mixed_float16 would be slow there)." \
+      "For GPUs: NVIDIA Container Toolkit on the host, then \`docker run --gpus all\` or the compose file's GPU reservation."
+  fi
+  shm_kb=$(df -k --output=size /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ' || echo 0)
+  if [[ $shm_kb =~ ^[0-9]+$ ]] && ((shm_kb < 1048576)); then
+    warn "/dev/shm is only $((shm_kb / 1024)) MiB: data pipelines may fail; NVIDIA recommends" \
+      "--shm-size=1g --ulimit memlock=-1 --ulimit stack=67108864 (the compose file sets these)"
+  else
+    info "/dev/shm: $((shm_kb / 1024)) MiB"
+  fi
+}
+
+if [[ $MODE != command || ${TFMP_QUIET:-0} != 1 ]]; then banner; fi
