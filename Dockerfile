@@ -43,12 +43,24 @@ RUN shopt -s nullglob \
 # --- the unprivileged user ----------------------------------------------------
 # UID/GID are remapped at run time from NB_UID/NB_GID (entrypoint.sh).
 # Password '*' = no password can match, but the account is not locked.
+# SC2016: PROMPT_COMMAND is written literally, for bash to expand.
+# hadolint ignore=SC2016
 RUN groupadd -o -g 1000 tf \
  && useradd -o -m -u 1000 -g tf -s /bin/bash tf \
  && usermod -p '*' tf \
  && install -d -o tf -g tf -m 755 /workspace \
  && install -d -o tf -g tf -m 700 /home/tf/.ssh /home/tf/.jupyter \
  && install -d -m 755 /etc/tfmp /etc/ssh/host_keys /etc/ssh/authorized_keys \
+ # The image's own files in the home, pristine: /home/tf is a volume that outlives
+ # the image, and entrypoint.d/07-home.sh adds or refreshes them from here (readable
+ # by any NB_UID; folders are created private there).
+ && mkdir -p /usr/local/share/tfmp \
+ && cp -a /home/tf /usr/local/share/tfmp/home \
+ && chown -R root:root /usr/local/share/tfmp/home \
+ && chmod -R go-w,a+rX /usr/local/share/tfmp/home \
+ # Shell history written at every prompt: a terminal killed with its container keeps it.
+ && printf '%s\n' '' '# tfmp: history survives a container stopped with the shell open' \
+      'PROMPT_COMMAND="history -a${PROMPT_COMMAND:+; $PROMPT_COMMAND}"' >>/etc/bash.bashrc \
  # Service list for the healthcheck; writable by a non-root start (--user) too.
  && install -d -m 1777 /run/tfmp
 
@@ -100,6 +112,8 @@ RUN sed -i '1i [ -r /etc/tfmp/ssh-extra-env.sh ] && . /etc/tfmp/ssh-extra-env.sh
  && sed -i "1i #!$(python3 -c 'import sys; print(sys.executable)')" /usr/local/bin/tfmp \
  && chmod 755 /usr/local/bin/tfmp
 COPY docker/healthcheck.py /usr/local/bin/tfmp-healthcheck
+# The persistent home's start-up jobs (entrypoint.d/07-home.sh).
+COPY docker/home-setup.py /usr/local/bin/tfmp-home
 # TensorBoard behind JupyterLab's token: the launcher tile's server (jupyter_server_config.py).
 COPY docker/tensorboard-launch.py /usr/local/bin/tfmp-tensorboard
 COPY docker/tensorboard-icon.svg /usr/local/share/tfmp/tensorboard-icon.svg

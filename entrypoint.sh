@@ -20,6 +20,7 @@
 # the self-test or execs the command.  Each part documents its own variables:
 #   00-environment.sh  the container's environment for login shells and SSH
 #   05-banner.sh       versions, GPUs, /dev/shm      (TFMP_QUIET)
+#   07-home.sh         the persistent home: image files refreshed, user packages checked
 #   10-jupyter.sh      token, JupyterLab             (JUPYTER_TOKEN[_FILE], JUPYTER_HOST_PORT)
 #   20-ssh.sh          keys, password, sshd          (ENABLE_SSH, PUBLIC_KEY[_FILE], SSH_PASSWORD[_FILE])
 #   30-notebooks.sh    guide notebooks in /workspace/notebooks
@@ -103,22 +104,24 @@ check_ids() {
 }
 
 remap_user() {
-  local cur_uid cur_gid changed=0
+  local cur_uid cur_gid
   cur_uid=$(id -u "$NB_USER")
   cur_gid=$(id -g "$NB_USER")
   if [[ $NB_GID != "$cur_gid" ]]; then
     groupmod -o -g "$NB_GID" "$NB_USER"
     info "group $NB_USER now has GID $NB_GID"
-    changed=1
   fi
   if [[ $NB_UID != "$cur_uid" ]]; then
     usermod -o -u "$NB_UID" "$NB_USER"
     info "user $NB_USER now has UID $NB_UID"
-    changed=1
   fi
-  if [[ $changed == 1 ]]; then
+  # The home's owner decides, not the remap: the home may be a volume that outlives
+  # the container, so the same NB_UID in a new container costs nothing, and a home
+  # left by another UID (or copied by Docker from the image) is re-owned once.
+  if [[ $(stat -c %u:%g "$USER_HOME") != "$NB_UID:$NB_GID" ]]; then
     # Read-only mounts below the home (an authorized_keys file) stay as they are.
     chown -R "$NB_UID:$NB_GID" "$USER_HOME" 2>/dev/null || true
+    info "re-owned $USER_HOME for UID $NB_UID, GID $NB_GID"
   fi
   # Only the top of the workspace, and only if the user could not write there
   # (a fresh bind mount created by Docker as root, or a volume from another UID).
