@@ -97,13 +97,19 @@ def sync_home(image_home: str, home: str) -> dict:
     for root, dirs, files in os.walk(image_home):
         dirs.sort()
         rel_root = os.path.relpath(root, image_home)
-        for name in dirs:
+        for name in list(dirs):
             src = os.path.join(root, name)
             dest = os.path.normpath(os.path.join(home, rel_root, name))
-            if not os.path.lexists(dest) and not os.path.islink(src):
+            if os.path.islink(src):
+                continue
+            if not os.path.lexists(dest):
                 # Private, whatever the copy's mode: the copy is readable by every NB_UID,
                 # and ~/.ssh or ~/.jupyter must not be.
                 os.mkdir(dest, 0o700)
+            elif not os.path.isdir(dest):
+                # The user put something else there: it and the image's folder stay apart.
+                dirs.remove(name)
+                done["kept"].append(os.path.normpath(os.path.join(rel_root, name)))
         # Symlinks to folders come in `dirs`: a link is installed like a file.
         for name in sorted(files) + sorted(d for d in dirs if os.path.islink(os.path.join(root, d))):
             src = os.path.join(root, name)

@@ -217,3 +217,14 @@ def test_check_refuses_a_missing_constraints_file(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"tfmp-home: error: --constraints '{tmp_path / 'none.txt'}' "
                                    "is not a file; allowed: a pip constraints file")
+
+
+def test_a_users_file_where_the_image_has_a_folder_keeps_the_rest_going(image_home, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "bin").write_text("# mine, not a folder\n")
+    status, out = sync(image_home, home)
+    assert status == 0 and out.endswith("2 added, 0 refreshed, 1 kept (yours, left as they are: "
+                                        "bin)"), out
+    assert (home / "bin").read_text() == "# mine, not a folder\n"
+    assert (home / ".bashrc").is_file() and (home / ".ssh").is_dir()
