@@ -19,7 +19,8 @@ sync_image_home() {
   local out
   # A private HOME in /tmp (--user with a UID the image does not know) gets the files too.
   if out=$("${USER_CMD[@]}" /usr/local/bin/tfmp-home sync --image-home "$IMAGE_HOME" 2>&1); then
-    info "$out"
+    # Said only when there is something to say (a batch job's log stays short).
+    [[ $out == *": 0 added, 0 refreshed, 0 kept" ]] || info "$out"
   else
     warn "could not refresh the image's files in the home: $(tail -n 1 <<<"$out")"
   fi
