@@ -124,6 +124,9 @@ def test_home_survives_down_and_up_on_a_rebuilt_image_with_a_new_uid(own_stack, 
         first_logs = logs(st)
         assert sum(f"re-owned /home/tf for UID {new_uid}, GID {new_gid}" in line
                    for line in first_logs) == 1, first_logs[-40:]
+        assert any(line.endswith("image files in the home: 1 added, 1 refreshed, 1 kept "
+                                 "(yours, left as they are: .profile)") for line in first_logs), \
+            first_logs[-40:]
         not_owned = exec_in(st.container, "find", "/home/tf", "(", "!", "-uid", str(new_uid),
                             "-o", "!", "-gid", str(new_gid), ")", "-print").stdout
         assert not_owned == "", not_owned
