@@ -1,5 +1,5 @@
 # Mixed-precision TensorFlow training image: JupyterLab on 8888, sshd on 22,
-# batch jobs (`docker run IMAGE python -m app train ...`).  See docs/image.md.
+# batch jobs (`docker run IMAGE tfmp train ...`).  See docs/image.md.
 #
 # Build (BuildKit is required for the optional CA secret):
 #   docker compose build
@@ -43,12 +43,24 @@ RUN shopt -s nullglob \
 # --- the unprivileged user ----------------------------------------------------
 # UID/GID are remapped at run time from NB_UID/NB_GID (entrypoint.sh).
 # Password '*' = no password can match, but the account is not locked.
+# SC2016: PROMPT_COMMAND is written literally, for bash to expand.
+# hadolint ignore=SC2016
 RUN groupadd -o -g 1000 tf \
  && useradd -o -m -u 1000 -g tf -s /bin/bash tf \
  && usermod -p '*' tf \
  && install -d -o tf -g tf -m 755 /workspace \
  && install -d -o tf -g tf -m 700 /home/tf/.ssh /home/tf/.jupyter \
  && install -d -m 755 /etc/tfmp /etc/ssh/host_keys /etc/ssh/authorized_keys \
+ # The image's own files in the home, pristine: /home/tf is a volume that outlives
+ # the image, and entrypoint.d/07-home.sh adds or refreshes them from here (readable
+ # by any NB_UID; folders are created private there).
+ && mkdir -p /usr/local/share/tfmp \
+ && cp -a /home/tf /usr/local/share/tfmp/home \
+ && chown -R root:root /usr/local/share/tfmp/home \
+ && chmod -R go-w,a+rX /usr/local/share/tfmp/home \
+ # Shell history written at every prompt: a terminal killed with its container keeps it.
+ && printf '%s\n' '' '# tfmp: history survives a container stopped with the shell open' \
+      'PROMPT_COMMAND="history -a${PROMPT_COMMAND:+; $PROMPT_COMMAND}"' >>/etc/bash.bashrc \
  # Service list for the healthcheck; writable by a non-root start (--user) too.
  && install -d -m 1777 /run/tfmp
 
@@ -72,7 +84,7 @@ RUN --mount=type=secret,id=pip_ca \
       /tmp/tfmp-build/pip-install.sh -r /tmp/tfmp-build/requirements.txt \
  && rm -rf /tmp/tfmp-build /root/.cache \
  && python3 -c 'import tensorflow, numpy; assert numpy.__version__ < "2", numpy.__version__' \
- # `python -m app` from every shell, kernel and job: /opt/tfmp/src on sys.path.
+ # `import app` from every shell, kernel and job: /opt/tfmp/src on sys.path.
  && python3 -c 'import site; print(site.getsitepackages()[0])' \
       | xargs -I{} sh -c 'echo /opt/tfmp/src > {}/tfmp-app.pth'
 
@@ -89,15 +101,24 @@ COPY docker/tfmp_nbconvert_csp.py /opt/tfmp/src/tfmp_nbconvert_csp.py
 # No "news"/update checks: training boxes are often offline; no pop-up over the launcher.
 COPY docker/jupyterlab-overrides.json /usr/local/share/jupyter/lab/settings/overrides.json
 COPY docker/profile-container-env.sh /etc/profile.d/zz-container-env.sh
+# `tfmp`, the package's command (docker/tfmp-cli.py): its first line names this
+# image's interpreter, as pip's console scripts do.
+COPY docker/tfmp-cli.py /usr/local/bin/tfmp
 # `ssh host 'command'`: values sshd's SetEnv cannot carry (a " or #) come from a
 # root-owned file that entrypoint.sh writes; bash reads /etc/bash.bashrc when
 # sshd starts it (Debian/Ubuntu build it with SSH_SOURCE_BASHRC).  First line,
 # before the file's own "not interactive: return".
-RUN sed -i '1i [ -r /etc/tfmp/ssh-extra-env.sh ] && . /etc/tfmp/ssh-extra-env.sh' /etc/bash.bashrc
+RUN sed -i '1i [ -r /etc/tfmp/ssh-extra-env.sh ] && . /etc/tfmp/ssh-extra-env.sh' /etc/bash.bashrc \
+ && sed -i "1i #!$(python3 -c 'import sys; print(sys.executable)')" /usr/local/bin/tfmp \
+ && chmod 755 /usr/local/bin/tfmp
 COPY docker/healthcheck.py /usr/local/bin/tfmp-healthcheck
+# The persistent home's start-up jobs (entrypoint.d/07-home.sh).
+COPY docker/home-setup.py /usr/local/bin/tfmp-home
 # TensorBoard behind JupyterLab's token: the launcher tile's server (jupyter_server_config.py).
 COPY docker/tensorboard-launch.py /usr/local/bin/tfmp-tensorboard
 COPY docker/tensorboard-icon.svg /usr/local/share/tfmp/tensorboard-icon.svg
+# The start-up core and its parts (sourced in name order; see entrypoint.sh).
+COPY docker/entrypoint.d/ /usr/local/lib/tfmp/entrypoint.d/
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 
 # --- the project's own files, last: an app/ change rebuilds only these layers ----

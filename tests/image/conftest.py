@@ -8,6 +8,8 @@
   docker-compose.cpu.yml) shared by the tests that only look at it, on free
   ports bound to 127.0.0.1, the workspace bind-mounted from a host folder owned
   by a non-root "host user" UID.
+* ``own_stack``: the same settings for one test that takes its stack down and
+  up again (volumes kept between), removed at the end.
 * ``container``: per-test ``docker run`` containers, always removed.
 
 Every subprocess runs under a timeout; waiting is done with ``wait_until``.
@@ -86,13 +88,14 @@ def ssh_keypair(tmp_path_factory) -> tuple[Path, str]:
     return key, (d / "id_ed25519.pub").read_text().strip()
 
 
-@pytest.fixture(scope="session")
-def stack(image, ssh_keypair, tmp_path_factory):
-    """`docker compose up -d` with the CPU override; one stack for the whole session."""
+def new_stack(image: str, ssh_keypair: tuple[Path, str], folder: Path) -> Stack:
+    """A stack's settings (not started): its own project name, free ports, the workspace a
+    bind mount of a host folder owned by the "host user", files under ``folder``."""
     project = f"tfmptest{uuid.uuid4().hex[:8]}"
-    workspace = tmp_path_factory.mktemp("workspace")
+    workspace = folder / "workspace"
+    workspace.mkdir()
     os.chown(workspace, HOST_UID, HOST_GID)
-    override = tmp_path_factory.mktemp("compose") / "workspace-bind.yml"
+    override = folder / "workspace-bind.yml"
     # Same mount target as the named volume: Compose replaces it with this bind mount.
     override.write_text(
         "services:\n  tfmp:\n    volumes:\n"
@@ -114,14 +117,37 @@ def stack(image, ssh_keypair, tmp_path_factory):
     override.write_text(override.read_text()
                         + "    environment:\n      TFMP_TEST_USER_VAR: ${TFMP_TEST_USER_VAR}\n"
                         + "".join(f"      {var}: ${{{var}}}\n" for var in PARITY_VALUES))
+    return st
+
+
+def stop_stack(st: Stack) -> None:
+    """Print the last log lines (for a failure's report), then remove it with its volumes."""
+    logs = st.compose("logs", "--no-color", "--tail", "60", check=False, timeout=60)
+    print(logs.stdout[-4000:])
+    st.compose("down", "-v", "--remove-orphans", "-t", "5", check=False, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def stack(image, ssh_keypair, tmp_path_factory):
+    """`docker compose up -d` with the CPU override; one stack for the whole session."""
+    st = new_stack(image, ssh_keypair, tmp_path_factory.mktemp("stack"))
     try:
         st.compose("up", "-d", "--no-build", "tfmp", timeout=180)
         st.wait_healthy()
         yield st
     finally:
-        logs = st.compose("logs", "--no-color", "--tail", "60", check=False, timeout=60)
-        print(logs.stdout[-4000:])
-        st.compose("down", "-v", "--remove-orphans", "-t", "5", check=False, timeout=120)
+        stop_stack(st)
+
+
+@pytest.fixture
+def own_stack(image, ssh_keypair, tmp_path):
+    """A stack of the test's own, not started: for tests that take it down and up again
+    (the test runs `up`); removed with its volumes at the end."""
+    st = new_stack(image, ssh_keypair, tmp_path)
+    try:
+        yield st
+    finally:
+        stop_stack(st)
 
 
 @pytest.fixture

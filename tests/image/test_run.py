@@ -2,6 +2,7 @@
 supervision, password login, pip constraints, the self-test, build hygiene."""
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -28,6 +29,17 @@ def test_batch_python_module_runs_as_the_user(image):
         "python", "-c", "import os, app, tensorflow as tf; print(os.getuid(), tf.__version__)"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1000", "2.9.3"]
+
+
+def test_batch_tfmp_command_runs_the_package_beside_a_users_app_py(image, tmp_path):
+    """`docker run IMAGE tfmp ...` in the workspace (the image's working folder) that holds a
+    user's own app.py: the package runs, not their file."""
+    (tmp_path / "app.py").write_text("print('HIJACKED')\nraise SystemExit(42)\n")
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{tmp_path}:/workspace",
+                      command=["tfmp", "env", "--json"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["tensorflow"] == "2.9.3" and report["keras_major"] == 2, report
 
 
 def test_batch_app_usage_error_is_exit_2(image):

@@ -247,6 +247,29 @@ def test_training_over_ssh_writes_metrics_owned_by_the_host_user(stack):
     assert not stat.S_IWOTH & metrics.stat().st_mode
 
 
+HOSTILE_APP = "print('HIJACKED')\nraise SystemExit(42)\n"
+
+
+def test_tfmp_over_ssh_runs_the_package_beside_a_users_own_app_py(stack):
+    """`tfmp` runs our package from any folder; `python -m app` there runs the user's app.py."""
+    folder = stack.workspace / "own-project"
+    folder.mkdir()
+    (folder / "app.py").write_text(HOSTILE_APP)
+    for path in (folder, folder / "app.py"):
+        os.chown(path, HOST_UID, HOST_GID)
+    cmd = ("cd /workspace/own-project && tfmp train --dataset synthetic --model mlp --epochs 1 "
+           "--precision float32 --max-train-samples 128 --max-val-samples 32 --batch-size 32 "
+           "--output /workspace/runs/tfmp-beside-app-py --no-save-model --progress lines")
+    with ssh_client(stack) as client:
+        status, out, err = ssh_run(client, cmd, timeout=300)
+        alias_status, alias_out, _ = ssh_run(client, "cd /workspace/own-project && python -m app env")
+    assert status == 0 and "HIJACKED" not in out + err, out[-2000:] + err[-3000:]
+    metrics = stack.workspace / "runs" / "tfmp-beside-app-py" / "metrics.json"
+    assert json.loads(metrics.read_text())["status"] == "completed"
+    # What `tfmp` avoids: the same folder hands `python -m app` to the user's file.
+    assert (alias_status, alias_out.strip()) == (42, "HIJACKED")
+
+
 # --- restart: host keys persist (last: it restarts the shared stack) -----------------
 
 def _host_key_fingerprint(stack) -> str:

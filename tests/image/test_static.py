@@ -15,6 +15,7 @@ pytestmark = pytest.mark.docker
 SHELL_SCRIPTS = sorted(
     {REPO / "entrypoint.sh", REPO / ".ci/run", REPO / "docker/profile-container-env.sh"}
     | set((REPO / "docker").glob("*.sh"))
+    | set((REPO / "docker/entrypoint.d").glob("*.sh"))
     | set((REPO / "tests/image").glob("*.sh"))
     | set((REPO / "tests/benchmarks").glob("*.sh"))
 )
@@ -84,4 +85,11 @@ def test_compose_files_are_valid(files):
     assert {p["target"] for p in jupyter["ports"]} == {8888, 22}
     assert all(p["host_ip"] == "127.0.0.1" for p in jupyter["ports"])
     assert jupyter["shm_size"] and jupyter["ulimits"]["stack"] == 67108864
-    assert cfg["services"]["train"]["command"] == ["python", "-m", "app", "train"]
+    assert cfg["services"]["train"]["command"] == ["tfmp", "train"]
+    # The home is one named volume, shared by the service and batch jobs (docs/image.md,
+    # "What persists"); Docker seeds an empty named volume from the image, never a bind mount.
+    for service in ("tfmp", "train"):
+        mounts = {v["target"]: v for v in cfg["services"][service]["volumes"]}
+        assert mounts["/home/tf"]["type"] == "volume" and mounts["/home/tf"]["source"] == "home"
+        assert mounts["/workspace"]["source"] == "workspace"
+    assert "home" in cfg["volumes"]

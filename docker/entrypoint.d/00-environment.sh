@@ -1,0 +1,82 @@
+# shellcheck shell=bash
+# Part of entrypoint.sh (sourced, every mode, as root): the container's environment
+# for login shells and SSH sessions, so `tfmp train` over SSH finds the GPU as it
+# does in Jupyter (PATH, LD_LIBRARY_PATH, CUDA/NVIDIA/TF variables, PIP_CONSTRAINT,
+# variables passed with -e).
+#
+# Two copies of it, both root-owned:
+#  - $ENV_FILE, NAME=value lines, re-applied by login shells (profile.d);
+#  - $SSHD_ENV_CONF, one sshd `SetEnv` line applied by sshd to every session
+#    (shell, exec, sftp).  No PermitUserEnvironment: a user-writable
+#    ~/.ssh/environment could set LD_PRELOAD & co. for sshd-started sessions.
+# sshd's own rules (checked with `sshd -T` on 8.4; 8.2 has the same parser,
+# which OpenSSH replaced only in 8.7): only the FIRST
+# SetEnv line counts, so all variables go on one line, each as "NAME=value";
+# there is no escape for '"' (an error), and '#' ends the line wherever it is
+# (silently dropping the rest).  Such values go to $SSH_EXTRA_ENV instead, as
+# shell code: `ssh host 'command'` runs `bash -c`, and Debian's and Ubuntu's
+# bash read /etc/bash.bashrc when sshd starts them (SSH_SOURCE_BASHRC), where
+# the Dockerfile sources that file; login shells have $ENV_FILE; internal-sftp
+# runs no process.
+# Backslashes are literal there; OpenSSH 8.7+ would read \\ and \" as escapes
+# (revisit if the base moves to a newer OpenSSH).
+#
+# Sets (read-only) for later parts:
+#   SETENV_SKIPPED  names that reach SSH commands through $SSH_EXTRA_ENV, not SetEnv
+
+readonly ENV_FILE=/etc/tfmp/container.env
+readonly SSHD_ENV_CONF=/etc/ssh/sshd_config.d/tfmp-environment.conf
+readonly SSH_EXTRA_ENV=/etc/tfmp/ssh-extra-env.sh
+
+SETENV_SKIPPED=()
+save_environment() {
+  local tmp entry name value setenv=() shell_code=()
+  mkdir -p "$(dirname "$ENV_FILE")"
+  tmp=$(mktemp "$ENV_FILE.XXXXXX")
+  while IFS= read -r -d '' entry; do
+    name=${entry%%=*}
+    value=${entry#*=}
+    case $name in
+      HOME | PWD | OLDPWD | SHLVL | _ | HOSTNAME | USER | LOGNAME | SHELL | MAIL | TERM) continue ;;
+    esac
+    case " ${PRIVATE_VARS[*]} " in *" $name "*) continue ;; esac
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
+    if [[ $value == *$'\n'* ]]; then
+      warn "not passing $name to SSH sessions: its value spans several lines"
+      continue
+    fi
+    printf '%s=%s\n' "$name" "$value" >>"$tmp"
+    case $value in
+      *'"'* | *'#'*)
+        SETENV_SKIPPED+=("$name")
+        shell_code+=("export $name=$(printf '%q' "$value")")
+        ;;
+      *) setenv+=("\"$name=$value\"") ;;
+    esac
+  done < <(env -0)
+  chown "root:$NB_GID" "$tmp"
+  chmod 0640 "$tmp"
+  mv -f "$tmp" "$ENV_FILE"
+
+  rm -f "$SSH_EXTRA_ENV"
+  if ((${#shell_code[@]})); then
+    tmp=$(mktemp "$SSH_EXTRA_ENV.XXXXXX")
+    printf '%s\n' "# Written by entrypoint.sh: values sshd's SetEnv cannot carry." "${shell_code[@]}" >"$tmp"
+    chown "root:$NB_GID" "$tmp"
+    chmod 0640 "$tmp"
+    mv -f "$tmp" "$SSH_EXTRA_ENV"
+  fi
+
+  install -d -m 755 "$(dirname "$SSHD_ENV_CONF")"
+  tmp=$(mktemp "$SSHD_ENV_CONF.XXXXXX")
+  {
+    echo "# Written by entrypoint.sh at every start: the container's environment for SSH sessions."
+    if ((${#setenv[@]})); then printf 'SetEnv %s\n' "${setenv[*]}"; fi
+  } >"$tmp"
+  chmod 0600 "$tmp"
+  mv -f "$tmp" "$SSHD_ENV_CONF"
+  install -d -m 700 -o "$NB_UID" -g "$NB_GID" "$USER_HOME/.ssh"
+}
+
+if is_root; then save_environment; fi
+readonly SETENV_SKIPPED

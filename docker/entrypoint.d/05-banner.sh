@@ -1,0 +1,53 @@
+# shellcheck shell=bash
+# Part of entrypoint.sh (sourced, every mode): the start-up banner - image version,
+# Python/TensorFlow/JupyterLab/numpy versions, CUDA/cuDNN, the GPUs or why none is usable, /dev/shm.
+#
+# Environment:
+#   TFMP_QUIET  1: no banner for batch commands (serve and self-test always show it)
+
+banner() {
+  local versions gpus shm_kb line
+  versions=$(python3 - <<'PY' 2>/dev/null || true
+import platform
+from importlib import metadata
+
+def version(*names):
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return "not installed"
+
+print(f"Python {platform.python_version()}, "
+      f"TensorFlow {version('tensorflow', 'tensorflow-gpu', 'tensorflow-cpu')}, "
+      f"JupyterLab {version('jupyterlab')}, numpy {version('numpy')}")
+PY
+  )
+  info "== Mixed-precision TensorFlow training image ${TFMP_IMAGE_VERSION:-dev} =="
+  info "${versions:-versions unknown}; CUDA ${CUDA_VERSION:-n/a}, cuDNN ${CUDNN_VERSION:-n/a}"
+  gpus=""
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    gpus=$(timeout 10 nvidia-smi -L 2>/dev/null || true)
+  fi
+  if [[ -n $gpus ]]; then
+    while IFS= read -r line; do info "GPU: $line"; done <<<"$gpus"
+  fi
+  # Why no GPU (or no fast one): one WARN line per problem and one per fix, without
+  # importing TensorFlow (app/gpu_problems.py; docs/image.md, "No GPU?").  Run from /
+  # so a user's app.py or app/ in the working folder cannot stand in for the package.
+  local problems
+  problems=$(cd / && timeout 20 python3 -m app.gpu_problems --banner 2>/dev/null || true)
+  if [[ -n $problems ]]; then
+    while IFS= read -r line; do warn "$line"; done <<<"$problems"
+  fi
+  shm_kb=$(df -k --output=size /dev/shm 2>/dev/null | tail -n 1 | tr -d ' ' || echo 0)
+  if [[ $shm_kb =~ ^[0-9]+$ ]] && ((shm_kb < 1048576)); then
+    warn "/dev/shm is only $((shm_kb / 1024)) MiB: data pipelines may fail; NVIDIA recommends" \
+      "--shm-size=1g --ulimit memlock=-1 --ulimit stack=67108864 (the compose file sets these)"
+  else
+    info "/dev/shm: $((shm_kb / 1024)) MiB"
+  fi
+}
+
+if [[ $MODE != command || ${TFMP_QUIET:-0} != 1 ]]; then banner; fi

@@ -1,0 +1,27 @@
+# shellcheck shell=bash
+# Part of entrypoint.sh (sourced; serve mode): TensorBoard, a JupyterLab tile at
+# /tensorboard/ started on first use (jupyter_server_config.py, tfmp-tensorboard).
+#
+# Environment:
+#   TFMP_TENSORBOARD_LOGDIR  folder JupyterLab's TensorBoard (/tensorboard/) shows
+#                        (default $TFMP_WORKSPACE/runs, where `tfmp train`
+#                        writes runs); an absolute path (created if missing) or a
+#                        URL such as gs://bucket/runs
+[[ $MODE == serve ]] || return 0
+
+# Checked at start, as the user: a bad TFMP_TENSORBOARD_LOGDIR stops here with one
+# line instead of a tile that fails later.  The default folder the user did not ask
+# for (e.g. a read-only /workspace under --user) only warns, as the notebooks do.
+check_tensorboard_logdir() {
+  local out logdir
+  if out=$("${USER_CMD[@]}" /usr/local/bin/tfmp-tensorboard --check 2>&1); then
+    logdir=$out
+  else
+    [[ -z ${TFMP_TENSORBOARD_LOGDIR:-} ]] || fatal "${out#tfmp-tensorboard: }"
+    warn "TensorBoard: ${out#tfmp-tensorboard: } (the tile shows runs once that folder exists)"
+    logdir="${TFMP_WORKSPACE:-/workspace}/runs"
+  fi
+  announce "TensorBoard: http://127.0.0.1:${JUPYTER_HOST_PORT:-8888}/tensorboard/ (launcher tile; runs in $logdir)"
+}
+
+check_tensorboard_logdir
