@@ -37,7 +37,10 @@ PY
   # importing TensorFlow (app/gpu_problems.py; docs/image.md, "No GPU?").  Run from /
   # so a user's app.py or app/ in the working folder cannot stand in for the package.
   local problems
-  problems=$(cd / && timeout 20 python3 -m app.gpu_problems --banner 2>/dev/null || true)
+  problems=$(
+    cd / || exit 0
+    timeout 20 python3 -m app.gpu_problems --banner 2>/dev/null || true
+  )
   if [[ -n $problems ]]; then
     while IFS= read -r line; do warn "$line"; done <<<"$problems"
   fi
