@@ -9,11 +9,8 @@ from typing import Sequence
 
 from app.commands import COMMANDS
 from app.errors import MixedPrecisionClash, UsageError, UserCodeError
-from app.output_faults import EXIT_OUTPUT_FAULT, OutputFault
-
-EXIT_OK = 0
-EXIT_FAILED = 1   # the user's own code raised, or their layer breaks under mixed precision
-EXIT_USAGE = 2
+from app.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_OUTPUT_FAULT, EXIT_USAGE  # noqa: F401
+from app.output_faults import OutputFault
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -18,10 +18,12 @@ from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
+from app.registry import DEFAULT_INITIAL_LOSS_SCALE
+
 KERAS_MAJOR = int(str(getattr(tf.keras, "__version__", "2")).split(".")[0])
 IS_KERAS3 = KERAS_MAJOR >= 3
 
-DEFAULT_INITIAL_SCALE = 2.0 ** 15
+DEFAULT_INITIAL_SCALE = DEFAULT_INITIAL_LOSS_SCALE
 DEFAULT_GROWTH_STEPS = 2000
 
 

@@ -17,7 +17,7 @@ import re
 import shutil
 from typing import Optional
 
-EXIT_OUTPUT_FAULT = 5
+from app.exit_codes import EXIT_OUTPUT_FAULT  # noqa: F401  (re-exported)
 
 # errno -> (what the user reads, what to do)
 _CAUSES = {

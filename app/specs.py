@@ -150,3 +150,18 @@ def call_user(fn: Callable, spec: str, what: str, available: Mapping[str, Any]) 
         raise
     except Exception as exc:
         raise UserCodeError(spec, f"calling {getattr(fn, '__name__', spec)}", exc) from exc
+
+
+def parse_input_shape(text) -> tuple | None:
+    if text is None or isinstance(text, tuple):
+        return text
+    if isinstance(text, (list,)):
+        return tuple(int(v) for v in text)
+    try:
+        shape = tuple(int(p) for p in str(text).replace("x", ",").split(",") if p.strip())
+    except ValueError:
+        shape = ()
+    if not shape or any(d < 1 for d in shape):
+        raise UsageError(f"input_shape must be positive integers separated by commas. "
+                         f"Received: input_shape={text!r}", "e.g. 28,28,1 or 784")
+    return shape

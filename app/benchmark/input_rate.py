@@ -26,22 +26,17 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-# Flags of ``python -m app train`` that change the data (the rest are accepted and ignored).
-_INT = {"epochs", "batch_size", "seed", "max_train_samples", "max_val_samples", "image_size",
-        "steps_per_execution", "num_classes"}
-_FLOAT = {"learning_rate"}
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from app.benchmark.runner import BOOL_PASS_THROUGH, PASS_THROUGH
+    from app import settings
 
-    p = argparse.ArgumentParser(prog="python -m app.benchmark.input_rate",
-                                description=__doc__.splitlines()[0])
-    for key, flag in PASS_THROUGH:
-        kind = int if key in _INT else float if key in _FLOAT else str
-        p.add_argument(flag, dest=key, type=kind, default=None)
-    for key, flag in BOOL_PASS_THROUGH:
-        p.add_argument(flag, dest=key, action="store_true", default=None)
+    p = argparse.ArgumentParser(prog="input_rate (a child process of tfmp benchmark)", description=__doc__.splitlines()[0])
+    # The settings the benchmark passes to its runs (those that change the data matter
+    # here; the rest are accepted and ignored).
+    for s in settings.PASSED:
+        if s.switch:
+            p.add_argument(s.flag, dest=s.name, action="store_true", default=None)
+        else:
+            p.add_argument(s.flag, dest=s.name, type=s.parse, default=None)
     p.add_argument("--warmup-epochs", type=int, default=1)
     p.add_argument("--output", required=True)
     return p

@@ -17,25 +17,19 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from app import settings as settings_table
 from app.benchmark import stats
+from app.exit_codes import EXIT_USAGE  # train rejected its input
 from app.reporting import utc_now_iso
 
-# Flags of ``python -m app train`` that the benchmark passes through unchanged when set.
-PASS_THROUGH = (
-    ("model", "--model"), ("dataset", "--dataset"), ("loss", "--loss"), ("metrics", "--metrics"),
-    ("input_shape", "--input-shape"), ("num_classes", "--num-classes"), ("loop", "--loop"),
-    ("epochs", "--epochs"), ("batch_size", "--batch-size"),
-    ("learning_rate", "--learning-rate"), ("seed", "--seed"),
-    ("max_train_samples", "--max-train-samples"), ("max_val_samples", "--max-val-samples"),
-    ("workspace", "--workspace"), ("data_dir", "--data-dir"), ("image_dir", "--image-dir"),
-    ("image_size", "--image-size"), ("steps_per_execution", "--steps-per-execution"),
-)
-BOOL_PASS_THROUGH = (("jit", "--jit"), ("offline", "--offline"))
+# Flags of ``tfmp train`` that the benchmark passes through unchanged when set (the
+# ``passed`` column of app.settings): (setting, flag) pairs, values and switches apart.
+PASS_THROUGH = tuple((s.name, s.flag) for s in settings_table.PASSED if not s.switch)
+BOOL_PASS_THROUGH = tuple((s.name, s.flag) for s in settings_table.PASSED if s.switch)
 # Always: no model file (its saving time and disk are not what is measured), and plain
 # progress lines in the run's log instead of a progress bar.
 FIXED_FLAGS = ("--no-save-model", "--progress", "lines")
 
-EXIT_USAGE = 2  # `python -m app train` rejected its input
 
 
 class TrainRejectedInput(Exception):
@@ -54,15 +48,7 @@ Launcher = Callable[[List[str], str, Optional[float], Mapping[str, str]], int]
 
 
 def _setting_flags(settings: Mapping[str, Any]) -> List[str]:
-    cmd: List[str] = []
-    for key, flag in PASS_THROUGH:
-        val = settings.get(key)
-        if val is not None:
-            cmd += [flag, str(val)]
-    for key, flag in BOOL_PASS_THROUGH:
-        if settings.get(key):
-            cmd.append(flag)
-    return cmd
+    return settings_table.passed_flags(dict(settings))
 
 
 def train_command(settings: Mapping[str, Any], policy: str, run_dir: str,

@@ -41,18 +41,18 @@ def load_bundle(task, batch_size: int, steps: int, seed: int, data_dir: Optional
     """Only as many samples as the steps need; built-in datasets are read, never downloaded."""
     import os
 
-    from app.config import default_data_dir
+    from app.config import TrainConfig, default_data_dir, env_value
 
     if task.dataset.builtin and task.dataset.spec == "synthetic" and not task.model.builtin:
         synthetic_shape(task)
     if data_dir is None:  # where train keeps the built-in datasets
-        data_dir = os.environ.get("TFMP_DATA_DIR") or default_data_dir(
-            os.environ.get("TFMP_WORKSPACE") or "workspace")
+        data_dir = env_value("data_dir") or default_data_dir(
+            env_value("workspace") or TrainConfig.workspace)
     if task.dataset.builtin and task.dataset.spec not in ("synthetic", "images") \
             and not os.path.isdir(data_dir):
         raise UsageError(f"dataset {task.dataset.spec!r}: check reads it from {data_dir!r} and "
                          "never downloads, and that folder does not exist",
-                         f"run `python -m app train --dataset {task.dataset.spec}` once (it "
+                         f"run `tfmp train --dataset {task.dataset.spec}` once (it "
                          "downloads), set TFMP_DATA_DIR or TFMP_WORKSPACE, or omit --dataset "
                          "for synthetic data")
     return task.load_data(batch_size, data_dir, max_train_samples=batch_size * (steps + 1),
@@ -151,7 +151,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
         built = _build(task, bundle, policy, seed, bundle.sample_batch)
     except UserCodeError as exc:
         if mixed and dtype_clash.is_dtype_clash(exc.original):
-            findings.append(_clash(exc.original, policy, task))
+            findings.append(_clash_finding(exc.original, policy, task))
             return _finish(report, findings)
         raise
     model = built.model
@@ -166,7 +166,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
             prediction = model(x0, training=True)
         except Exception as exc:
             if mixed and dtype_clash.is_dtype_clash(exc):
-                clash = _clash(exc, policy, task)
+                clash = _clash_finding(exc, policy, task)
             else:
                 raise UserCodeError(task.model.spec, f"running the model on one batch under "
                                     f"{policy}", exc) from exc
@@ -207,7 +207,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
         grads = probe_mod.probe_gradients(step, x0, y0, policy)
     except Exception as exc:
         if mixed and dtype_clash.is_dtype_clash(exc):
-            findings.append(_clash(exc, policy, task))
+            findings.append(_clash_finding(exc, policy, task))
             report["probe"] = probe
             return _finish(report, findings)
         raise UserCodeError(task.model.spec, f"computing gradients under {policy}", exc) from exc
@@ -305,7 +305,7 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
     return out
 
 
-def _clash(exc, policy, task) -> Finding:
+def _clash_finding(exc, policy, task) -> Finding:
     from app import dtype_clash
 
     layer = dtype_clash.failing_layer(exc)
