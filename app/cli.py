@@ -1,4 +1,4 @@
-"""``python -m app``: registers the subcommands and turns bad input into exit status 2."""
+"""``tfmp``: registers the subcommands and turns bad input into exit status 2."""
 from __future__ import annotations
 
 import argparse
@@ -22,7 +22,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="python -m app",
+    parser = _OneLineParser(prog="tfmp",
                             description="Mixed-precision TensorFlow training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     sub.required = True

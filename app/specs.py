@@ -75,11 +75,17 @@ def _import_file(path: str, spec: str, what: str):
     return module
 
 
-def _import_module(name: str, spec: str, what: str):
-    # `python -m app` puts the current directory on sys.path; a Python API caller (a
-    # notebook, a script elsewhere) may not have it, and the docs promise it.
+def current_folder_importable() -> None:
+    """Put the current folder on sys.path, as the docs promise for MODULE specs.
+
+    ``python -m app`` has it there already; the ``tfmp`` script, the benchmark's child runs
+    (app/launch.py) and a Python API caller (a notebook, a script elsewhere) may not."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+def _import_module(name: str, spec: str, what: str):
+    current_folder_importable()
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:

@@ -3,7 +3,7 @@
     python -m app.benchmark.input_rate --model SPEC --dataset SPEC [train flags] \
         --epochs N --warmup-epochs W --output DIR
 
-Loads the data exactly as ``python -m app train`` does (``app.training.prepare``: the same
+Loads the data exactly as ``tfmp train`` does (``app.training.prepare``: the same
 task, batch size, sample limits, seed, shuffling and prefetching), then iterates the
 training batches for ``--epochs`` epochs with no model, inside one ``tf.function`` per
 epoch (``Dataset.reduce``, so no Python runs per batch), and prints one JSON object on
@@ -29,7 +29,8 @@ from typing import Any, Dict, List, Optional, Sequence
 def build_parser() -> argparse.ArgumentParser:
     from app import settings
 
-    p = argparse.ArgumentParser(prog="input_rate (a child process of tfmp benchmark)", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="input_rate (a child process of tfmp benchmark)",
+                                description=__doc__.splitlines()[0])
     # The settings the benchmark passes to its runs (those that change the data matter
     # here; the rest are accepted and ignored).
     for s in settings.PASSED:
@@ -83,7 +84,8 @@ def measure(args) -> Dict[str, Any]:
     flags = {k: v for k, v in vars(args).items() if k not in ("warmup_epochs",)}
     flags["precision"] = "float32"
     cfg = resolve_config(flags)
-    _, _, task, bundle, _, dist = prepare(cfg)
+    run = prepare(cfg)
+    task, bundle, dist = run.task, run.bundle, run.dist
     one_epoch = _epoch_counter(bundle.train)
     rows = []
     for epoch in range(cfg.epochs):
@@ -97,7 +99,7 @@ def measure(args) -> Dict[str, Any]:
         "samples_per_second": statistics.median(timed) if timed else None,
         "epochs": rows, "epochs_excluded": args.warmup_epochs,
         "global_batch": dist.global_batch, "train_samples": bundle.train_samples,
-        "how": "the training batches of `python -m app train` with the same settings, "
+        "how": "the training batches of `tfmp train` with the same settings, "
                "iterated in a tf.function with no model (Dataset.reduce), one process",
         "layer_widths": None, "layer_widths_note": None,
     }
@@ -118,22 +120,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from app.errors import UsageError, UserCodeError
+    from app.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
     args = build_parser().parse_args(argv)
     try:
         result = measure(args)
     except UsageError as exc:
         sys.stderr.write(exc.line() + "\n")
-        return 2
+        return EXIT_USAGE
     except UserCodeError as exc:
         import traceback
 
         traceback.print_exception(type(exc.original), exc.original, exc.original.__traceback__)
         sys.stderr.write(exc.line() + "\n")
-        return 1
+        return EXIT_FAILED
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -91,6 +91,7 @@ def precheck_spec(spec, what: str) -> None:
                              f"({os.getcwd()}) or absolute")
         return
     top = module.split(".")[0]
+    specs.current_folder_importable()   # as the child runs will
     try:
         found = importlib.util.find_spec(top) is not None
     except (ImportError, ValueError):

@@ -1,4 +1,4 @@
-"""``python -m app check``: the mixed-precision doctor for a model (docs/your-model.md).
+"""``tfmp check``: the mixed-precision doctor for a model (docs/your-model.md).
 
 Exit status: 0 ready (warnings included), 1 blocked, 2 bad input.  Prints the report; with
 ``--json FILE`` also writes it there (atomically).  Writes nothing else.
@@ -21,9 +21,9 @@ what it checks (each finding has a severity, the layer and the fix):
 exit status: 0 ready (warnings included), 1 blocked, 2 bad input.
 
 examples:
-  python -m app check --model resnet
-  python -m app check --model ./nets/small.py:build --input-shape 28,28,1
-  python -m app check --model nets.small:build --dataset nets.data:load --json check.json
+  tfmp check --model resnet
+  tfmp check --model ./nets/small.py:build --input-shape 28,28,1
+  tfmp check --model nets.small:build --dataset nets.data:load --json check.json
 """
 
 
