@@ -120,14 +120,14 @@ class Task:
     # --- model -------------------------------------------------------------------------------
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
-        model = self._call_model_function(bundle)
+        model = _call_model(self.model, bundle)
         # One forward pass on a few samples: it builds a subclassed model, and its output
         # gives the unit count, the dtype and whether the outputs are probabilities.
         prediction = (_forward(model, sample_batch[0], self.model.spec)
                       if sample_batch is not None else None)
         units = _output_units(model, prediction)
         compiled_loss, compiled_metrics, optimizer = _compiled_parts(model)
-        self._check_output_fits(units, bundle)
+        _check_output_fits(units, bundle, self.model.spec, self.dataset.spec)
         notes: list = []
         loss_fn = losses.make_loss(self.loss_spec if self.loss_spec is not None else compiled_loss,
                                    model, bundle, units, prediction, notes,
@@ -146,32 +146,33 @@ class Task:
         return BuiltModel(model, optimizer, loss_fn, make_metrics, notes,
                           _output_warnings(model, prediction))
 
-    def _call_model_function(self, bundle):
-        import tensorflow as tf
+def _call_model(entry, bundle):
+    """The model function's keras.Model for the data's shape and class count."""
+    import tensorflow as tf
 
-        model = specs.call_user(self.model.function, self.model.spec, "model",
-                                {"input_shape": tuple(bundle.input_shape),
-                                 "num_classes": int(bundle.num_classes)})
-        if not isinstance(model, tf.keras.Model):
-            raise UsageError(f"model spec {self.model.spec!r} returned "
-                             f"{type(model).__module__}.{type(model).__name__}, not a keras.Model",
-                             "a function returning a tf.keras.Model (Sequential, functional or "
-                             "subclassed), compiled or not")
-        return model
+    model = specs.call_user(entry.function, entry.spec, "model",
+                            {"input_shape": tuple(bundle.input_shape),
+                             "num_classes": int(bundle.num_classes)})
+    if not isinstance(model, tf.keras.Model):
+        raise UsageError(f"model spec {entry.spec!r} returned "
+                         f"{type(model).__module__}.{type(model).__name__}, not a keras.Model",
+                         "a function returning a tf.keras.Model (Sequential, functional or "
+                         "subclassed), compiled or not")
+    return model
 
-    def _check_output_fits(self, units, bundle):
-        if units is None or bundle.label_kind == "other":
-            return
-        need = int(bundle.num_classes)
-        if bundle.label_kind == "binary" and units == 1:
-            return
-        if units != need:
-            spec = self.model.spec
-            raise UsageError(f"model {spec!r} has {units} output unit(s) but the labels of "
-                             f"dataset {self.dataset.spec!r} have {need} classes "
-                             f"(0..{need - 1})",
-                             f"a model whose last layer has {need} units (use num_classes), "
-                             "or labels 0..units-1")
+
+def _check_output_fits(units, bundle, model_spec: str, dataset_spec: str):
+    if units is None or bundle.label_kind == "other":
+        return
+    need = int(bundle.num_classes)
+    if bundle.label_kind == "binary" and units == 1:
+        return
+    if units != need:
+        raise UsageError(f"model {model_spec!r} has {units} output unit(s) but the labels of "
+                         f"dataset {dataset_spec!r} have {need} classes "
+                         f"(0..{need - 1})",
+                         f"a model whose last layer has {need} units (use num_classes), "
+                         "or labels 0..units-1")
 
 
 def _forward(model, x, spec):

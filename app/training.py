@@ -32,7 +32,7 @@ from app.errors import (MixedPrecisionClash, TrainingDiverged, TrainingInterrupt
                         UserCodeError)
 from app.interrupts import StopFlag, signal_handlers
 from app.monitor import StepMonitor
-from app.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,  # noqa: F401
+from app.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
                           plain_lines)
 from app.tasks import BuiltModel, Task
 

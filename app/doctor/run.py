@@ -114,18 +114,13 @@ def _build(task, bundle, policy, seed, sample):
     return task.build(bundle, sample)
 
 
-def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
+def _new_report(task, bundle, decision, hw, batch_size, steps) -> dict:
     import tensorflow as tf
 
-    from app import dtype_clash
-
-    policy = decision.policy
-    mixed = policy.startswith("mixed_")
-    findings = []
-    report = {
+    return {
         "schema_version": SCHEMA_VERSION,
         "model": task.model.spec, "dataset": task.dataset.spec,
-        "precision": decision.to_dict(), "policy": policy,
+        "precision": decision.to_dict(), "policy": decision.policy,
         "batch_size": batch_size, "steps": steps,
         "data": {"input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes,
                  "label_kind": bundle.label_kind},
@@ -134,7 +129,11 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
                         "gpus": [g.name for g in hw.gpus]},
         "layers": [], "probe": {"ran": False}, "comparison": {"ran": False},
     }
-    if not mixed:
+
+
+def _policy_findings(policy: str, hw) -> list:
+    findings = []
+    if not policy.startswith("mixed_"):
         findings.append(Finding(INFO, "policy", None,
                                 f"the policy is {policy}: nothing runs in 16 bits, so there is "
                                 "little for mixed precision to break",
@@ -145,6 +144,18 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
                                 "no GPU here: float16 math on a CPU is slow (the check compiles "
                                 "its float16 steps with XLA when it can); train float16 on a "
                                 "GPU with Tensor Cores", None))
+    return findings
+
+
+def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
+    import tensorflow as tf
+
+    from app import dtype_clash
+
+    policy = decision.policy
+    mixed = policy.startswith("mixed_")
+    report = _new_report(task, bundle, decision, hw, batch_size, steps)
+    findings = _policy_findings(policy, hw)
     batches = _batches(bundle, steps)
     x0, y0 = batches[0]
     try:
