@@ -74,6 +74,14 @@ def pairing_problem(model: str, dataset: str) -> Optional[Tuple[str, str]]:
     return None
 
 
+def pairings_hint() -> str:
+    """Which built-in models go with which built-in datasets, for error messages."""
+    gray = [n for n in MODEL_NAMES if MODELS[n].gray_28]
+    colour = [n for n in MODEL_NAMES if not MODELS[n].gray_28]
+    return (f"{'/'.join(gray)} with {' or '.join(_GRAY_DATASETS)}, "
+            f"{'/'.join(colour)} with {' or '.join(_COLOUR_DATASETS)}")
+
+
 # bfloat16 Tensor Cores start with Ampere.
 BF16_TENSOR_CORES = (8, 0)
 

@@ -88,7 +88,7 @@ SETTINGS: Tuple[Setting, ...] = (
             passed=True),
     # how to train
     Setting("precision", "how", "one of {precisions} (default {default})"),
-    Setting("loop", "how", "one of {loops} (default {default})", choices=None, passed=True),
+    Setting("loop", "how", "one of {loops} (default {default})", passed=True),
     Setting("epochs", "how", "number of epochs (default {default})", int, passed=True),
     Setting("batch_size", "how", "batch size per replica (default {default}); the global batch "
             "is this times the number of replicas", int, passed=True),
@@ -127,6 +127,9 @@ SETTINGS: Tuple[Setting, ...] = (
             flag_name="--progress", choices=("auto", "bar", "lines")),
 )
 BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
+_METAVARS = {"image_dir": "DIR", "workspace": "DIR", "data_dir": "DIR", "output": "DIR",
+             "precision": "POLICY", "loop": "LOOP", "strategy": "NAME", "learning_rate": "LR",
+             "initial_loss_scale": "SCALE"}
 GROUP_TITLES = {"what": "what to train", "how": "how to train", "where": "where",
                 "output": "output"}
 PASSED: Tuple[Setting, ...] = tuple(s for s in SETTINGS if s.passed)
@@ -158,8 +161,9 @@ def add_flag(group, s: Setting, defaults, help_context: Dict[str, Any], show_env
     else:
         if s.parse is not str:
             kw["type"] = s.parse
-        if s.metavar:
-            kw["metavar"] = s.metavar
+        metavar = s.metavar or _METAVARS.get(s.name) or ("N" if s.parse is int else None)
+        if metavar and not s.choices:
+            kw["metavar"] = metavar
         if s.choices:
             kw["choices"] = list(s.choices)
     return group.add_argument(s.flag, **kw)

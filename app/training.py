@@ -53,7 +53,7 @@ def get_strategy(dist: distribute.Distribution | None = None) -> tf.distribute.S
 
 # ---- 1. prepare: every check, nothing written ------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Prepared:
     """A checked job, data loaded, nothing written yet."""
     config: TrainConfig       # a resolved copy: ``output`` and ``resume`` filled in
@@ -140,7 +140,7 @@ def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
 
 # ---- 2. build: model, optimizer, step statistics, checkpointer -------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TrainingParts:
     """What the loops drive, built under the policy inside the strategy's scope."""
     model: Any
