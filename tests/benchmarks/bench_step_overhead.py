@@ -49,7 +49,7 @@ from bench_app_overhead import SPEC_MODEL  # noqa: E402  the same user-style MLP
 
 
 class AppSide:
-    """One ``python -m app train`` set-up, driven one epoch at a time."""
+    """One ``tfmp train`` set-up, driven one epoch at a time."""
 
     def __init__(self, model: str, args, work: str, name: str):
         from app import steps, training
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     print()
     print("| side                        | median samples/s | CPU us/sample | cores | train accuracy |")
     print("|-----------------------------|-----------------:|--------------:|------:|---------------:|")
-    labels = {"app": "python -m app train (mlp)", "baseline": "hand-written Keras fit",
+    labels = {"app": "tfmp train (mlp)", "baseline": "hand-written Keras fit",
               "spec": "app train, my_mlp.py:build"}
     for n in names:
         sps = statistics.median(args.samples / r[n]["wall"] for r in rounds)
