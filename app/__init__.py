@@ -1,6 +1,7 @@
 """Mixed-precision TensorFlow training, shared by notebooks, SSH sessions and batch jobs.
 
-Run as ``python -m app <command>``; see ``python -m app --help``.  From Python::
+Run as ``tfmp <command>`` (``python -m app <command>`` is an alias, but it imports
+whatever ``app`` the current folder holds); see ``tfmp --help``.  From Python::
 
     import app
     app.train(model=build, data=load, precision="auto", epochs=3)   # -> metrics dict
@@ -12,7 +13,7 @@ __all__ = ["train", "check"]
 
 
 def __getattr__(name):
-    # Lazy: `python -m app --help` and the benchmark's parent process never import
+    # Lazy: `tfmp --help` and the benchmark's parent process never import
     # TensorFlow; `app.train` imports it on first use.
     if name in __all__:
         from app import api

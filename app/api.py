@@ -1,4 +1,4 @@
-"""The Python API: the same machinery as ``python -m app``, for notebooks and scripts.
+"""The Python API: the same machinery as ``tfmp``, for notebooks and scripts.
 
     import app
     metrics = app.train(model=build, data=load, precision="auto", epochs=3)
@@ -8,7 +8,7 @@
 ``(input_shape, num_classes) -> keras.Model``; ``data`` a built-in name, a spec, a function,
 or directly what a dataset function returns: ``((x_train, y_train), (x_val, y_val))``
 arrays or a ``(train, val)`` pair of unbatched ``tf.data`` datasets.  Every other
-``python -m app train`` setting is a keyword (``batch_size=64``, ``loop="custom"``,
+``tfmp train`` setting is a keyword (``batch_size=64``, ``loop="custom"``,
 ``strategy="mirrored"``, ``resume=True``, ...).  Bad input raises ``app.errors.UsageError``
 before anything is written.
 """
@@ -55,7 +55,7 @@ def train(model: Any = "mlp", data: Any = "mnist", *, precision: str = "auto",
 
 
 def check(model: Any, data: Any = None, **settings) -> dict:
-    """The mixed-precision doctor (``python -m app check``): the report as a dict."""
+    """The mixed-precision doctor (``tfmp check``): the report as a dict."""
     from app.doctor.api import check as run_check
 
     return run_check(model=model, data=data, **settings)

@@ -1,4 +1,4 @@
-"""``python -m app``: registers the subcommands and turns bad input into exit status 2."""
+"""``tfmp``: registers the subcommands and turns bad input into exit status 2."""
 from __future__ import annotations
 
 import argparse
@@ -9,11 +9,8 @@ from typing import Sequence
 
 from app.commands import COMMANDS
 from app.errors import MixedPrecisionClash, UsageError, UserCodeError
-from app.output_faults import EXIT_OUTPUT_FAULT, OutputFault
-
-EXIT_OK = 0
-EXIT_FAILED = 1   # the user's own code raised, or their layer breaks under mixed precision
-EXIT_USAGE = 2
+from app.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_OUTPUT_FAULT, EXIT_USAGE  # noqa: F401
+from app.output_faults import OutputFault
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -25,7 +22,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="python -m app",
+    parser = _OneLineParser(prog="tfmp",
                             description="Mixed-precision TensorFlow training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     sub.required = True

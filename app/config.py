@@ -8,16 +8,18 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
+from app import registry, settings
 from app.errors import UsageError
 
-MODELS = ("mlp", "cnn", "resnet")          # built-ins; MODULE:FUNCTION names the user's own
-DATASETS = ("mnist", "fashion_mnist", "cifar10", "synthetic", "images")
+# Re-exported for the flags' help texts and choices (app.registry holds the names).
+MODELS = registry.MODEL_NAMES              # built-ins; MODULE:FUNCTION names the user's own
+DATASETS = registry.DATASET_NAMES
+PRECISIONS = registry.PRECISIONS
 LOOPS = ("fit", "custom")
 STRATEGIES = ("auto", "one", "mirrored", "multi-worker")  # see app/distribute.py
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
-ENV_PREFIX = "TFMP_"
+ENV_PREFIX = settings.ENV_PREFIX
 
 
 @dataclass
@@ -39,7 +41,7 @@ class TrainConfig:
     seed: int = 0
     resume: bool = False
     max_skipped_steps: int = 20       # consecutive skipped steps before giving up
-    initial_loss_scale: float = 2.0 ** 15
+    initial_loss_scale: float = registry.DEFAULT_INITIAL_LOSS_SCALE
     offline: bool = False
     save_model: bool = True
     image_size: int = 32
@@ -56,57 +58,34 @@ class TrainConfig:
         return asdict(self)
 
 
-# flag name -> (env var, parser)
-def _int(v: str) -> int:
-    return int(v)
-
-
-def _float(v: str) -> float:
-    return float(v)
-
-
-def _bool(v: str) -> bool:
-    low = v.strip().lower()
-    if low in {"1", "true", "yes", "on"}:
-        return True
-    if low in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError(v)
-
-
-ENV_FIELDS: dict[str, Callable[[str], Any]] = {
-    "model": str, "dataset": str, "precision": str, "loop": str,
-    "epochs": _int, "batch_size": _int, "learning_rate": _float,
-    "workspace": str, "data_dir": str, "output": str, "log_every": _int,
-    "max_train_samples": _int, "max_val_samples": _int, "seed": _int,
-    "offline": _bool, "image_dir": str, "steps_per_execution": _int, "jit": _bool,
-    "strategy": str, "loss": str, "metrics": str, "input_shape": str, "num_classes": _int,
-}
-_ALLOWED_TEXT = {_int: "an integer", _float: "a number", _bool: "1/0/true/false", str: "text"}
-
-
 def env_name(field_name: str) -> str:
-    return ENV_PREFIX + field_name.upper()
+    """The TFMP_ variable of a setting (``app.settings``)."""
+    return settings.BY_NAME[field_name].env
 
 
-def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None,
-                   now: datetime | None = None) -> TrainConfig:
-    """Build a validated TrainConfig.  ``flags`` holds only what was given on the command
-    line (None = not given)."""
+def env_value(field_name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The setting's value from its TFMP_ variable, or None when unset or empty."""
     environ = os.environ if environ is None else environ
+    s = settings.BY_NAME[field_name]
+    raw = environ.get(s.env, "")
+    if raw == "":
+        return None
+    try:
+        return s.read_env(raw)
+    except ValueError:
+        raise UsageError(f"environment variable {s.env}={raw!r} is not valid", s.allowed) from None
+
+
+def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> TrainConfig:
+    """Build a validated TrainConfig.  ``flags`` holds only what was given on the command
+    line (None = not given); then each setting's TFMP_ variable; then the default."""
     values: dict[str, Any] = {}
     for name in TrainConfig.__dataclass_fields__:
-        if flags.get(name) is not None:
-            values[name] = flags[name]
-            continue
-        if name in ENV_FIELDS and environ.get(env_name(name), "") != "":
-            raw = environ[env_name(name)]
-            parse = ENV_FIELDS[name]
-            try:
-                values[name] = parse(raw)
-            except ValueError:
-                raise UsageError(f"environment variable {env_name(name)}={raw!r} is not valid",
-                                 _ALLOWED_TEXT[parse]) from None
+        value = flags.get(name)
+        if value is None and name in settings.BY_NAME:
+            value = env_value(name, environ)
+        if value is not None:
+            values[name] = value
     cfg = TrainConfig(**values)
     validate(cfg)
     if cfg.data_dir is None:
@@ -193,20 +172,12 @@ def validate(cfg: TrainConfig) -> None:
         raise UsageError(f"num_classes must be at least 1. Received: num_classes={cfg.num_classes!r}",
                          "an integer >= 1, or leave it unset to count the labels")
     if cfg.input_shape is not None:
-        from app.tasks import parse_input_shape
+        from app.specs import parse_input_shape
 
         parse_input_shape(cfg.input_shape)
-    if cfg.model in MODELS and cfg.dataset in DATASETS:
-        from app.tasks import Task, resolve_dataset
-
-        Task(_builtin_entry(cfg.model), resolve_dataset(cfg.dataset))  # pairs that cannot work
-
-
-def _builtin_entry(name: str):
-    # The pairing check needs no TensorFlow: a stand-in entry without the builder.
-    from app.tasks import ModelEntry
-
-    return ModelEntry(name, True, function=None)
+    problem = registry.pairing_problem(cfg.model, cfg.dataset)   # pairs that cannot work
+    if problem:
+        raise UsageError(*problem)
 
 
 def check_output_writable(path: str) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app import registry
 from app.errors import UsageError
 
 SYNTHETIC_TRAIN, SYNTHETIC_VAL = 2048, 512
@@ -272,12 +273,11 @@ def load(dataset: str, input_shape, batch_size: int, data_dir: str | None = None
         if int(np.prod(xtr.shape[1:])) != expected:
             raise UsageError(f"dataset {dataset!r} has samples of shape {tuple(xtr.shape[1:])}, "
                              f"the model needs {tuple(input_shape)}",
-                             "mlp/cnn with mnist or fashion_mnist, resnet with cifar10")
+                             registry.pairings_hint())
         num_classes = int(max(ytr.max(), yva.max())) + 1
     else:
-        raise UsageError(f"dataset must be one of mnist, fashion_mnist, cifar10, synthetic, images. "
-                         f"Received: dataset={dataset!r}",
-                         "mnist, fashion_mnist, cifar10, synthetic, images")
+        names = ", ".join(registry.DATASET_NAMES)
+        raise UsageError(f"dataset must be one of {names}. Received: dataset={dataset!r}", names)
     xtr, xva = _prepare(xtr, input_shape), _prepare(xva, input_shape)
     return DataBundle(make_dataset(xtr, ytr, batch_size, True, seed),
                       make_dataset(xva, yva, batch_size, False),

@@ -203,7 +203,7 @@ def _split_cpu(tf, n: int) -> None:
             cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
     except RuntimeError:
         raise UsageError(f"{LOGICAL_CPUS_ENV} must be set before TensorFlow starts (it is a "
-                         "testing aid for new processes: python -m app train)",
+                         "testing aid for new processes: tfmp train)",
                          f"{LOGICAL_CPUS_ENV} in the environment of a fresh process") from None
 
 

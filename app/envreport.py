@@ -1,4 +1,4 @@
-"""The environment report: ``python -m app env``, metrics.json and the benchmark all use ``collect()``."""
+"""The environment report: ``tfmp env``, metrics.json and the benchmark all use ``collect()``."""
 from __future__ import annotations
 
 import platform

@@ -1,4 +1,6 @@
-"""Errors the command line turns into one line and exit status 2."""
+"""The errors the command line turns into one line and an exit status (app/exit_codes.py):
+``UsageError`` 2, ``UserCodeError`` and ``MixedPrecisionClash`` 1; ``TrainingDiverged`` (3)
+and ``TrainingInterrupted`` (130/143) end a run and are recorded in its metrics.json."""
 from __future__ import annotations
 
 

@@ -52,7 +52,7 @@ class HardwareInfo:
 
     @classmethod
     def from_dict(cls, d: dict) -> "HardwareInfo":
-        """The inverse of ``to_dict`` (e.g. from ``python -m app env --json``)."""
+        """The inverse of ``to_dict`` (e.g. from ``tfmp env --json``)."""
         gpus = [make_gpu(g.get("name", "GPU"), g.get("compute_capability"), g.get("memory_bytes"))
                 for g in d.get("gpus") or []]
         flags = set()

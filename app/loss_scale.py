@@ -18,10 +18,12 @@ from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
+from app.registry import DEFAULT_INITIAL_LOSS_SCALE
+
 KERAS_MAJOR = int(str(getattr(tf.keras, "__version__", "2")).split(".")[0])
 IS_KERAS3 = KERAS_MAJOR >= 3
 
-DEFAULT_INITIAL_SCALE = 2.0 ** 15
+DEFAULT_INITIAL_SCALE = DEFAULT_INITIAL_LOSS_SCALE
 DEFAULT_GROWTH_STEPS = 2000
 
 
@@ -280,40 +282,45 @@ class StepStats:
         return out, count, oldest - seen
 
     def attach_to(self, opt, loss=None) -> None:
-        """Record the gradients ``Model.fit`` hands ``opt``; ``loss``: a zero-argument
-        callable giving the running loss (read on logging steps only).
+        """Record the gradients ``Model.fit`` hands ``opt`` (``attach_stats_to_optimizer``)."""
+        attach_stats_to_optimizer(self, opt, loss)
 
-        fit computes gradients inside Keras' own train step, out of our reach, so this wraps
-        the optimizer's apply method on this one instance.
-        """
-        if IS_KERAS3:
-            # Keras 3's train step calls optimizer.apply(grads, vars); an LSO gets scaled grads.
-            original = opt.apply
-            scaled = is_loss_scaled(opt)
 
-            def apply(grads, trainable_variables=None):
-                grads = list(grads)
-                if scaled:
-                    grads = agree_on_nonfinite(grads)  # all replicas skip together
-                scale = current_loss_scale(opt) if scaled else None  # before apply changes it
-                result = original(grads, trainable_variables)
-                self.record(grads, step_skipped(opt, scale) if scaled else None, scale, loss,
-                            lambda: current_loss_scale(opt))
-                return result
+def attach_stats_to_optimizer(stats: StepStats, opt, loss=None) -> None:
+    """Record into ``stats`` the gradients ``Model.fit`` hands ``opt``; ``loss``: a zero-argument
+    callable giving the running loss (read on logging steps only).
 
-            object.__setattr__(opt, "apply", apply)
-        else:
-            # Keras 2's minimize calls apply_gradients with unscaled grads (LSO unscales first).
-            original = opt.apply_gradients
-            scaled = is_loss_scaled(opt)
+    fit computes gradients inside Keras' own train step, out of our reach, so this wraps
+    the optimizer's apply method on this one instance.
+    """
+    if IS_KERAS3:
+        # Keras 3's train step calls optimizer.apply(grads, vars); an LSO gets scaled grads.
+        original = opt.apply
+        scaled = is_loss_scaled(opt)
 
-            def apply_gradients(grads_and_vars, *args, **kwargs):
-                grads_and_vars = list(grads_and_vars)
-                before = current_loss_scale(opt) if scaled else None
-                result = original(grads_and_vars, *args, **kwargs)
-                self.record([g for g, _ in grads_and_vars],
-                            step_skipped(opt, before) if scaled else None, None, loss,
-                            lambda: current_loss_scale(opt))
-                return result
+        def apply(grads, trainable_variables=None):
+            grads = list(grads)
+            if scaled:
+                grads = agree_on_nonfinite(grads)  # all replicas skip together
+            scale = current_loss_scale(opt) if scaled else None  # before apply changes it
+            result = original(grads, trainable_variables)
+            stats.record(grads, step_skipped(opt, scale) if scaled else None, scale, loss,
+                        lambda: current_loss_scale(opt))
+            return result
 
-            object.__setattr__(opt, "apply_gradients", apply_gradients)
+        object.__setattr__(opt, "apply", apply)
+    else:
+        # Keras 2's minimize calls apply_gradients with unscaled grads (LSO unscales first).
+        original = opt.apply_gradients
+        scaled = is_loss_scaled(opt)
+
+        def apply_gradients(grads_and_vars, *args, **kwargs):
+            grads_and_vars = list(grads_and_vars)
+            before = current_loss_scale(opt) if scaled else None
+            result = original(grads_and_vars, *args, **kwargs)
+            stats.record([g for g, _ in grads_and_vars],
+                        step_skipped(opt, before) if scaled else None, None, loss,
+                        lambda: current_loss_scale(opt))
+            return result
+
+        object.__setattr__(opt, "apply_gradients", apply_gradients)

@@ -1,12 +1,14 @@
-"""The three models.  Every one ends in a separate float32 softmax, so the probabilities
-and the loss computed from them are float32 whatever the global policy (seed 2's advice:
-keep the output layer in float32)."""
+"""The built-in models (``app.registry`` names them).  Every one ends in a separate float32
+softmax, so the probabilities and the loss computed from them are float32 whatever the
+global policy (the guide: keep the output layer in float32)."""
 from __future__ import annotations
 
 import tensorflow as tf
 
+from app import registry
+from app.errors import UsageError
+
 layers = tf.keras.layers
-MODEL_NAMES = ("mlp", "cnn", "resnet")
 
 
 def _output(x, num_classes: int):
@@ -16,7 +18,7 @@ def _output(x, num_classes: int):
 
 
 def mlp(input_shape, num_classes: int) -> tf.keras.Model:
-    """Seed 2's 784-512-256-10 multilayer perceptron."""
+    """The guide's 784-512-256-10 multilayer perceptron."""
     inputs = tf.keras.Input(shape=input_shape, dtype="float32", name="inputs")
     x = layers.Flatten()(inputs) if len(input_shape) > 1 else inputs
     x = layers.Dense(512, activation="relu")(x)
@@ -25,7 +27,7 @@ def mlp(input_shape, num_classes: int) -> tf.keras.Model:
 
 
 def cnn(input_shape, num_classes: int) -> tf.keras.Model:
-    """Seed 1's Conv2D(32, 3) + Flatten + Dense."""
+    """The guide's Conv2D(32, 3) + Flatten + Dense."""
     inputs = tf.keras.Input(shape=input_shape, dtype="float32", name="inputs")
     x = layers.Conv2D(32, 3, activation="relu")(inputs)
     x = layers.Flatten()(x)
@@ -60,20 +62,17 @@ def resnet(input_shape, num_classes: int) -> tf.keras.Model:
 
 # The built-in entries of the task registry (app/tasks.py), called like a user's model
 # function: FUNCTION(input_shape, num_classes).
-BUILDERS = {"mlp": mlp, "cnn": cnn, "resnet": resnet}
+BUILDERS = {fn.__name__: fn for fn in (mlp, cnn, resnet)}
+assert set(BUILDERS) == set(registry.MODEL_NAMES), "app.registry and app.models disagree"
 
 
 def input_shape_for(name: str, image_size: int = 32) -> tuple:
-    from app.tasks import _builtin_input_shape
-
-    return _builtin_input_shape(name, image_size)
+    return registry.builtin_input_shape(name, image_size)
 
 
 def build_model(name: str, input_shape, num_classes: int) -> tf.keras.Model:
     """Build ``name`` under the current global dtype policy."""
-    from app.errors import UsageError
-
     if name not in BUILDERS:
-        raise UsageError(f"model must be one of {', '.join(MODEL_NAMES)}. Received: model={name!r}",
-                         ", ".join(MODEL_NAMES))
+        names = ", ".join(registry.MODEL_NAMES)
+        raise UsageError(f"model must be one of {names}. Received: model={name!r}", names)
     return BUILDERS[name](tuple(input_shape), int(num_classes))

@@ -3,7 +3,7 @@
 The most common fault of a long job is a full disk (or a read-only mount, a quota, a
 permission lost mid-run).  TensorFlow reports it as a 26-line ``ResourceExhaustedError ...
 No space left on device [Op:SaveV2]`` and leaves a ``ckpt-N_temp`` folder behind.  Here it
-becomes ``OutputFault``: the path, the cause, what to do; ``python -m app train`` exits
+becomes ``OutputFault``: the path, the cause, what to do; ``tfmp train`` exits
 with ``EXIT_OUTPUT_FAULT``.  Half-written checkpoint folders are removed; the last complete
 checkpoint is never touched, so after freeing space the same command with ``--resume``
 finishes the job.
@@ -17,7 +17,7 @@ import re
 import shutil
 from typing import Optional
 
-EXIT_OUTPUT_FAULT = 5
+from app.exit_codes import EXIT_OUTPUT_FAULT  # noqa: F401  (re-exported)
 
 # errno -> (what the user reads, what to do)
 _CAUSES = {

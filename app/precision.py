@@ -10,9 +10,7 @@ from dataclasses import asdict, dataclass
 
 from app.errors import UsageError
 from app.hardware import HardwareInfo
-
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
-CHOICES = POLICIES + ("auto",)
+from app.registry import POLICIES, PRECISIONS as CHOICES, fast_policy  # noqa: F401  (re-exported)
 
 # Measured on the development CPU with TF 2.9.3 (MLP, batch 128): float32 ~27k samples/s,
 # mixed_bfloat16 ~31k, mixed_float16 ~0.4k.  CPUs have no fast float16 kernels.
@@ -31,13 +29,14 @@ class PrecisionDecision:
 
 
 def choose_policy(hw: HardwareInfo) -> PrecisionDecision:
-    """The auto decision: Tensor Core GPU -> mixed_float16; bf16 CPU -> mixed_bfloat16; else float32."""
+    """The auto decision (``app.registry.fast_policy``) and why, in words."""
+    policy = fast_policy(hw)
     if hw.gpus:
         gpu = hw.gpus[0]
         cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else "unknown"
         tc = [g for g in hw.gpus if g.tensor_cores]
-        if len(tc) == len(hw.gpus):
-            return PrecisionDecision("mixed_float16",
+        if policy == "mixed_float16":
+            return PrecisionDecision(policy,
                                      f"GPU {gpu.name} (compute capability {cc}) has Tensor Cores")
         if tc:
             return PrecisionDecision("float32",
@@ -48,7 +47,7 @@ def choose_policy(hw: HardwareInfo) -> PrecisionDecision:
         return PrecisionDecision("float32",
                                  f"GPU {gpu.name} (compute capability {cc}) has no Tensor Cores "
                                  f"({why}); float16 would not be faster")
-    if hw.cpu_bf16:
+    if policy == "mixed_bfloat16":
         feature = "AMX" if hw.cpu_amx else "AVX512_BF16"
         return PrecisionDecision("mixed_bfloat16",
                                  f"no GPU; the CPU has {feature}, so bfloat16 math is native")

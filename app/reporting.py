@@ -67,3 +67,22 @@ def peak_memory() -> dict:
             pass
     # ru_maxrss is in KiB on Linux
     return {"kind": "cpu_rss", "bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+def finite_or_none(v):
+    """A number as a float, None when it is missing, not a scalar, or not finite (JSON has
+    no NaN/inf)."""
+    import numpy as np
+
+    if v is None:
+        return None
+    try:
+        v = float(np.asarray(v))
+    except (TypeError, ValueError):  # a metric with a non-scalar result
+        return None
+    return v if np.isfinite(v) else None
+
+
+def fmt(v, spec=".4f") -> str:
+    """A console number; ``nan/inf`` for what ``finite_or_none`` made None."""
+    return "nan/inf" if v is None else format(v, spec)

@@ -75,11 +75,17 @@ def _import_file(path: str, spec: str, what: str):
     return module
 
 
-def _import_module(name: str, spec: str, what: str):
-    # `python -m app` puts the current directory on sys.path; a Python API caller (a
-    # notebook, a script elsewhere) may not have it, and the docs promise it.
+def current_folder_importable() -> None:
+    """Put the current folder on sys.path, as the docs promise for MODULE specs.
+
+    ``python -m app`` has it there already; the ``tfmp`` script, the benchmark's child runs
+    (app/launch.py) and a Python API caller (a notebook, a script elsewhere) may not."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+def _import_module(name: str, spec: str, what: str):
+    current_folder_importable()
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -150,3 +156,18 @@ def call_user(fn: Callable, spec: str, what: str, available: Mapping[str, Any]) 
         raise
     except Exception as exc:
         raise UserCodeError(spec, f"calling {getattr(fn, '__name__', spec)}", exc) from exc
+
+
+def parse_input_shape(text) -> tuple | None:
+    if text is None or isinstance(text, tuple):
+        return text
+    if isinstance(text, (list,)):
+        return tuple(int(v) for v in text)
+    try:
+        shape = tuple(int(p) for p in str(text).replace("x", ",").split(",") if p.strip())
+    except ValueError:
+        shape = ()
+    if not shape or any(d < 1 for d in shape):
+        raise UsageError(f"input_shape must be positive integers separated by commas. "
+                         f"Received: input_shape={text!r}", "e.g. 28,28,1 or 784")
+    return shape

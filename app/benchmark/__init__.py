@@ -1,4 +1,4 @@
-"""``python -m app benchmark``: float32 against mixed precision, measured on this machine.
+"""``tfmp benchmark``: float32 against mixed precision, measured on this machine.
 
 Modules, one job each:
 
@@ -7,7 +7,7 @@ Modules, one job each:
 * ``diagnose`` - plain-word reasons when mixed precision does not pay (pure functions).
 * ``report``   - ``benchmark.json`` and the Markdown table.
 * ``chart``    - the PNG chart (matplotlib, Agg backend).
-* ``runner``   - runs ``python -m app train`` once per (repeat, policy), each in a fresh process.
+* ``runner``   - runs ``tfmp train`` once per (repeat, policy), each in a fresh process.
 
 Everything except ``runner`` and ``chart`` is pure and imports no TensorFlow: the parent
 process never touches the GPU, so it cannot hold memory that a measured run would see.

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from app.hardware import HardwareInfo
+from app.registry import has_fast_path
 
 # A mixed policy "pays" from this median speed-up on; below it we look for a reason.
 PAYS = 1.10
@@ -169,10 +170,10 @@ def _hardware_without_fast_path(summary, hw: HardwareInfo):
                 f"mixed_float16 ran on a CPU ({su} of float32): CPUs have no fast float16 "
                 "arithmetic, every float16 operation is converted and emulated. Use "
                 "mixed_bfloat16 on a CPU with AVX512_BF16 or AMX, or float32."))
-        else:
+        elif has_fast_path("mixed_float16", hw) is False:
             no_tc = [g for g in hw.gpus if not g.tensor_cores]
-            if no_tc and (_slow(summary, "mixed_float16") or
-                          _median(summary["mixed_float16"], "speedup_vs_float32") is None):
+            if (_slow(summary, "mixed_float16")
+                    or _median(summary["mixed_float16"], "speedup_vs_float32") is None):
                 names = ", ".join(sorted({g.name for g in no_tc}))
                 out.append(Diagnosis(
                     "no_tensor_cores", "problem", "mixed_float16",
@@ -182,14 +183,13 @@ def _hardware_without_fast_path(summary, hw: HardwareInfo):
                     "mixed precision pays on V100, T4, RTX 20xx and newer, A100."))
     if "mixed_bfloat16" in summary:
         su = _fmt_x(_median(summary["mixed_bfloat16"], "speedup_vs_float32"))
-        if hw.gpus:
-            caps = [tuple(g.compute_capability) for g in hw.gpus if g.compute_capability]
-            if caps and min(caps) < (8, 0):
-                out.append(Diagnosis(
-                    "bf16_before_ampere", "problem", "mixed_bfloat16",
-                    f"mixed_bfloat16 on a GPU older than Ampere ({su}): bfloat16 Tensor Cores "
-                    "start with compute capability 8.0 (A100, RTX 30xx). Use mixed_float16 here."))
-        elif not hw.cpu_bf16:
+        fast = has_fast_path("mixed_bfloat16", hw)
+        if fast is False and hw.gpus:
+            out.append(Diagnosis(
+                "bf16_before_ampere", "problem", "mixed_bfloat16",
+                f"mixed_bfloat16 on a GPU older than Ampere ({su}): bfloat16 Tensor Cores "
+                "start with compute capability 8.0 (A100, RTX 30xx). Use mixed_float16 here."))
+        elif fast is False:
             out.append(Diagnosis(
                 "bf16_cpu_without_instructions", "problem", "mixed_bfloat16",
                 f"mixed_bfloat16 on a CPU without AVX512_BF16 or AMX ({su}): bfloat16 is "
@@ -198,14 +198,7 @@ def _hardware_without_fast_path(summary, hw: HardwareInfo):
 
 
 def _capable(p: str, hw: HardwareInfo) -> bool:
-    if p == "mixed_float16":
-        return bool(hw.gpus) and all(g.tensor_cores for g in hw.gpus)
-    if p == "mixed_bfloat16":
-        if hw.gpus:
-            caps = [tuple(g.compute_capability) for g in hw.gpus if g.compute_capability]
-            return bool(caps) and min(caps) >= (8, 0)
-        return hw.cpu_bf16
-    return False
+    return has_fast_path(p, hw) is True
 
 
 def _launch_bound(summary, hw, settings, steps_per_epoch):

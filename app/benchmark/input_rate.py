@@ -3,7 +3,7 @@
     python -m app.benchmark.input_rate --model SPEC --dataset SPEC [train flags] \
         --epochs N --warmup-epochs W --output DIR
 
-Loads the data exactly as ``python -m app train`` does (``app.training.prepare``: the same
+Loads the data exactly as ``tfmp train`` does (``app.training.prepare``: the same
 task, batch size, sample limits, seed, shuffling and prefetching), then iterates the
 training batches for ``--epochs`` epochs with no model, inside one ``tf.function`` per
 epoch (``Dataset.reduce``, so no Python runs per batch), and prints one JSON object on
@@ -26,22 +26,18 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-# Flags of ``python -m app train`` that change the data (the rest are accepted and ignored).
-_INT = {"epochs", "batch_size", "seed", "max_train_samples", "max_val_samples", "image_size",
-        "steps_per_execution", "num_classes"}
-_FLOAT = {"learning_rate"}
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from app.benchmark.runner import BOOL_PASS_THROUGH, PASS_THROUGH
+    from app import settings
 
-    p = argparse.ArgumentParser(prog="python -m app.benchmark.input_rate",
+    p = argparse.ArgumentParser(prog="input_rate (a child process of tfmp benchmark)",
                                 description=__doc__.splitlines()[0])
-    for key, flag in PASS_THROUGH:
-        kind = int if key in _INT else float if key in _FLOAT else str
-        p.add_argument(flag, dest=key, type=kind, default=None)
-    for key, flag in BOOL_PASS_THROUGH:
-        p.add_argument(flag, dest=key, action="store_true", default=None)
+    # The settings the benchmark passes to its runs (those that change the data matter
+    # here; the rest are accepted and ignored).
+    for s in settings.PASSED:
+        if s.switch:
+            p.add_argument(s.flag, dest=s.name, action="store_true", default=None)
+        else:
+            p.add_argument(s.flag, dest=s.name, type=s.parse, default=None)
     p.add_argument("--warmup-epochs", type=int, default=1)
     p.add_argument("--output", required=True)
     return p
@@ -88,7 +84,8 @@ def measure(args) -> Dict[str, Any]:
     flags = {k: v for k, v in vars(args).items() if k not in ("warmup_epochs",)}
     flags["precision"] = "float32"
     cfg = resolve_config(flags)
-    _, _, task, bundle, _, dist = prepare(cfg)
+    run = prepare(cfg)
+    task, bundle, dist = run.task, run.bundle, run.dist
     one_epoch = _epoch_counter(bundle.train)
     rows = []
     for epoch in range(cfg.epochs):
@@ -102,7 +99,7 @@ def measure(args) -> Dict[str, Any]:
         "samples_per_second": statistics.median(timed) if timed else None,
         "epochs": rows, "epochs_excluded": args.warmup_epochs,
         "global_batch": dist.global_batch, "train_samples": bundle.train_samples,
-        "how": "the training batches of `python -m app train` with the same settings, "
+        "how": "the training batches of `tfmp train` with the same settings, "
                "iterated in a tf.function with no model (Dataset.reduce), one process",
         "layer_widths": None, "layer_widths_note": None,
     }
@@ -123,22 +120,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from app.errors import UsageError, UserCodeError
+    from app.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
     args = build_parser().parse_args(argv)
     try:
         result = measure(args)
     except UsageError as exc:
         sys.stderr.write(exc.line() + "\n")
-        return 2
+        return EXIT_USAGE
     except UserCodeError as exc:
         import traceback
 
         traceback.print_exception(type(exc.original), exc.original, exc.original.__traceback__)
         sys.stderr.write(exc.line() + "\n")
-        return 1
+        return EXIT_FAILED
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

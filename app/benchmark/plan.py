@@ -9,12 +9,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from app.hardware import HardwareInfo
-
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
-BASELINE = "float32"
-
-# bfloat16 Tensor Cores start with Ampere.
-BF16_TENSOR_CORES = (8, 0)
+from app.registry import BASELINE_POLICY as BASELINE, POLICIES, has_fast_path
 
 
 def describe(hw: HardwareInfo) -> str:
@@ -28,11 +23,6 @@ def describe(hw: HardwareInfo) -> str:
     if hw.cpu_amx:
         return "CPU only (AMX)"
     return "CPU only (AVX512_BF16)" if hw.cpu_bf16 else "CPU only (no bfloat16 instructions)"
-
-
-def _min_cc(hw: HardwareInfo) -> Optional[Tuple[int, int]]:
-    caps = [tuple(g.compute_capability) for g in hw.gpus if g.compute_capability]
-    return min(caps) if caps else None
 
 
 @dataclass(frozen=True)
@@ -50,7 +40,9 @@ def skip_reason(policy: str, hw: HardwareInfo) -> Optional[str]:
     without hardware support is emulated too.  Asking for a policy by name with
     ``--policies`` runs it anyway; the diagnoses then explain the result.
     """
-    if policy == BASELINE:
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}")
+    if has_fast_path(policy, hw) is not False:
         return None
     if policy == "mixed_float16":
         # A GPU without Tensor Cores still runs: "no speed-up, no Tensor Cores" is exactly
@@ -61,19 +53,12 @@ def skip_reason(policy: str, hw: HardwareInfo) -> Optional[str]:
                     "samples/s), so the comparison says nothing; name it in --policies to "
                     "measure it anyway")
         return None
-    if policy == "mixed_bfloat16":
-        if hw.gpus:
-            cc = _min_cc(hw)
-            if cc is not None and cc < BF16_TENSOR_CORES:
-                return (f"{describe(hw)}: bfloat16 Tensor Cores start with Ampere (compute "
-                        f"capability 8.0), so bfloat16 has no fast path here (slower than float32, or unsupported by some kernels); "
-                        f"name it in --policies to measure it anyway")
-            return None
-        if not hw.cpu_bf16:
-            return ("the CPU has no bfloat16 instructions (AVX512_BF16 or AMX-BF16): bfloat16 is "
-                    "emulated and slower than float32; name it in --policies to measure it anyway")
-        return None
-    raise ValueError(f"unknown policy {policy!r}")
+    if hw.gpus:
+        return (f"{describe(hw)}: bfloat16 Tensor Cores start with Ampere (compute "
+                "capability 8.0), so bfloat16 has no fast path here (slower than float32, or "
+                "unsupported by some kernels); name it in --policies to measure it anyway")
+    return ("the CPU has no bfloat16 instructions (AVX512_BF16 or AMX-BF16): bfloat16 is "
+            "emulated and slower than float32; name it in --policies to measure it anyway")
 
 
 def plan_policies(requested: Optional[Sequence[str]], hw: HardwareInfo) -> Plan:

@@ -1,4 +1,4 @@
-"""Run ``python -m app train`` once per (repeat, policy), each in a fresh process.
+"""Run ``tfmp train`` once per (repeat, policy), each in a fresh process.
 
 A fresh process per run means a policy's peak memory (GPU allocator peak, or the resident
 memory of the CPU process) is its own: nothing allocated by an earlier run is still held,
@@ -17,25 +17,20 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from app import settings as settings_table
 from app.benchmark import stats
+from app.exit_codes import EXIT_USAGE  # train rejected its input
+from app.launch import PACKAGE_ROOT, module_command
 from app.reporting import utc_now_iso
 
-# Flags of ``python -m app train`` that the benchmark passes through unchanged when set.
-PASS_THROUGH = (
-    ("model", "--model"), ("dataset", "--dataset"), ("loss", "--loss"), ("metrics", "--metrics"),
-    ("input_shape", "--input-shape"), ("num_classes", "--num-classes"), ("loop", "--loop"),
-    ("epochs", "--epochs"), ("batch_size", "--batch-size"),
-    ("learning_rate", "--learning-rate"), ("seed", "--seed"),
-    ("max_train_samples", "--max-train-samples"), ("max_val_samples", "--max-val-samples"),
-    ("workspace", "--workspace"), ("data_dir", "--data-dir"), ("image_dir", "--image-dir"),
-    ("image_size", "--image-size"), ("steps_per_execution", "--steps-per-execution"),
-)
-BOOL_PASS_THROUGH = (("jit", "--jit"), ("offline", "--offline"))
+# Flags of ``tfmp train`` that the benchmark passes through unchanged when set (the
+# ``passed`` column of app.settings): (setting, flag) pairs, values and switches apart.
+PASS_THROUGH = tuple((s.name, s.flag) for s in settings_table.PASSED if not s.switch)
+BOOL_PASS_THROUGH = tuple((s.name, s.flag) for s in settings_table.PASSED if s.switch)
 # Always: no model file (its saving time and disk are not what is measured), and plain
 # progress lines in the run's log instead of a progress bar.
 FIXED_FLAGS = ("--no-save-model", "--progress", "lines")
 
-EXIT_USAGE = 2  # `python -m app train` rejected its input
 
 
 class TrainRejectedInput(Exception):
@@ -54,29 +49,21 @@ Launcher = Callable[[List[str], str, Optional[float], Mapping[str, str]], int]
 
 
 def _setting_flags(settings: Mapping[str, Any]) -> List[str]:
-    cmd: List[str] = []
-    for key, flag in PASS_THROUGH:
-        val = settings.get(key)
-        if val is not None:
-            cmd += [flag, str(val)]
-    for key, flag in BOOL_PASS_THROUGH:
-        if settings.get(key):
-            cmd.append(flag)
-    return cmd
+    return settings_table.passed_flags(dict(settings))
 
 
 def train_command(settings: Mapping[str, Any], policy: str, run_dir: str,
                   extra_flags: Sequence[str] = ()) -> List[str]:
-    """The exact ``python -m app train`` command line of one run."""
-    cmd = [sys.executable, "-m", "app", "train", "--precision", policy, "--output", run_dir]
+    """The exact ``tfmp train`` command line of one run."""
+    cmd = module_command("app", "train", "--precision", policy, "--output", run_dir)
     return cmd + _setting_flags(settings) + list(FIXED_FLAGS) + list(extra_flags)
 
 
 def input_rate_command(settings: Mapping[str, Any], warmup_epochs: int,
                        check_dir: str) -> List[str]:
     """``python -m app.benchmark.input_rate``: the runs' data settings, no model."""
-    return ([sys.executable, "-m", "app.benchmark.input_rate", "--output", check_dir,
-             "--warmup-epochs", str(warmup_epochs)] + _setting_flags(settings))
+    return (module_command("app.benchmark.input_rate", "--output", check_dir,
+                           "--warmup-epochs", str(warmup_epochs)) + _setting_flags(settings))
 
 
 def subprocess_launcher(cmd: List[str], log_path: str, timeout: Optional[float],
@@ -109,9 +96,11 @@ def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # The child must import this very package, wherever the benchmark was started from.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # The child imports this very package (app.launch), and so do processes it starts.
+    root = PACKAGE_ROOT
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # Every run is a fresh one into its own folder, whatever the user's shell says.
+    env.pop(settings_table.BY_NAME["resume"].env, None)
     return env
 
 
@@ -267,19 +256,19 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
 
 
 def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:
-    """``python -m app env --json`` in a child process (keeps TensorFlow out of this one)."""
-    cmd = [sys.executable, "-m", "app", "env", "--json"]
+    """``tfmp env --json`` in a child process (keeps TensorFlow out of this one)."""
+    cmd = module_command("app", "env", "--json")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired:
-        return {"error": f"`{' '.join(cmd[1:])}` timed out"}
+        return {"error": "`tfmp env --json` timed out"}
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": f"`python -m app env --json` failed: {last}"}
+        return {"error": f"`tfmp env --json` failed: {last}"}
     try:
         return json.loads(proc.stdout)
     except ValueError:
-        return {"error": "`python -m app env --json` printed no JSON"}
+        return {"error": "`tfmp env --json` printed no JSON"}
 
 
 def measure_input_rate(settings: Mapping[str, Any], warmup_epochs: int, output: str, *,

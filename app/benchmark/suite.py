@@ -16,7 +16,7 @@ OUTPUT_FILES = ("benchmark.json", "benchmark.md", "benchmark.png", "env.json", "
 
 
 def hardware_from_env(env: Mapping[str, Any]) -> HardwareInfo:
-    """Rebuild the HardwareInfo that ``python -m app env --json`` reported.
+    """Rebuild the HardwareInfo that ``tfmp env --json`` reported.
 
     Falls back to this machine's /proc/cpuinfo (no GPU) when the report failed.
     """
@@ -66,7 +66,7 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         else:
             shutil.rmtree(output, ignore_errors=True)
         # The trainer's line already says what is allowed.
-        raise UsageError(f"python -m app train rejected the settings: {exc.line}") from None
+        raise UsageError(f"tfmp train rejected the settings: {exc.line}") from None
 
     results = stats.summarize(records, the_plan.run)
     widths, widths_note = _layer_widths(settings["model"], pipeline)
@@ -101,7 +101,7 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         },
         "interleaving": {
             "how": "round-robin: one run of each policy per repeat, in the order listed; every "
-                   "run is a fresh `python -m app train` process",
+                   "run is a fresh `tfmp train` process",
             "order": [f"{e['policy']}#{e['repeat']}" for e in schedule],
         },
         "hardware": dict(hw.to_dict(), description=plan.describe(hw), cpu_count=os.cpu_count()),

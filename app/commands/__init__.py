@@ -1,4 +1,4 @@
-"""Subcommands of ``python -m app``.
+"""Subcommands of ``tfmp``.
 
 Each module exposes ``add_parser(subparsers)`` and ``run(args) -> int``.  To add a command,
 write the module and add its name to ``COMMANDS``; nothing else needs to change.

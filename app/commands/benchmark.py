@@ -1,7 +1,7 @@
-"""``python -m app benchmark``: float32 against mixed precision on this machine.
+"""``tfmp benchmark``: float32 against mixed precision on this machine.
 
 Every policy trains the same model on the same data with the same settings, each run in a
-fresh ``python -m app train`` process, interleaved over ``--repeats``.  Writes
+fresh ``tfmp train`` process, interleaved over ``--repeats``.  Writes
 benchmark.json, benchmark.md (also printed), benchmark.png, env.json and env.txt into
 ``--output``.  See docs/benchmark.md.
 """
@@ -10,16 +10,22 @@ from __future__ import annotations
 import os
 import sys
 
+from app import settings as settings_table
 from app.errors import UsageError
+from app.registry import POLICIES
 
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+# The training settings the benchmark passes to its runs (app.settings' ``passed``
+# column), apart from the task flags and --epochs (its own, below) and the two speed
+# settings, which get their own --help group.
+_SPEED = ("steps_per_execution", "jit")
+_WHAT = tuple(s.name for s in settings_table.PASSED
+              if not s.task and s.name != "epochs" and s.name not in _SPEED)
 
 
 def add_parser(subparsers):
     import argparse
 
-    from app.commands.train import SPEC_HELP, add_task_flags
-    from app.config import LOOPS
+    from app.commands.train import SPEC_HELP, add_setting_flags, add_task_flags
 
     p = subparsers.add_parser(
         "benchmark", help="measure float32 against mixed precision on this machine",
@@ -27,27 +33,12 @@ def add_parser(subparsers):
                     "report speed, peak memory and accuracy with plain-word diagnoses; "
                     "also time the input pipeline alone and say when the job is input-bound.",
         epilog=SPEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # The same --model/--dataset/--loss/--metrics/--input-shape/--num-classes as train,
-    # passed to every `python -m app train` run.  Defaults of None: resolved like `train`
-    # does (flag, then TFMP_* variable, then default).
+    # The same task and data flags as train, passed to every `tfmp train` run.  Defaults of
+    # None: resolved like `train` does (flag, then TFMP_* variable, then default).
     what = add_task_flags(p)
-    what.title = "what to train (passed to `python -m app train`)"
-    what.add_argument("--loop", choices=LOOPS, default=None, help="default fit")
-    what.add_argument("--batch-size", type=int, default=None, metavar="N", help="default 128")
-    what.add_argument("--learning-rate", type=float, default=None, metavar="LR")
-    what.add_argument("--max-train-samples", type=int, default=None, metavar="N")
-    what.add_argument("--max-val-samples", type=int, default=None, metavar="N")
-    what.add_argument("--seed", type=int, default=None)
-    what.add_argument("--workspace", default=None, metavar="DIR")
-    what.add_argument("--data-dir", default=None, metavar="DIR")
-    what.add_argument("--image-dir", default=None, metavar="DIR")
-    what.add_argument("--image-size", type=int, default=None, metavar="N")
-    what.add_argument("--offline", action="store_true", default=None, help="never download datasets")
-    speed = p.add_argument_group("speed settings recorded with the results")
-    speed.add_argument("--steps-per-execution", type=int, default=None, metavar="N",
-                       help="training steps per tf.function call (Model.compile(steps_per_execution=N))")
-    speed.add_argument("--jit", action="store_true", default=None,
-                       help="XLA: Model.compile(jit_compile=True) / tf.function(jit_compile=True)")
+    what.title = "what to train (passed to `tfmp train`)"
+    add_setting_flags(p, _WHAT, group=what)
+    add_setting_flags(p, _SPEED, group=p.add_argument_group("speed settings recorded with the results"))
     how = p.add_argument_group("how to measure")
     how.add_argument("--policies", default=None, metavar="LIST",
                      help="comma-separated subset of float32,mixed_float16,mixed_bfloat16 "
@@ -100,6 +91,7 @@ def precheck_spec(spec, what: str) -> None:
                              f"({os.getcwd()}) or absolute")
         return
     top = module.split(".")[0]
+    specs.current_folder_importable()   # as the child runs will
     try:
         found = importlib.util.find_spec(top) is not None
     except (ImportError, ValueError):
@@ -136,18 +128,11 @@ def validate(args):
     if args.image_size is not None and args.image_size < 1:
         raise UsageError(f"image_size must be at least 1. Received: image_size={args.image_size}",
                          "an integer >= 1")
-    # The training settings go through the same validation as `python -m app train`.
-    # TFMP_* variables are resolved here, and the result is passed to every run as explicit
-    # flags, so what the report records is what the runs used.
-    flags = {"model": args.model, "dataset": args.dataset, "loss": args.loss,
-             "metrics": args.metrics, "input_shape": args.input_shape,
-             "num_classes": args.num_classes, "loop": args.loop,
-             "precision": "float32", "epochs": args.epochs, "batch_size": args.batch_size,
-             "learning_rate": args.learning_rate, "max_train_samples": args.max_train_samples,
-             "max_val_samples": args.max_val_samples, "seed": args.seed,
-             "workspace": args.workspace, "data_dir": args.data_dir, "image_dir": args.image_dir,
-             "image_size": args.image_size, "offline": args.offline,
-             "steps_per_execution": args.steps_per_execution, "jit": args.jit}
+    # The training settings go through the same validation as `tfmp train`.  TFMP_*
+    # variables are resolved here, and the result is passed to every run as explicit flags,
+    # so what the report records is what the runs used.
+    flags = {s.name: getattr(args, s.name) for s in settings_table.PASSED}
+    flags["precision"] = "float32"
     cfg = config.resolve_config(flags)
     if cfg.steps_per_execution > 1 and cfg.loop != "fit":
         raise UsageError(f"steps_per_execution applies to --loop fit only. Received: "
@@ -162,18 +147,10 @@ def validate(args):
         raise UsageError(f"output {output!r} already exists and is not an empty folder",
                          "a new or empty folder, so runs of different benchmarks never mix")
     config.check_output_writable(output)
-    settings = {
-        "model": cfg.model, "dataset": cfg.dataset, "loss": cfg.loss, "metrics": cfg.metrics,
-        "input_shape": cfg.input_shape, "num_classes": cfg.num_classes,
-        "loop": cfg.loop, "epochs": cfg.epochs,
-        "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
-        "max_train_samples": cfg.max_train_samples, "max_val_samples": cfg.max_val_samples,
-        "seed": cfg.seed, "workspace": cfg.workspace,
-        # Passed on only when chosen: the trainer's own default is <workspace>/data.
-        "data_dir": cfg.data_dir if config.data_dir_chosen(cfg) else None,
-        "image_dir": cfg.image_dir, "image_size": cfg.image_size, "offline": bool(cfg.offline),
-        "steps_per_execution": cfg.steps_per_execution, "jit": bool(cfg.jit),
-    }
+    settings = {s.name: getattr(cfg, s.name) for s in settings_table.PASSED}
+    # Passed on only when chosen: the trainer's own default is <workspace>/data.
+    settings["data_dir"] = cfg.data_dir if config.data_dir_chosen(cfg) else None
+    settings["offline"], settings["jit"] = bool(cfg.offline), bool(cfg.jit)
     return settings, policies, output
 
 

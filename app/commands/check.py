@@ -1,4 +1,4 @@
-"""``python -m app check``: the mixed-precision doctor for a model (docs/your-model.md).
+"""``tfmp check``: the mixed-precision doctor for a model (docs/your-model.md).
 
 Exit status: 0 ready (warnings included), 1 blocked, 2 bad input.  Prints the report; with
 ``--json FILE`` also writes it there (atomically).  Writes nothing else.
@@ -21,14 +21,15 @@ what it checks (each finding has a severity, the layer and the fix):
 exit status: 0 ready (warnings included), 1 blocked, 2 bad input.
 
 examples:
-  python -m app check --model resnet
-  python -m app check --model ./nets/small.py:build --input-shape 28,28,1
-  python -m app check --model nets.small:build --dataset nets.data:load --json check.json
+  tfmp check --model resnet
+  tfmp check --model ./nets/small.py:build --input-shape 28,28,1
+  tfmp check --model nets.small:build --dataset nets.data:load --json check.json
 """
 
 
 def add_parser(subparsers):
     from app.commands.train import SPEC_HELP, add_task_flags
+    from app.config import MODELS
     from app.precision import CHOICES
 
     p = subparsers.add_parser(
@@ -38,11 +39,11 @@ def add_parser(subparsers):
                     "scaling, Tensor Core sizes, and float32 against the policy.",
         epilog=EPILOG + "\n" + SPEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=None)
-    what = add_task_flags(p)
+    what = add_task_flags(p, show_env=False)   # check reads no TFMP_ variables
     # check's defaults differ from train's: say them here, not train's.
     for action in what._group_actions:
         if action.dest == "model":
-            action.help = "mlp, cnn, resnet or MODULE:FUNCTION / file.py:FUNCTION (required)"
+            action.help = f"{', '.join(MODELS)} or MODULE:FUNCTION / file.py:FUNCTION (required)"
             action.required = True
         elif action.dest == "dataset":
             action.help = ("a built-in dataset (read from <workspace>/data, never downloaded) or "
@@ -80,7 +81,8 @@ def run(args) -> int:
         if os.path.isdir(args.json) or not os.path.isdir(folder):
             raise UsageError(f"--json {args.json!r}: not a file in an existing folder",
                              "a file path whose folder exists")
-    from app.tasks import Task, parse_input_shape
+    from app.specs import parse_input_shape
+    from app.tasks import Task
 
     task = Task.from_specs(args.model, args.dataset or "synthetic", args.loss, args.metrics,
                            parse_input_shape(args.input_shape), args.num_classes)

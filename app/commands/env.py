@@ -1,4 +1,4 @@
-"""``python -m app env``: versions and hardware, for bug reports."""
+"""``tfmp env``: versions and hardware, for bug reports."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,7 @@
-"""``python -m app notebooks``: list the guide notebooks, or seed a folder with them.
+"""``tfmp notebooks``: list the guide notebooks, or seed a folder with them.
 
-    python -m app notebooks                  where the shipped notebooks are
-    python -m app notebooks --install DIR    copy them into DIR; never overwrites a
+    tfmp notebooks                           where the shipped notebooks are
+    tfmp notebooks --install DIR             copy them into DIR; never overwrites a
                                              notebook you changed (see app/notebooks)
 
 The image's start-up runs ``--install /workspace/notebooks`` as the unprivileged user.

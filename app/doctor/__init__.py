@@ -1,4 +1,4 @@
-"""``python -m app check``: the mixed-precision doctor.
+"""``tfmp check``: the mixed-precision doctor.
 
 The troubleshooting and best-practice tables of the mixed-precision guide, turned into
 checks on one model under one dtype policy.  One module per job:

@@ -5,7 +5,7 @@
     report = app.check(model="nets.small:build", data=load_fn)      # your data
     report["verdict"], report["findings"]
 
-Same checks and report as ``python -m app check``; prints the text report unless
+Same checks and report as ``tfmp check``; prints the text report unless
 ``verbose=False``.  Bad input raises ``app.errors.UsageError``; an exception from your own
 code raises ``app.errors.UserCodeError`` (``.original`` keeps it, with its traceback).  The
 global dtype policy is restored afterwards.

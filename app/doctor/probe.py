@@ -17,8 +17,9 @@ import contextlib
 from typing import Dict, List, Optional
 
 from app.doctor.layers import dtype_name
+from app.registry import DEFAULT_INITIAL_LOSS_SCALE
 
-INITIAL_SCALE = 2.0 ** 15   # what the LossScaleOptimizer starts with (app.loss_scale)
+INITIAL_SCALE = DEFAULT_INITIAL_LOSS_SCALE   # what train's LossScaleOptimizer starts with
 MAX_HALVINGS = 10
 
 
@@ -127,7 +128,9 @@ def _is_python_error(exc) -> bool:
     return type(exc).__name__ in ("TypeError", "ValueError", "AttributeError", "NameError")
 
 
-def all_finite(grads) -> bool:
+def grads_are_finite(grads) -> bool:
+    """Every gradient finite, as a Python bool (eager; ``loss_scale.all_finite`` is the
+    in-graph tensor)."""
     import tensorflow as tf
 
     return all(bool(tf.reduce_all(tf.math.is_finite(g))) for g in grads if g is not None)
@@ -167,7 +170,7 @@ def probe_gradients(step, x, y, policy: str) -> dict:
 
     loss, g1 = step(x, y, tf.constant(1.0))
     out = {"loss_in_step": finite_float(loss), "zero_share_unscaled": None, "zero_share_scaled": None,
-           "loss_scale": None, "unscaled_finite": all_finite(g1), "scaled_finite": None,
+           "loss_scale": None, "unscaled_finite": grads_are_finite(g1), "scaled_finite": None,
            "grads": g1}
     if policy != "mixed_float16":
         out["gradients_finite"] = out["unscaled_finite"]
@@ -176,7 +179,7 @@ def probe_gradients(step, x, y, policy: str) -> dict:
     scale = INITIAL_SCALE
     for _ in range(MAX_HALVINGS + 1):
         _, gs = step(x, y, tf.constant(scale))
-        if all_finite(gs):
+        if grads_are_finite(gs):
             out.update(scaled_finite=True, loss_scale=scale, zero_share_scaled=zero_share(gs))
             break
         scale /= 2.0

@@ -4,10 +4,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from app.exit_codes import EXIT_FAILED, EXIT_OK
+
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 SEVERITIES = (BLOCKER, WARNING, INFO)
 READY, READY_WITH_WARNINGS, BLOCKED = "ready", "ready with warnings", "blocked"
-EXIT_READY, EXIT_BLOCKED = 0, 1
+EXIT_READY, EXIT_BLOCKED = EXIT_OK, EXIT_FAILED  # check: ready / a blocker found
 
 
 @dataclass

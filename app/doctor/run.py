@@ -41,18 +41,18 @@ def load_bundle(task, batch_size: int, steps: int, seed: int, data_dir: Optional
     """Only as many samples as the steps need; built-in datasets are read, never downloaded."""
     import os
 
-    from app.config import default_data_dir
+    from app.config import TrainConfig, default_data_dir, env_value
 
     if task.dataset.builtin and task.dataset.spec == "synthetic" and not task.model.builtin:
         synthetic_shape(task)
     if data_dir is None:  # where train keeps the built-in datasets
-        data_dir = os.environ.get("TFMP_DATA_DIR") or default_data_dir(
-            os.environ.get("TFMP_WORKSPACE") or "workspace")
+        data_dir = env_value("data_dir") or default_data_dir(
+            env_value("workspace") or TrainConfig.workspace)
     if task.dataset.builtin and task.dataset.spec not in ("synthetic", "images") \
             and not os.path.isdir(data_dir):
         raise UsageError(f"dataset {task.dataset.spec!r}: check reads it from {data_dir!r} and "
                          "never downloads, and that folder does not exist",
-                         f"run `python -m app train --dataset {task.dataset.spec}` once (it "
+                         f"run `tfmp train --dataset {task.dataset.spec}` once (it "
                          "downloads), set TFMP_DATA_DIR or TFMP_WORKSPACE, or omit --dataset "
                          "for synthetic data")
     return task.load_data(batch_size, data_dir, max_train_samples=batch_size * (steps + 1),
@@ -114,18 +114,13 @@ def _build(task, bundle, policy, seed, sample):
     return task.build(bundle, sample)
 
 
-def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
+def _new_report(task, bundle, decision, hw, batch_size, steps) -> dict:
     import tensorflow as tf
 
-    from app import dtype_clash
-
-    policy = decision.policy
-    mixed = policy.startswith("mixed_")
-    findings = []
-    report = {
+    return {
         "schema_version": SCHEMA_VERSION,
         "model": task.model.spec, "dataset": task.dataset.spec,
-        "precision": decision.to_dict(), "policy": policy,
+        "precision": decision.to_dict(), "policy": decision.policy,
         "batch_size": batch_size, "steps": steps,
         "data": {"input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes,
                  "label_kind": bundle.label_kind},
@@ -134,7 +129,11 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
                         "gpus": [g.name for g in hw.gpus]},
         "layers": [], "probe": {"ran": False}, "comparison": {"ran": False},
     }
-    if not mixed:
+
+
+def _policy_findings(policy: str, hw) -> list:
+    findings = []
+    if not policy.startswith("mixed_"):
         findings.append(Finding(INFO, "policy", None,
                                 f"the policy is {policy}: nothing runs in 16 bits, so there is "
                                 "little for mixed precision to break",
@@ -145,13 +144,25 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
                                 "no GPU here: float16 math on a CPU is slow (the check compiles "
                                 "its float16 steps with XLA when it can); train float16 on a "
                                 "GPU with Tensor Cores", None))
+    return findings
+
+
+def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
+    import tensorflow as tf
+
+    from app import dtype_clash
+
+    policy = decision.policy
+    mixed = policy.startswith("mixed_")
+    report = _new_report(task, bundle, decision, hw, batch_size, steps)
+    findings = _policy_findings(policy, hw)
     batches = _batches(bundle, steps)
     x0, y0 = batches[0]
     try:
         built = _build(task, bundle, policy, seed, bundle.sample_batch)
     except UserCodeError as exc:
         if mixed and dtype_clash.is_dtype_clash(exc.original):
-            findings.append(_clash(exc.original, policy, task))
+            findings.append(_clash_finding(exc.original, policy, task))
             return _finish(report, findings)
         raise
     model = built.model
@@ -166,7 +177,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
             prediction = model(x0, training=True)
         except Exception as exc:
             if mixed and dtype_clash.is_dtype_clash(exc):
-                clash = _clash(exc, policy, task)
+                clash = _clash_finding(exc, policy, task)
             else:
                 raise UserCodeError(task.model.spec, f"running the model on one batch under "
                                     f"{policy}", exc) from exc
@@ -207,7 +218,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
         grads = probe_mod.probe_gradients(step, x0, y0, policy)
     except Exception as exc:
         if mixed and dtype_clash.is_dtype_clash(exc):
-            findings.append(_clash(exc, policy, task))
+            findings.append(_clash_finding(exc, policy, task))
             report["probe"] = probe
             return _finish(report, findings)
         raise UserCodeError(task.model.spec, f"computing gradients under {policy}", exc) from exc
@@ -305,7 +316,7 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
     return out
 
 
-def _clash(exc, policy, task) -> Finding:
+def _clash_finding(exc, policy, task) -> Finding:
     from app import dtype_clash
 
     layer = dtype_clash.failing_layer(exc)

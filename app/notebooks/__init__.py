@@ -110,7 +110,7 @@ def install(target: os.PathLike, source: Optional[os.PathLike] = None) -> List[O
             outcomes.append(Outcome(name, REFRESHED))
         else:
             outcomes.append(Outcome(name, KEPT))
-    doc = {"about": "notebooks shipped by `python -m app notebooks --install`; a notebook whose "
+    doc = {"about": "notebooks shipped by `tfmp notebooks --install`; a notebook whose "
                     "sha256 differs from the one recorded here was changed and is never "
                     "overwritten",
            "notebooks": dict(sorted(manifest.items()))}

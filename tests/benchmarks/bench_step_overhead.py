@@ -8,8 +8,10 @@ alternating blocks, so neighbouring blocks share the machine's state:
 
 * ``app``: the model, optimizer, loss, metrics and data pipeline exactly as
   ``python -m app train --model mlp --dataset synthetic --loop fit`` sets them up
-  (``app.training._Run``: the task, loss scaling, the step statistics recorded inside the
-  train step), with the monitor's polling thread running during its blocks;
+  (the public seams ``app.training.prepare``/``build_parts``/``make_recorder``/
+  ``make_monitor`` and ``app.steps.compile_for_fit``: the task, loss scaling, the step
+  statistics recorded inside the train step), with the monitor's polling thread running
+  during its blocks;
 * ``baseline``: the same 784-512-256-10 MLP written by hand, compiled with Keras' string loss
   and metric and the same Adam, fed the app's own input pipeline (so that this measures what
   the tool adds around the step; its input pipeline against Keras' own NumPy feeding is in
@@ -49,10 +51,10 @@ from bench_app_overhead import SPEC_MODEL  # noqa: E402  the same user-style MLP
 
 
 class AppSide:
-    """One ``python -m app train`` set-up, driven one epoch at a time."""
+    """One ``tfmp train`` set-up, driven one epoch at a time."""
 
     def __init__(self, model: str, args, work: str, name: str):
-        from app import training
+        from app import steps, training
         from app.config import TrainConfig
 
         cfg = TrainConfig(model=model, dataset="synthetic", precision=args.policy, loop="fit",
@@ -60,20 +62,19 @@ class AppSide:
                           max_train_samples=args.samples, max_val_samples=256,
                           output=os.path.join(work, name), offline=True, verbose="bar",  # no step lines
                           save_model=False, input_shape=None if model == "mlp" else "784")
-        _, decision, task, bundle, output, dist = training.prepare(cfg)
-        self.run = training._Run(cfg, task, decision, bundle, output, None, {}, dist)
-        self.run.build(training._StopFlag())
-        self.run.open_outputs()
-        self.run.compile_for_fit()
-        self.run.make_monitor()
-        self.data = bundle.train
+        run = training.prepare(cfg)
+        self.parts = training.build_parts(run)
+        recorder = training.make_recorder(run, self.parts, {}).open()
+        steps.compile_for_fit(self.parts, cfg.jit, cfg.steps_per_execution)
+        self.monitor = training.make_monitor(run, self.parts, recorder)
+        self.data = run.bundle.train
 
     def epoch(self):
-        with self.run.monitor.polling(self.run.model):
-            self.run.model.fit(self.data, epochs=1, verbose=0, shuffle=False)
+        with self.monitor.polling(self.parts.model):
+            self.parts.model.fit(self.data, epochs=1, verbose=0, shuffle=False)
 
     def accuracy(self) -> float:
-        return float(self.run.model.evaluate(self.data, verbose=0, return_dict=True)["accuracy"])
+        return float(self.parts.model.evaluate(self.data, verbose=0, return_dict=True)["accuracy"])
 
 
 class BaselineSide:
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
     print()
     print("| side                        | median samples/s | CPU us/sample | cores | train accuracy |")
     print("|-----------------------------|-----------------:|--------------:|------:|---------------:|")
-    labels = {"app": "python -m app train (mlp)", "baseline": "hand-written Keras fit",
+    labels = {"app": "tfmp train (mlp)", "baseline": "hand-written Keras fit",
               "spec": "app train, my_mlp.py:build"}
     for n in names:
         sps = statistics.median(args.samples / r[n]["wall"] for r in rounds)

@@ -104,7 +104,7 @@ def test_settings_rejected_by_train_exit_2_and_remove_output(tmp_path, capsys):
                    str(tmp_path / "ws"), "--epochs", "2", "--repeats", "1", "--output", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
-    assert err[-1].startswith("error: python -m app train rejected the settings: ")
+    assert err[-1].startswith("error: tfmp train rejected the settings: ")
     assert "data directory" in err[-1] and err[-1].count("allowed:") == 1
     assert not out.exists()
 

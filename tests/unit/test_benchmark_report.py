@@ -149,7 +149,7 @@ def test_rejected_settings_empty_the_users_folder_but_keep_it(tmp_path):
     with pytest.raises(UsageError) as exc_info:
         suite.run_benchmark(dict(SETTINGS), None, str(out), repeats=2, warmup_epochs=1,
                             max_accuracy_gap=1.0, launcher=rejects, environment=FAKE_ENV)
-    assert exc_info.value.line() == ("error: python -m app train rejected the settings: dataset "
+    assert exc_info.value.line() == ("error: tfmp train rejected the settings: dataset "
                                      "'mnist' not found; allowed: put mnist.npz there")
     assert out.is_dir() and list(out.iterdir()) == []
 

@@ -1,0 +1,24 @@
+"""Child processes of this package that run this very package.
+
+``python -m app`` imports the first ``app`` on ``sys.path``, and ``-m`` puts the current
+folder first: a user's own ``app.py`` or ``app/`` there would run instead of ours.  So a
+child is started with ``-c`` and a two-line boot that replaces that first ``sys.path``
+entry with the folder holding this package, then runs the module as ``-m`` would.  The
+user's ``MODULE:FUNCTION`` specs still import from the current folder: ``app.specs`` adds
+it when it loads them (after this package is imported).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import List
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_BOOT = ("import runpy, sys; sys.path[0] = {root!r}; "
+         "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
+def module_command(module: str, *args: str) -> List[str]:
+    """The command that runs ``python -m <module> <args>`` with this package's ``app``."""
+    return [sys.executable, "-c", _BOOT.format(root=PACKAGE_ROOT), module, *args]
