@@ -1,0 +1,102 @@
+"""One run per output folder (app/run_lock.py): a real flock, real processes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from app.errors import UsageError
+from app.run_lock import LOCK_NAME, OutputInUse, RunLock
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# A child that takes the lock, says so, and sleeps until killed.
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from app.run_lock import RunLock
+    lock = RunLock(sys.argv[1], command="tfmp train --output twin").acquire()
+    print("locked", flush=True)
+    time.sleep(120)
+""")
+
+
+@pytest.fixture
+def holder(tmp_path):
+    out = tmp_path / "twin"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "locked", "the holder never took the lock"
+        yield out, proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_acquire_creates_the_folder_and_names_this_process(tmp_path):
+    out = tmp_path / "runs" / "a"
+    with RunLock(str(out), command="tfmp train x") as lock:
+        assert lock.held
+        holder = json.loads((out / LOCK_NAME).read_text())
+        assert holder["pid"] == os.getpid()
+        assert holder["command"] == "tfmp train x"
+        assert holder["host"] and holder["started_utc"].endswith("Z")
+    assert not lock.held
+
+
+def test_check_free_creates_nothing(tmp_path):
+    out = tmp_path / "new"
+    RunLock(str(out)).check_free()
+    assert not out.exists()
+
+
+def test_released_lock_can_be_taken_again_in_the_same_process(tmp_path):
+    RunLock(str(tmp_path)).acquire().release()
+    lock = RunLock(str(tmp_path)).acquire()
+    lock.release()
+
+
+def test_second_process_is_refused_with_the_first_named(holder):
+    out, proc = holder
+    before = sorted(os.listdir(out))
+    with pytest.raises(OutputInUse) as err:
+        RunLock(str(out)).check_free()
+    with pytest.raises(OutputInUse):
+        RunLock(str(out)).acquire()
+    line = err.value.line()
+    assert isinstance(err.value, UsageError)   # exit status 2 through app.cli
+    assert line.startswith(f"error: output directory {str(out)!r} is in use by another run")
+    assert f"pid {proc.pid}" in line and "command: tfmp train --output twin" in line
+    assert "allowed: another --output, wait for that run to finish, or stop it" in line
+    assert "\n" not in line
+    # The refusal touched nothing, not even the holder's details.
+    assert sorted(os.listdir(out)) == before
+    assert json.loads((out / LOCK_NAME).read_text())["pid"] == proc.pid
+
+
+def test_kill_9_leaves_no_stale_lock(holder):
+    out, proc = holder
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    RunLock(str(out)).check_free()
+    with RunLock(str(out)) as lock:
+        assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
+        assert lock.held
+
+
+def test_same_process_second_lock_is_refused(tmp_path):
+    # flock belongs to the open file: a second RunLock in one process (two app.train calls
+    # on one folder from two threads) is refused like another process.
+    first = RunLock(str(tmp_path)).acquire()
+    try:
+        with pytest.raises(OutputInUse):
+            RunLock(str(tmp_path)).acquire()
+    finally:
+        first.release()
