@@ -2,6 +2,7 @@
 they belong to the image suite and run wherever it runs)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -84,4 +85,5 @@ def test_compose_files_are_valid(files):
     assert {p["target"] for p in jupyter["ports"]} == {8888, 22}
     assert all(p["host_ip"] == "127.0.0.1" for p in jupyter["ports"])
     assert jupyter["shm_size"] and jupyter["ulimits"]["stack"] == 67108864
+    assert jupyter["environment"]["JUPYTER_UI"] == os.environ.get("JUPYTER_UI", "lab")
     assert cfg["services"]["train"]["command"] == ["tfmp", "train"]
