@@ -1,5 +1,5 @@
-# Mixed-precision TensorFlow training image: JupyterLab on 8888, sshd on 22,
-# batch jobs (`docker run IMAGE tfmp train ...`).  See docs/image.md.
+# Mixed-precision TensorFlow training image: JupyterLab and the Notebook interface on
+# 8888, sshd on 22, batch jobs (`docker run IMAGE tfmp train ...`).  See docs/image.md.
 #
 # Build (BuildKit is required for the optional CA secret):
 #   docker compose build
@@ -13,7 +13,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # No final non-root USER, on purpose: the container starts as root (the base's
 # default) only to remap the user's UID/GID, assemble SSH keys and start sshd,
 # which needs root to switch users; entrypoint.sh then drops every user-facing
-# process (JupyterLab, batch jobs, self-test) to `tf` with setpriv.
+# process (Jupyter, batch jobs, self-test) to `tf` with setpriv.
 # `docker run --user UID:GID` also works (then without SSH).  docs/image.md, "Security".
 
 # --- system packages ---------------------------------------------------------
@@ -96,6 +96,8 @@ ENV PIP_CONSTRAINT=/etc/tfmp/constraints.txt \
 # --- configuration and start-up ---------------------------------------------------
 COPY docker/sshd_config /etc/ssh/sshd_config
 COPY docker/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
+# The login page, with where the token is (loaded by that config).
+COPY docker/jupyter-templates/ /usr/local/share/tfmp/jupyter-templates/
 # Server extension loaded by that config: `sandbox` in the /nbconvert/ pages' CSP.
 COPY docker/tfmp_nbconvert_csp.py /opt/tfmp/src/tfmp_nbconvert_csp.py
 # No "news"/update checks: training boxes are often offline; no pop-up over the launcher.

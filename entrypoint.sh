@@ -7,8 +7,8 @@
 # root, because it must switch to the logging-in user itself.
 #
 # Usage (the container's command):
-#   (none) | serve      sshd + JupyterLab on 8888 (root dir /workspace); if either
-#                       dies the container exits non-zero
+#   (none) | serve      sshd + Jupyter on 8888 (JupyterLab and the Notebook interface,
+#                       root dir /workspace); if either dies the container exits non-zero
 #   self-test [ARGS]    the image's own pytest on the shipped tests (GPU tests run
 #                       when a GPU is visible); ARGS go to pytest
 #   anything else       run as user tf, exit status passed through
@@ -21,7 +21,7 @@
 #   00-environment.sh  the container's environment for login shells and SSH
 #   05-banner.sh       versions, GPUs, /dev/shm      (TFMP_QUIET)
 #   07-home.sh         the persistent home: image files refreshed, user packages checked
-#   10-jupyter.sh      token, JupyterLab             (JUPYTER_TOKEN[_FILE], JUPYTER_HOST_PORT)
+#   10-jupyter.sh      token, Jupyter server         (JUPYTER_UI, JUPYTER_TOKEN[_FILE], JUPYTER_HOST_PORT)
 #   20-ssh.sh          keys, password, sshd          (ENABLE_SSH, PUBLIC_KEY[_FILE], SSH_PASSWORD[_FILE])
 #   30-notebooks.sh    guide notebooks in /workspace/notebooks
 #   40-tensorboard.sh  TensorBoard's runs folder     (TFMP_TENSORBOARD_LOGDIR)

@@ -22,6 +22,13 @@ c.ServerApp.jpserver_extensions.update({"tfmp_nbconvert_csp": True})
 # cookies end with the server (jupyter_server < 2.18 keeps one secret file
 # forever, CVE-2026-40934).  Changing the token means a restart, so old cookies die.
 c.ServerApp.cookie_secret = os.urandom(32)
+# The login page says where this image's token is: docker/jupyter-templates/login.html
+# extends jupyter_server's own page, reached as templates/login.html through the package's
+# folder (the same name in the first folder would only find itself).
+import jupyter_server  # noqa: E402
+
+c.ServerApp.extra_template_paths = ["/usr/local/share/tfmp/jupyter-templates",
+                                    os.path.dirname(jupyter_server.__file__)]
 # Never run without authentication, even if someone passes an empty token.
 c.IdentityProvider.token = ""
 _token_file = os.environ.get("TFMP_JUPYTER_TOKEN_PATH", "")

@@ -1,7 +1,11 @@
 # shellcheck shell=bash
-# Part of entrypoint.sh (sourced; serve mode): the Jupyter token and JupyterLab.
+# Part of entrypoint.sh (sourced; serve mode): the Jupyter token and the Jupyter server,
+# which serves both interfaces behind that token: JupyterLab (/lab) and the Notebook
+# interface (/tree, /notebooks/..., /edit/...).
 #
 # Environment:
+#   JUPYTER_UI           lab (default) or notebook: where `/` lands and which address
+#                        the start-up line prints (/lab or /tree); both always work
 #   JUPYTER_TOKEN        JupyterLab token (URL-safe characters)
 #   JUPYTER_TOKEN_FILE   file holding the token (e.g. a Docker secret)
 #                        neither: a random token.  The token is written to
@@ -13,7 +17,12 @@
 # The token goes to $TOKEN_FILE, where the server reads it (jupyter_server_config.py):
 # never in argv or the environment of kernels and terminals.
 setup_jupyter() {
-  local token source=JUPYTER_TOKEN
+  local token source=JUPYTER_TOKEN landing
+  case ${JUPYTER_UI:-lab} in
+    lab) landing=/lab ;;
+    notebook) landing=/tree ;;
+    *) fatal "JUPYTER_UI must be lab or notebook. Received: JUPYTER_UI='$JUPYTER_UI'" ;;
+  esac
   [[ -z ${JUPYTER_TOKEN_FILE:-} ]] || source=JUPYTER_TOKEN_FILE
   token=$(secret_from_env JUPYTER_TOKEN "an empty token would disable authentication (unset it for a random one)")
   [[ -n $token ]] || token=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
@@ -25,12 +34,15 @@ setup_jupyter() {
   (umask 077 && printf '%s\n' "$token" >"$TOKEN_FILE")
   chmod 600 "$TOKEN_FILE"
   if is_root; then chown -R "$NB_UID:$NB_GID" "$(dirname "$TOKEN_FILE")"; fi
+  readonly JUPYTER_LANDING=$landing
   service jupyter JupyterLab "{\"token_file\": \"$TOKEN_FILE\"}" start_jupyter
-  announce "Jupyter URL: http://127.0.0.1:${JUPYTER_HOST_PORT:-8888}/lab?token=$token   (token also in $TOKEN_FILE)"
+  announce "Jupyter URL: http://127.0.0.1:${JUPYTER_HOST_PORT:-8888}$landing?token=$token   (token also in $TOKEN_FILE)"
 }
 
+# One server for both interfaces; LabApp.default_url is where it sends `/`.
 start_jupyter() {
-  exec "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" jupyter lab --no-browser
+  exec "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" jupyter lab --no-browser \
+    --LabApp.default_url="$JUPYTER_LANDING"
 }
 
 setup_jupyter

@@ -114,26 +114,19 @@ def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 
 
-@contextlib.contextmanager
-def kernel_session(base_url: str, token: str, code: str, timeout: float = 120):
-    """Start a kernel through Jupyter's REST API, run ``code`` over its websocket channel and
-    yield the messages it sent for that request; the kernel (and anything it started, such
-    as a TensorBoard) lives until the block ends, then it is deleted."""
+def run_on_kernel(base_url: str, token: str, kernel_id: str, code: str,
+                  timeout: float = 120) -> list:
+    """Run ``code`` on the running kernel ``kernel_id`` over its websocket channel; return the
+    messages it sent for that request, up to its return to idle."""
     import uuid
 
-    import requests
     import websocket
 
-    headers = {"Authorization": f"token {token}"}
-    resp = requests.post(base_url + "/api/kernels", json={"name": "python3"}, headers=headers,
-                         timeout=30)
-    assert resp.status_code == 201, resp.text
-    kernel_id = resp.json()["id"]
     messages: list = []
+    ws = websocket.create_connection(
+        base_url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels",
+        header=[f"Authorization: token {token}"], timeout=timeout)
     try:
-        ws = websocket.create_connection(
-            base_url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels",
-            header=[f"Authorization: token {token}"], timeout=timeout)
         msg_id = uuid.uuid4().hex
         ws.send(json.dumps({
             "header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
@@ -151,8 +144,25 @@ def kernel_session(base_url: str, token: str, code: str, timeout: float = 120):
             return msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
 
         wait_until(idle, timeout=timeout, interval=0, what="the kernel to finish")
+    finally:
         ws.close()
-        yield messages
+    return messages
+
+
+@contextlib.contextmanager
+def kernel_session(base_url: str, token: str, code: str, timeout: float = 120):
+    """Start a kernel through Jupyter's REST API, run ``code`` over its websocket channel and
+    yield the messages it sent for that request; the kernel (and anything it started, such
+    as a TensorBoard) lives until the block ends, then it is deleted."""
+    import requests
+
+    headers = {"Authorization": f"token {token}"}
+    resp = requests.post(base_url + "/api/kernels", json={"name": "python3"}, headers=headers,
+                         timeout=30)
+    assert resp.status_code == 201, resp.text
+    kernel_id = resp.json()["id"]
+    try:
+        yield run_on_kernel(base_url, token, kernel_id, code, timeout)
     finally:
         requests.delete(f"{base_url}/api/kernels/{kernel_id}", headers=headers, timeout=30)
 

@@ -85,8 +85,9 @@ def _memlock() -> str:
     (["-e", "JUPYTER_TOKEN=a b"], "may contain only"),
     (["-e", "SSH_PASSWORD="], "SSH_PASSWORD is set but empty"),
     (["-e", "ENABLE_SSH=maybe"], "ENABLE_SSH must be 1 or 0"),
+    (["-e", "JUPYTER_UI=classic"], "JUPYTER_UI must be lab or notebook. Received: JUPYTER_UI='classic'"),
 ], ids=["uid0", "uid-text", "bad-key", "token-file", "empty-token", "token-space",
-        "empty-password", "enable-ssh"])
+        "empty-password", "enable-ssh", "jupyter-ui"])
 def test_bad_environment_fails_with_one_clear_line(image, env, message):
     proc = docker_run(image, "-e", "TFMP_QUIET=1", *env, timeout=60)
     assert proc.returncode != 0

@@ -2,6 +2,7 @@
 they belong to the image suite and run wherever it runs)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -85,6 +86,7 @@ def test_compose_files_are_valid(files):
     assert {p["target"] for p in jupyter["ports"]} == {8888, 22}
     assert all(p["host_ip"] == "127.0.0.1" for p in jupyter["ports"])
     assert jupyter["shm_size"] and jupyter["ulimits"]["stack"] == 67108864
+    assert jupyter["environment"]["JUPYTER_UI"] == os.environ.get("JUPYTER_UI", "lab")
     assert cfg["services"]["train"]["command"] == ["tfmp", "train"]
     # The home is one named volume, shared by the service and batch jobs (docs/image.md,
     # "What persists"); Docker seeds an empty named volume from the image, never a bind mount.
