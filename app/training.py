@@ -6,7 +6,8 @@ Order of work (nothing is written before every input has been checked):
   2. ``build_parts``: inside ``get_strategy().scope()``, set the policy, build the model
      and the optimizer (wrapped in a LossScaleOptimizer for mixed_float16), the step
      statistics and the checkpointer; with --resume, restore the checkpoint;
-  3. a ``Recorder`` opens the output folder; ``--loop fit`` (Keras fit) or ``--loop
+  3. the chief takes the output folder's lock (``app.run_lock``: one run per folder) and
+     a ``Recorder`` opens the folder; ``--loop fit`` (Keras fit) or ``--loop
      custom`` (GradientTape step, ``app.loops``) train, recording metrics.json and a
      checkpoint after every epoch;
   4. save the final model.
@@ -34,6 +35,7 @@ from app.interrupts import StopFlag, signal_handlers
 from app.monitor import StepMonitor
 from app.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
                           plain_lines)
+from app.run_lock import RunLock
 from app.tasks import BuiltModel, Task
 
 DIAGNOSIS = (
@@ -82,6 +84,10 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                          "--resume --output <folder of the interrupted run>")
     output = cfg.output or default_output(cfg, decision.policy)
     check_output_writable(output)
+    if dist.is_chief:
+        # A live run in this folder is named before anything else is said about it (a
+        # second run would interleave its checkpoints and metrics.json with the first's).
+        RunLock(output).check_free()
     # Multi-worker jobs are restarted by a cluster manager with the same command: like
     # Keras' BackupAndRestore, continue from the last backup instead of starting over.
     resume = cfg.resume or (dist.multi_worker and checkpointing.has_checkpoint(output))
@@ -223,7 +229,12 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         start, previous_steps = _resume(run, parts, metrics)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
         monitor = make_monitor(run, parts, recorder, stop)
-        with _output_faults_described(recorder):
+        # The chief holds the folder from its first write until it ends (app/run_lock.py);
+        # workers of a multi-worker job write only their own temporary folders.
+        lock = RunLock(run.output)
+        with _output_faults_described(recorder), contextlib.ExitStack() as held:
+            if run.dist.is_chief:
+                held.enter_context(lock)
             recorder.open()
             _train_and_save(run, parts, recorder, monitor, loop, start)
     return metrics

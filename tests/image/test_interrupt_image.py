@@ -1,5 +1,5 @@
-"""A training job as a scheduler runs it (`docker run IMAGE python -m app train ...`), stopped
-the way schedulers and users stop it: `docker stop` (SIGTERM through tini) saves a checkpoint
+"""A training job as a scheduler runs it (`docker run IMAGE tfmp train ...`), stopped
+the way schedulers and users stop it (and retried while it runs): `docker stop` (SIGTERM through tini) saves a checkpoint
 and exits 143, and `--resume` in a *new* container on the same volume finishes the run;
 `docker kill --signal INT` (Ctrl-C) exits 130.
 
@@ -21,7 +21,7 @@ EPOCHS = 3
 
 
 def _train_args(output: str) -> list:
-    return ["python", "-m", "app", "train", "--dataset", "synthetic", "--model", "mlp",
+    return ["tfmp", "train", "--dataset", "synthetic", "--model", "mlp",
             "--max-train-samples", "20000", "--max-val-samples", "128", "--batch-size", "32",
             "--precision", "float32", "--epochs", str(EPOCHS), "--offline", "--no-save-model",
             "--progress", "lines", "--log-every", "50", "--output", output]
@@ -98,3 +98,35 @@ def test_sigint_to_a_training_container_exits_130(container, volume):
     logs = run(["docker", "logs", name])
     assert _exit_code(name) == 130, logs.stdout[-2000:] + logs.stderr[-2000:]
     assert "received signal 2" in logs.stderr and "Traceback" not in logs.stderr
+
+
+def test_two_jobs_on_one_volume_one_trains_and_docker_kill_frees_the_folder(image, container,
+                                                                             volume):
+    """A scheduler retries a job whose first attempt still runs: the retry stops at once
+    (exit 2, the other run named) and touches nothing; once the first container is killed
+    outright, the next attempt resumes without any stale lock to clean up."""
+    output = "/workspace/runs/twin"
+    first = _start_training(container, volume, output)
+    run(["docker", "pause", first], timeout=30)   # nothing changes in the folder but by the retry
+    try:
+        listing = ["bash", "-c", f"cd {output} && find . -type f -printf '%p %s %T@\\n' | sort"]
+        before = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{volume}:/workspace",
+                            command=listing).stdout
+        retry = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{volume}:/workspace",
+                           command=_train_args(output), timeout=300)
+        after = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{volume}:/workspace",
+                           command=listing).stdout
+    finally:
+        run(["docker", "unpause", first], timeout=30)
+    assert retry.returncode == 2, retry.stdout[-1000:] + retry.stderr[-2000:]
+    [line] = [x for x in retry.stderr.splitlines() if x.startswith("error:")]
+    assert f"output directory '{output}' is in use by another run" in line
+    hostname = run(["docker", "inspect", "-f", "{{.Config.Hostname}}", first]).stdout.strip()
+    assert f"host {hostname}," in line and "command: tfmp train" in line, line
+    assert "metrics.json" in before and before == after
+
+    run(["docker", "kill", first], timeout=30)      # SIGKILL: no handler, no cleanup
+    resumed = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{volume}:/workspace",
+                         command=[*_train_args(output), "--resume"], timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"done: {EPOCHS} epoch(s)" in resumed.stdout

@@ -18,7 +18,7 @@ import requests
 import websocket
 
 from image_helpers import (HOST_GID, HOST_UID, PARITY_VALUES, container_env, exec_in,
-                           kernel_execute, run)
+                           kernel_execute, run, wait_until)
 
 pytestmark = pytest.mark.docker
 
@@ -287,3 +287,32 @@ def test_host_keys_survive_compose_down_and_up(stack):
     stack.compose("up", "-d", "--no-build", "tfmp", timeout=180)
     stack.wait_healthy()
     assert _host_key_fingerprint(stack) == before
+
+
+def test_one_run_per_output_folder_over_ssh(stack):
+    """Two SSH sessions start the same job: the second stops at once (exit 2, the first run
+    named); after `kill -9` of the first, `--resume` starts at once (no stale lock)."""
+    out = "/workspace/runs/ssh-twin"
+    args = ("tfmp train --dataset synthetic --model mlp --max-train-samples 20000 "
+            "--max-val-samples 128 --batch-size 32 --precision float32 --epochs 2 --offline "
+            f"--no-save-model --progress lines --log-every 50 --output {out}")
+    client = ssh_client(stack)
+    try:
+        code, pid, err = ssh_run(client, f"nohup {args} >/tmp/first.log 2>&1 </dev/null & echo $!")
+        assert code == 0, err
+        pid = pid.strip()
+        # The lock is taken just before the first write: wait for the first epoch line.
+        wait_until(lambda: ssh_run(client, "grep -q '^epoch 1/' /tmp/first.log")[0] == 0, 240,
+                   what="the first run to finish its first epoch")
+        code, _, err = ssh_run(client, args, timeout=300)
+        assert code == 2, err
+        [line] = [x for x in err.splitlines() if x.startswith("error:")]
+        assert f"is in use by another run (host " in line and f"pid {pid}," in line, line
+        assert ssh_run(client, f"kill -0 {pid}")[0] == 0, "the first run must still be alive"
+        ssh_run(client, f"kill -9 {pid}")
+        wait_until(lambda: ssh_run(client, f"kill -0 {pid}")[0] != 0, 30, what="the kill")
+        code, stdout, err = ssh_run(client, f"{args} --resume", timeout=600)
+        assert code == 0, err[-3000:]
+        assert "done: 2 epoch(s)" in stdout
+    finally:
+        client.close()

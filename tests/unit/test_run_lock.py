@@ -100,3 +100,64 @@ def test_same_process_second_lock_is_refused(tmp_path):
             RunLock(str(tmp_path)).acquire()
     finally:
         first.release()
+
+
+# ---- through `tfmp train`: two real runs into one folder ---------------------------------------
+
+TRAIN = ["train", "--dataset", "synthetic", "--max-train-samples", "20000",
+         "--max-val-samples", "256", "--batch-size", "32", "--precision", "float32",
+         "--epochs", "3", "--offline", "--no-save-model", "--progress", "lines",
+         "--log-every", "50"]
+
+
+def _snapshot(folder):
+    """Every file of a run folder with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_second_train_into_a_live_runs_folder_exits_2_and_touches_nothing(tmp_path):
+    from conftest import run_app
+    from training_process import TrainingProcess
+
+    out = tmp_path / "twin"
+    with TrainingProcess([*TRAIN, "--output", str(out)]) as first:
+        first.wait_inside_epoch(2)      # the first run has written its epoch 1
+        # Paused (its lock held) so that any change to the folder is the refusals' doing.
+        first.send(signal.SIGSTOP)
+        before = _snapshot(out)
+        assert "metrics.json" in before and LOCK_NAME in before
+        second = run_app(*TRAIN, "--output", str(out), timeout=300)
+        also_resume = run_app(*TRAIN, "--output", str(out), "--resume", timeout=300)
+        assert _snapshot(out) == before
+        first.proc.send_signal(signal.SIGCONT)
+        code, _, err = first.finish(timeout=600)
+    assert code == 0, err              # exactly one run trained, undisturbed
+    final = json.loads((out / "metrics.json").read_text())
+    assert final["status"] == "completed" and [e["epoch"] for e in final["epochs"]] == [1, 2, 3]
+    for refused in (second, also_resume):
+        assert refused.returncode == 2, refused.stderr
+        lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1, refused.stderr
+        assert "is in use by another run" in lines[0]
+        assert f"pid {first.proc.pid}" in lines[0] and "tfmp train" in lines[0]
+        assert "another --output" in lines[0] and "wait for that run to finish" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_leaves_the_folder_free_for_resume(tmp_path):
+    from conftest import run_app
+    from training_process import TrainingProcess
+
+    out = tmp_path / "killed"
+    with TrainingProcess([*TRAIN, "--output", str(out)]) as run:
+        run.wait_inside_epoch(2)
+        run.send(signal.SIGKILL)        # no handler, no cleanup: only the kernel drops the lock
+        run.finish()
+    assert (out / LOCK_NAME).exists()  # the file stays; its lock died with the process
+    resumed = run_app(*TRAIN, "--output", str(out), "--resume", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    final = json.loads((out / "metrics.json").read_text())
+    assert final["status"] == "completed"
+    assert [e["epoch"] for e in final["epochs"]] == [1, 2, 3]
