@@ -20,6 +20,7 @@
 # the self-test or execs the command.  Each part documents its own variables:
 #   00-environment.sh  the container's environment for login shells and SSH
 #   05-banner.sh       versions, GPUs, /dev/shm      (TFMP_QUIET)
+#   08-jupyter-tls.sh  JupyterLab over TLS           (JUPYTER_TLS[_HOSTNAMES], JUPYTER_CERTFILE, JUPYTER_KEYFILE)
 #   10-jupyter.sh      token, JupyterLab             (JUPYTER_TOKEN[_FILE], JUPYTER_HOST_PORT)
 #   20-ssh.sh          keys, password, sshd          (ENABLE_SSH, PUBLIC_KEY[_FILE], SSH_PASSWORD[_FILE])
 #   30-notebooks.sh    guide notebooks in /workspace/notebooks
