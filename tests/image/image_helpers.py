@@ -114,26 +114,45 @@ def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 
 
+def websocket_url(base_url: str) -> str:
+    """http://... -> ws://..., https://... -> wss://..."""
+    assert base_url.startswith(("http://", "https://")), base_url
+    return "ws" + base_url[len("http"):]
+
+
+def websocket_tls(ca_file: str | Path | None) -> dict:
+    """websocket-client's sslopt that trusts ``ca_file`` only (empty: its defaults)."""
+    import ssl
+
+    return {"ca_certs": str(ca_file), "cert_reqs": ssl.CERT_REQUIRED} if ca_file else {}
+
+
 @contextlib.contextmanager
-def kernel_session(base_url: str, token: str, code: str, timeout: float = 120):
+def kernel_session(base_url: str, token: str, code: str, timeout: float = 120,
+                   ca_file: str | Path | None = None):
     """Start a kernel through Jupyter's REST API, run ``code`` over its websocket channel and
     yield the messages it sent for that request; the kernel (and anything it started, such
-    as a TensorBoard) lives until the block ends, then it is deleted."""
+    as a TensorBoard) lives until the block ends, then it is deleted.
+
+    An https:// ``base_url`` goes over TLS (the websocket over wss://); ``ca_file`` is then
+    the certificate to trust, for requests and the websocket alike."""
     import uuid
 
     import requests
     import websocket
 
     headers = {"Authorization": f"token {token}"}
+    verify = str(ca_file) if ca_file else True
     resp = requests.post(base_url + "/api/kernels", json={"name": "python3"}, headers=headers,
-                         timeout=30)
+                         timeout=30, verify=verify)
     assert resp.status_code == 201, resp.text
     kernel_id = resp.json()["id"]
     messages: list = []
     try:
         ws = websocket.create_connection(
-            base_url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels",
-            header=[f"Authorization: token {token}"], timeout=timeout)
+            websocket_url(base_url) + f"/api/kernels/{kernel_id}/channels",
+            header=[f"Authorization: token {token}"], timeout=timeout,
+            sslopt=websocket_tls(ca_file))
         msg_id = uuid.uuid4().hex
         ws.send(json.dumps({
             "header": {"msg_id": msg_id, "username": "test", "session": uuid.uuid4().hex,
@@ -154,12 +173,14 @@ def kernel_session(base_url: str, token: str, code: str, timeout: float = 120):
         ws.close()
         yield messages
     finally:
-        requests.delete(f"{base_url}/api/kernels/{kernel_id}", headers=headers, timeout=30)
+        requests.delete(f"{base_url}/api/kernels/{kernel_id}", headers=headers, timeout=30,
+                        verify=verify)
 
 
-def kernel_execute(base_url: str, token: str, code: str, timeout: float = 120) -> tuple[str, list]:
+def kernel_execute(base_url: str, token: str, code: str, timeout: float = 120,
+                   ca_file: str | Path | None = None) -> tuple[str, list]:
     """Run ``code`` in a fresh kernel; return (its stdout text, the error tracebacks)."""
-    with kernel_session(base_url, token, code, timeout) as messages:
+    with kernel_session(base_url, token, code, timeout, ca_file) as messages:
         out = "".join(m["content"]["text"] for m in messages
                       if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
         errors = ["\n".join(m["content"]["traceback"]) for m in messages
