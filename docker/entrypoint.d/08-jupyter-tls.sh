@@ -33,6 +33,9 @@ readonly TLS_RUN_DIR=/run/tfmp/tls
 readonly TLS_RENEW_BEFORE=$((7 * 86400)) TLS_DAYS=825
 
 JUPYTER_SCHEME=http JUPYTER_TLS_CERT="" JUPYTER_TLS_KEY="" JUPYTER_TLS_NOTE=""
+# The pair chosen (the user's, or the kept self-signed one) and the setting named when
+# the server's own check of it fails.
+TLS_SOURCE_CERT="" TLS_SOURCE_KEY="" TLS_ORIGIN=""
 
 is_loopback() {
   [[ $1 == localhost || $1 == 127.* || $1 == ::1 || $1 == '[::1]' ]]

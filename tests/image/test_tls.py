@@ -334,6 +334,10 @@ def user_certs(tmp_path_factory) -> Path:
     run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
          "-out", str(d / "other.key")])
     (d / "not-a-cert.pem").write_text("hello\n")
+    # Accepted by openssl's own checks, refused by Python's ssl (OpenSSL's security level 2,
+    # the default of the stand-in's Debian and of Ubuntu 20.04), which is what the server uses.
+    run(["openssl", "req", "-x509", "-newkey", "rsa:1024", "-nodes", "-days", "30",
+         "-subj", "/CN=localhost", "-keyout", str(d / "weak.key"), "-out", str(d / "weak.crt")])
     for key in d.glob("*.key"):
         key.chmod(0o600)
     d.chmod(0o755)
@@ -366,6 +370,8 @@ BAD_SETTINGS = {
                                 "JUPYTER_CERTFILE is set without JUPYTER_KEYFILE"),
     "key without certificate": (["JUPYTER_KEYFILE=/certs/server.key"],
                                 "JUPYTER_KEYFILE is set without JUPYTER_CERTFILE"),
+    "key too weak for the server": (["JUPYTER_CERTFILE=/certs/weak.crt", "JUPYTER_KEYFILE=/certs/weak.key"],
+                                    "JUPYTER_CERTFILE/JUPYTER_KEYFILE: Python's ssl refuses the certificate and key"),
     "bad JUPYTER_TLS": (["JUPYTER_TLS=yes"], "JUPYTER_TLS must be self-signed or off"),
     "both kinds": (["JUPYTER_TLS=self-signed", "JUPYTER_CERTFILE=/certs/server.crt",
                     "JUPYTER_KEYFILE=/certs/server.key"],
