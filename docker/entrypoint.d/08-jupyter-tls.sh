@@ -6,7 +6,8 @@
 #   JUPYTER_TLS            self-signed: a certificate made on the first start and kept
 #                          in $TLS_KEEP_DIR (a volume), made again only when
 #                          JUPYTER_TLS_HOSTNAMES changes or it is about to expire;
-#                          off or unset (default): plain HTTP
+#                          off or unset (default): none made (plain HTTP, unless the
+#                          two variables below give a certificate)
 #   JUPYTER_TLS_HOSTNAMES  names and IP addresses the self-signed certificate is for,
 #                          separated by commas or spaces (e.g. gpu-box.example.org,203.0.113.7);
 #                          localhost and 127.0.0.1 are always in it
