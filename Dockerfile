@@ -21,6 +21,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # metadata changes, every `apt-get update` fails.  Our apt step must not depend
 # on it, so such sources are moved aside (kept in sources.list.d.disabled/).
 #   openssh-server  SSH logins (sshd)
+#   openssl         JupyterLab over TLS: makes the self-signed certificate and checks a
+#                   user's pair (the base has it through ca-certificates; named, not assumed)
 #   rsync           `rsync -e ssh` to sync code and data (needs rsync on both ends)
 #   tini            PID 1: reaps zombies, forwards signals (fast `docker stop`)
 # Versions come from the base's distribution release, hence no pins.
@@ -33,6 +35,7 @@ RUN shopt -s nullglob \
  && apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       openssh-server \
+      openssl \
       rsync \
       tini \
  && apt-get clean \
@@ -61,6 +64,8 @@ RUN groupadd -o -g 1000 tf \
  # Shell history written at every prompt: a terminal killed with its container keeps it.
  && printf '%s\n' '' '# tfmp: history survives a container stopped with the shell open' \
       'PROMPT_COMMAND="history -a${PROMPT_COMMAND:+; $PROMPT_COMMAND}"' >>/etc/bash.bashrc \
+ # JUPYTER_TLS=self-signed keeps its certificate and key here (a volume, like the host keys).
+ && install -d -m 700 /etc/tfmp/tls \
  # Service list for the healthcheck; writable by a non-root start (--user) too.
  && install -d -m 1777 /run/tfmp
 

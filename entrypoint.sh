@@ -21,6 +21,7 @@
 #   00-environment.sh  the container's environment for login shells and SSH
 #   05-banner.sh       versions, GPUs, /dev/shm      (TFMP_QUIET)
 #   07-home.sh         the persistent home: image files refreshed, user packages checked
+#   08-jupyter-tls.sh  JupyterLab over TLS           (JUPYTER_TLS[_HOSTNAMES], JUPYTER_CERTFILE, JUPYTER_KEYFILE)
 #   10-jupyter.sh      token, Jupyter server         (JUPYTER_UI, JUPYTER_TOKEN[_FILE], JUPYTER_HOST_PORT)
 #   20-ssh.sh          keys, password, sshd          (ENABLE_SSH, PUBLIC_KEY[_FILE], SSH_PASSWORD[_FILE])
 #   30-notebooks.sh    guide notebooks in /workspace/notebooks

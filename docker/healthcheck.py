@@ -5,13 +5,55 @@ Healthy when GET /api/status answers 200 with the token (so authentication
 works too) and sshd on port 22 greets with an SSH banner.  Services the
 entrypoint did not start (batch jobs, SSH disabled) are read from
 /run/tfmp/services and skipped.
+
+With TLS on (a "certfile" beside the token file) the question goes over https,
+and the certificate the server presents must be that file's: the token is sent
+only to the server the entrypoint configured.  The certificate is pinned rather
+than verified by name because a user's own certificate need not name 127.0.0.1.
 """
+import hashlib
+import http.client
 import json
 import socket
+import ssl
 import sys
-import urllib.request
 
 STATE = "/run/tfmp/services"
+PORT = 8888
+
+
+def _pinned_context(certfile: str):
+    """A TLS context that accepts any certificate (checked by its hash afterwards)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with open(certfile, encoding="ascii") as fh:
+        pem = fh.read()
+    # The first certificate of the file is the server's own; any others are its chain.
+    end = pem.index("-----END CERTIFICATE-----") + len("-----END CERTIFICATE-----")
+    first = pem[pem.index("-----BEGIN CERTIFICATE-----"):end]
+    return ctx, hashlib.sha256(ssl.PEM_cert_to_DER_cert(first)).hexdigest()
+
+
+def jupyter_status(token: str, certfile: str = "") -> str:
+    """"" when /api/status answers 200 with the token, else what went wrong."""
+    if certfile:
+        ctx, expected = _pinned_context(certfile)
+        conn = http.client.HTTPSConnection("127.0.0.1", PORT, timeout=3, context=ctx)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=3)
+    try:
+        conn.connect()
+        if certfile:
+            served = hashlib.sha256(conn.sock.getpeercert(binary_form=True)).hexdigest()
+            if served != expected:
+                return f"the server presents a certificate other than {certfile}"
+        conn.request("GET", "/api/status", headers={"Authorization": "token " + token})
+        resp = conn.getresponse()
+        resp.read()
+        return "" if resp.status == 200 else f"answered {resp.status}"
+    finally:
+        conn.close()
 
 
 def main() -> int:
@@ -24,16 +66,12 @@ def main() -> int:
     if "jupyter" in services:
         with open(services["jupyter"]["token_file"], encoding="utf-8") as fh:
             token = fh.read().strip()
-        req = urllib.request.Request(
-            "http://127.0.0.1:8888/api/status", headers={"Authorization": "token " + token}
-        )
         try:
-            with urllib.request.urlopen(req, timeout=3) as resp:
-                if resp.status != 200:
-                    print(f"unhealthy: jupyter /api/status answered {resp.status}")
-                    return 1
+            problem = jupyter_status(token, services["jupyter"].get("certfile", ""))
         except Exception as exc:  # any failure is "unhealthy", with the reason
-            print(f"unhealthy: jupyter /api/status: {exc}")
+            problem = str(exc) or type(exc).__name__
+        if problem:
+            print(f"unhealthy: jupyter /api/status: {problem}")
             return 1
     if "sshd" in services:
         try:

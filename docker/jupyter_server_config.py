@@ -38,6 +38,14 @@ if _token_file:
 if not c.IdentityProvider.token:
     raise SystemExit("jupyter_server_config: no token; start the server through entrypoint.sh")
 
+# TLS: the certificate and key copies entrypoint.d/08-jupyter-tls.sh made for this user.
+# Tornado then speaks only TLS on 8888: a plain-HTTP request fails its handshake and the
+# connection is closed without an answer (no page, no redirect carrying the token).
+_certfile = os.environ.get("TFMP_JUPYTER_CERTFILE", "")
+if _certfile:
+    c.ServerApp.certfile = _certfile
+    c.ServerApp.keyfile = os.environ["TFMP_JUPYTER_KEYFILE"]
+
 # --- TensorBoard, behind the token (jupyter-server-proxy) ---------------------------
 # A named server: a "TensorBoard" tile in JupyterLab's launcher, and the first request to
 # <base_url>/tensorboard/ starts it (tfmp-tensorboard: 127.0.0.1 only, on a free port the

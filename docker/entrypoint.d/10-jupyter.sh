@@ -12,6 +12,8 @@
 #                        $TOKEN_FILE (mode 600) and printed once as a full URL.
 #                        An empty token is refused: never no auth.
 #   JUPYTER_HOST_PORT    host port shown in that URL (default 8888)
+# TLS (https:// in that URL, the certificate's fingerprint beside it) is decided by
+# 08-jupyter-tls.sh.
 [[ $MODE == serve ]] || return 0
 
 # The token goes to $TOKEN_FILE, where the server reads it (jupyter_server_config.py):
@@ -35,13 +37,19 @@ setup_jupyter() {
   chmod 600 "$TOKEN_FILE"
   if is_root; then chown -R "$NB_UID:$NB_GID" "$(dirname "$TOKEN_FILE")"; fi
   readonly JUPYTER_LANDING=$landing
-  service jupyter JupyterLab "{\"token_file\": \"$TOKEN_FILE\"}" start_jupyter
-  announce "Jupyter URL: http://127.0.0.1:${JUPYTER_HOST_PORT:-8888}$landing?token=$token   (token also in $TOKEN_FILE)"
+  local health="\"token_file\": \"$TOKEN_FILE\""
+  # The healthcheck then asks over https and checks that this certificate is the one served.
+  [[ -z $JUPYTER_TLS_CERT ]] || health+=", \"certfile\": \"$JUPYTER_TLS_CERT\""
+  service jupyter JupyterLab "{$health}" start_jupyter
+  announce "Jupyter URL: $JUPYTER_SCHEME://127.0.0.1:${JUPYTER_HOST_PORT:-8888}$landing?token=$token   (token also in $TOKEN_FILE)"
+  [[ -z $JUPYTER_TLS_NOTE ]] || announce "$JUPYTER_TLS_NOTE"
 }
 
 # One server for both interfaces; LabApp.default_url is where it sends `/`.
 start_jupyter() {
-  exec "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" jupyter lab --no-browser \
+  local tls=()
+  [[ -z $JUPYTER_TLS_CERT ]] || tls=(TFMP_JUPYTER_CERTFILE="$JUPYTER_TLS_CERT" TFMP_JUPYTER_KEYFILE="$JUPYTER_TLS_KEY")
+  exec "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" "${tls[@]}" jupyter lab --no-browser \
     --LabApp.default_url="$JUPYTER_LANDING"
 }
 

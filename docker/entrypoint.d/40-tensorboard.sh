@@ -21,7 +21,7 @@ check_tensorboard_logdir() {
     warn "TensorBoard: ${out#tfmp-tensorboard: } (the tile shows runs once that folder exists)"
     logdir="${TFMP_WORKSPACE:-/workspace}/runs"
   fi
-  announce "TensorBoard: http://127.0.0.1:${JUPYTER_HOST_PORT:-8888}/tensorboard/ (launcher tile; runs in $logdir)"
+  announce "TensorBoard: $JUPYTER_SCHEME://127.0.0.1:${JUPYTER_HOST_PORT:-8888}/tensorboard/ (launcher tile; runs in $logdir)"
 }
 
 check_tensorboard_logdir

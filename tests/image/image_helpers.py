@@ -114,18 +114,33 @@ def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 
 
+def websocket_url(base_url: str) -> str:
+    """http://... -> ws://..., https://... -> wss://..."""
+    assert base_url.startswith(("http://", "https://")), base_url
+    return "ws" + base_url[len("http"):]
+
+
+def websocket_tls(ca_file: str | Path | None) -> dict:
+    """websocket-client's sslopt that trusts ``ca_file`` only (empty: its defaults)."""
+    import ssl
+
+    return {"ca_certs": str(ca_file), "cert_reqs": ssl.CERT_REQUIRED} if ca_file else {}
+
+
 def run_on_kernel(base_url: str, token: str, kernel_id: str, code: str,
-                  timeout: float = 120) -> list:
+                  timeout: float = 120, ca_file: str | Path | None = None) -> list:
     """Run ``code`` on the running kernel ``kernel_id`` over its websocket channel; return the
-    messages it sent for that request, up to its return to idle."""
+    messages it sent for that request, up to its return to idle.  An https:// ``base_url``
+    goes over wss://, trusting ``ca_file``."""
     import uuid
 
     import websocket
 
     messages: list = []
     ws = websocket.create_connection(
-        base_url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels",
-        header=[f"Authorization: token {token}"], timeout=timeout)
+        websocket_url(base_url) + f"/api/kernels/{kernel_id}/channels",
+        header=[f"Authorization: token {token}"], timeout=timeout,
+        sslopt=websocket_tls(ca_file))
     try:
         msg_id = uuid.uuid4().hex
         ws.send(json.dumps({
@@ -150,26 +165,33 @@ def run_on_kernel(base_url: str, token: str, kernel_id: str, code: str,
 
 
 @contextlib.contextmanager
-def kernel_session(base_url: str, token: str, code: str, timeout: float = 120):
+def kernel_session(base_url: str, token: str, code: str, timeout: float = 120,
+                   ca_file: str | Path | None = None):
     """Start a kernel through Jupyter's REST API, run ``code`` over its websocket channel and
     yield the messages it sent for that request; the kernel (and anything it started, such
-    as a TensorBoard) lives until the block ends, then it is deleted."""
+    as a TensorBoard) lives until the block ends, then it is deleted.
+
+    An https:// ``base_url`` goes over TLS (the websocket over wss://); ``ca_file`` is then
+    the certificate to trust, for requests and the websocket alike."""
     import requests
 
     headers = {"Authorization": f"token {token}"}
+    verify = str(ca_file) if ca_file else True
     resp = requests.post(base_url + "/api/kernels", json={"name": "python3"}, headers=headers,
-                         timeout=30)
+                         timeout=30, verify=verify)
     assert resp.status_code == 201, resp.text
     kernel_id = resp.json()["id"]
     try:
-        yield run_on_kernel(base_url, token, kernel_id, code, timeout)
+        yield run_on_kernel(base_url, token, kernel_id, code, timeout, ca_file)
     finally:
-        requests.delete(f"{base_url}/api/kernels/{kernel_id}", headers=headers, timeout=30)
+        requests.delete(f"{base_url}/api/kernels/{kernel_id}", headers=headers, timeout=30,
+                        verify=verify)
 
 
-def kernel_execute(base_url: str, token: str, code: str, timeout: float = 120) -> tuple[str, list]:
+def kernel_execute(base_url: str, token: str, code: str, timeout: float = 120,
+                   ca_file: str | Path | None = None) -> tuple[str, list]:
     """Run ``code`` in a fresh kernel; return (its stdout text, the error tracebacks)."""
-    with kernel_session(base_url, token, code, timeout) as messages:
+    with kernel_session(base_url, token, code, timeout, ca_file) as messages:
         out = "".join(m["content"]["text"] for m in messages
                       if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
         errors = ["\n".join(m["content"]["traceback"]) for m in messages

@@ -190,7 +190,7 @@ def test_tensorboard_magic_shows_a_frame_through_the_proxy(stack):
 class DevTools:
     """Just enough of the Chrome DevTools protocol: evaluate, navigate, screenshot."""
 
-    def __init__(self, user_data: Path, log: Path):
+    def __init__(self, user_data: Path, log: Path, extra_flags: tuple = ()):
         if not Path(CHROMIUM).exists():
             pytest.fail(f"{CHROMIUM} is missing (.ci/run installs Debian's chromium)")
         port = free_port()
@@ -200,7 +200,7 @@ class DevTools:
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--no-first-run", "--hide-scrollbars", f"--user-data-dir={user_data}",
              "--window-size=1280,800", f"--remote-debugging-port={port}",
-             "--remote-allow-origins=*", "about:blank"],
+             "--remote-allow-origins=*", *extra_flags, "about:blank"],
             stdout=self._log, stderr=subprocess.STDOUT)
         self._id = 0
         try:
