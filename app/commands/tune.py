@@ -82,7 +82,7 @@ def run(args) -> int:
     from app.tuner.runner import TrialFailed
 
     try:
-        tune(args.model, args.dataset, precision=args.precision,
+        doc = tune(args.model, args.dataset, precision=args.precision,
              memory_budget=args.memory_budget, margin=args.margin, max_batch=args.max_batch,
              time_budget=args.time_budget, output=args.output, loss=args.loss,
              metrics=args.metrics, input_shape=args.input_shape, num_classes=args.num_classes,
@@ -94,5 +94,11 @@ def run(args) -> int:
         import sys
 
         sys.stderr.write(exc.line() + "\n")
+        return 1
+    if doc.get("choice") is None:
+        import sys
+
+        sys.stderr.write("error: no size held its budget in the verification run; see "
+                         f"{doc['output']}/tune.json and its trials/ logs\n")
         return 1
     return 0

@@ -25,7 +25,7 @@ from app.errors import UsageError
 from app.tuner import budget as budget_mod
 from app.tuner import report, search
 from app.tuner.progress import Progress
-from app.tuner.runner import TrialFailed, TrialRunner, collect_environment
+from app.tuner.runner import TrialRunner, collect_environment, sigterm_as_exit
 
 PRECISION_CHOICES = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 DEFAULT_MARGIN = 0.1
@@ -220,8 +220,9 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     started, t0 = datetime.now(timezone.utc), time.monotonic()
     deadline = t0 + time_budget if time_budget else None
     try:
-        outcome = _search_and_verify(policies, runner, bar, budget.bytes, margin, cap, start,
-                                     deadline, steps, min_seconds, notes)
+        with sigterm_as_exit():
+            outcome = _search_and_verify(policies, runner, bar, budget.bytes, margin, cap,
+                                         start, deadline, steps, min_seconds, notes)
     except (UsageError, KeyboardInterrupt, SystemExit):
         shutil.rmtree(workdir, ignore_errors=True)
         raise

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from app.tuner import report, tuned
-from conftest import ROOT, run_app
+from conftest import run_app
 
 pytestmark = pytest.mark.slow
 MODEL = "tests.unit.user_models.activation_heavy:build"
