@@ -14,9 +14,10 @@ Rules (issue 16, and what other tuners' users complained about):
 * a time budget ends the search with the best size found so far.
 
 Narrowing the bracket: peak memory grows almost linearly with the batch (the activations),
-so the next size is where the straight line through the bracket's two peaks crosses the
-limit (rounded down to a multiple of 8); with near-linear memory that is the boundary, and
-the next trial 8 above it confirms it.  When a peak is unknown (a child killed before it
+so the next size is where the memory line crosses the limit (rounded down to a multiple of
+8): the line through the bracket's two peaks, or, when the size above was killed before it
+finished (its peak is only a lower bound), the line through the two largest fits.  With
+near-linear memory that is the boundary, and the next trial 8 above it confirms it.  When a peak is unknown (a child killed before it
 could report), or two steps in a row did not halve the bracket (memory that is not linear),
 the next size is the midpoint, so the search never does much worse than plain bisection.
 """
@@ -59,6 +60,9 @@ class Trial:
     reason: str
     seconds: Optional[float] = None
     phase: str = "search"            # search | verify
+    # The steps ran to the end.  A trial stopped early (killed past the budget) has at most
+    # a lower bound of its peak, which must not be read as the peak of that size.
+    completed: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,27 +106,35 @@ def judge(batch_size: int, outcome: Outcome, limit: int) -> Trial:
     else:
         fits, reason = True, "fits"
     return Trial(batch_size, fits, peak, outcome.samples_per_second if outcome.completed else None,
-                 reason, outcome.seconds)
+                 reason, outcome.seconds, completed=outcome.completed)
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
-def next_size(lo: Trial, hi: Trial, limit: int, misses: int = 0) -> int:
+def next_size(lo: Trial, hi: Trial, limit: int, misses: int = 0,
+              below: Optional[Trial] = None) -> int:
     """A multiple of STEP strictly between ``lo`` (fits) and ``hi`` (does not).
 
-    Where the straight line through the two peaks crosses ``limit``, when both peaks are
-    known; the midpoint when one is not, or after two steps in a row that did not halve the
-    bracket (``misses``: memory that is not linear in the batch)."""
+    Where the memory line meets ``limit``: the line through the two peaks of the bracket
+    when ``hi`` ran to the end, else the line through ``lo`` and ``below`` (the fit before
+    it), extended.  The midpoint when neither line exists, or after two steps in a row that
+    did not halve the bracket (``misses``: memory that is not linear in the batch)."""
     low, high = lo.batch_size + STEP, hi.batch_size - STEP
-    mid = round_down((lo.batch_size + hi.batch_size) / 2)
-    mid = min(max(mid, low), high)
-    p0, p1 = lo.peak_memory_bytes, hi.peak_memory_bytes
-    if misses >= 2 or p0 is None or p1 is None or p1 <= p0:
+    mid = min(max(round_down((lo.batch_size + hi.batch_size) / 2), low), high)
+    if misses >= 2 or lo.peak_memory_bytes is None:
         return mid
-    per_sample = (p1 - p0) / (hi.batch_size - lo.batch_size)
-    guess = round_down(lo.batch_size + (limit - p0) / per_sample)
+    if hi.completed and hi.peak_memory_bytes is not None and hi.peak_memory_bytes > lo.peak_memory_bytes:
+        other = hi
+    elif (below is not None and below.peak_memory_bytes is not None
+          and below.peak_memory_bytes < lo.peak_memory_bytes):
+        other = below
+    else:
+        return mid
+    per_sample = ((other.peak_memory_bytes - lo.peak_memory_bytes)
+                  / (other.batch_size - lo.batch_size))
+    guess = round_down(lo.batch_size + (limit - lo.peak_memory_bytes) / per_sample)
     return min(max(guess, low), high)
 
 
@@ -183,7 +195,9 @@ def find_max_batch(run_trial: Callable[[int], Outcome], *, budget_bytes: int, ma
         if out_of_time():
             break
         width = hi.batch_size - lo.batch_size
-        trial = probe(next_size(lo, hi, limit, misses))
+        below = max((t for t in result.trials if t.fits and t.batch_size < lo.batch_size),
+                    key=lambda t: t.batch_size, default=None)
+        trial = probe(next_size(lo, hi, limit, misses, below))
         if trial.fits:
             lo = trial
         else:

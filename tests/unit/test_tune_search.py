@@ -178,3 +178,20 @@ def test_choice_is_the_fastest_precision_at_its_own_best_batch():
 def test_memory_per_sample_is_the_slope_without_the_fixed_part():
     trials = [Trial(b, True, int((650 + 2.1 * b) * MIB), 1.0, "fits") for b in (8, 16, 32, 64)]
     assert search.memory_per_sample(trials) == pytest.approx(2.1 * MIB)
+
+
+def test_a_killed_size_above_is_not_read_as_its_peak():
+    """The child past the budget is stopped early: its highest resident memory is a lower
+    bound, not the size's peak.  The next size comes from the line through the fits."""
+    calls = []
+
+    def trial(batch):
+        calls.append(batch)
+        peak = int((650 + 1.6 * batch) * MIB)
+        if peak > 2048 * MIB:     # the watchdog stops it just past the budget
+            return Outcome(False, 2049 * MIB, None, "resident memory passed the budget", 1.0)
+        return Outcome(True, peak, 100.0, "", 1.0)
+    r = search.find_max_batch(trial, budget_bytes=2048 * MIB, margin=0.1)
+    assert r.max_batch == expected_max(650, 1.6, search.memory_limit(2048 * MIB, 0.1), 4096)
+    assert len(calls) <= 10, calls        # 8..1024 doubling, then the boundary and +8
+    assert [t.completed for t in r.trials if t.batch_size == 1024] == [False]
