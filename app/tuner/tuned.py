@@ -83,6 +83,27 @@ def read_tuned(path: str, model: str, dataset: str) -> TunedChoice:
                        budget)
 
 
+def best_batches(path: str, model: str, dataset: str) -> dict:
+    """``{policy: best_batch}`` of every precision that had a size fit, from a tune.json
+    (validated as ``read_tuned`` does): what ``benchmark --tuned`` compares, each policy at
+    its own fastest batch."""
+    read_tuned(path, model, dataset)
+    if os.path.isdir(path):
+        path = os.path.join(path, "tune.json")
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    precisions = doc.get("precisions")
+    if not isinstance(precisions, dict):
+        raise _damaged(path, "it has no precisions")
+    out = {}
+    for policy, entry in precisions.items():
+        best = entry.get("best_batch") if isinstance(entry, dict) else None
+        if policy in POLICIES and isinstance(best, int) and not isinstance(best, bool) \
+                and best >= 1:
+            out[policy] = best
+    return out
+
+
 @dataclass(frozen=True)
 class Merged:
     precision: str

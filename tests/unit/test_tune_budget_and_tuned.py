@@ -171,6 +171,17 @@ def test_a_damaged_or_foreign_tune_json_is_one_usage_error(tmp_path, doc, raw, n
     assert needle in err.value.line() and "\n" not in err.value.line()
 
 
+def test_best_batches_for_the_benchmark(tmp_path):
+    doc = _doc()
+    doc["precisions"]["mixed_bfloat16"] = {"max_batch": 744, "best_batch": 256}
+    doc["precisions"]["mixed_float16"] = {"max_batch": None, "best_batch": None}
+    path = _write(tmp_path, doc)
+    assert tuned.best_batches(path, "resnet", "cifar10") == {"float32": 128,
+                                                             "mixed_bfloat16": 256}
+    with pytest.raises(UsageError, match="another job"):
+        tuned.best_batches(path, "mlp", "cifar10")
+
+
 def test_a_missing_tune_json(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         tuned.read_tuned(str(tmp_path / "nope.json"), "resnet", "cifar10")
