@@ -143,19 +143,25 @@ def run(req: dict) -> dict:
         float(train_step(x, y))
     steps, min_seconds = int(req.get("steps", 4)), float(req.get("min_seconds", 1.5))
     max_steps = int(req.get("max_steps", max(steps, 200)))
-    done, timed = 0, 0.0
+    done, timed, step_times = 0, 0.0, []
     while done < steps or (timed < min_seconds and done < max_steps):
         x, y = next(batches)   # fetched outside the clock; the pipeline prefetches anyway
         t0 = time.perf_counter()
         float(train_step(x, y))     # a Python float: waits for the step to finish
-        timed += time.perf_counter() - t0
+        step_times.append(time.perf_counter() - t0)
+        timed += step_times[-1]
         done += 1
+    # The median step, not the mean: on a shared machine a step that lost the CPU to
+    # another process for a moment says nothing about this batch size.
+    median = sorted(step_times)[len(step_times) // 2]
     if on_gpu:
         peak = int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
     else:
         peak = cpu_peak_bytes()
     result.update(steps=done, timed_seconds=round(timed, 4),
-                  samples_per_second=round(done * batch / max(timed, 1e-9), 2),
+                  median_step_seconds=round(median, 5),
+                  mean_samples_per_second=round(done * batch / max(timed, 1e-9), 2),
+                  samples_per_second=round(batch / max(median, 1e-9), 2),
                   peak_memory_bytes=peak, cpu_peak_rss_bytes=cpu_peak_bytes(),
                   seconds=round(time.perf_counter() - started, 3))
     return result
