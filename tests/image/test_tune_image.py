@@ -28,7 +28,7 @@ def test_tune_under_a_container_memory_limit(image, tmp_path):
                       "-v", f"{tmp_path}:/workspace", "-w", "/workspace", command=[
                           "python", "-m", "app", "tune", "--model", "./heavy.py:build",
                           "--dataset", "synthetic", "--input-shape", "64,64,3",
-                          "--max-train-samples", "64", "--precision", "float32,mixed_bfloat16",
+                          "--max-train-samples", "256", "--precision", "float32,mixed_bfloat16",
                           "--margin", "0", "--steps", "1", "--output", "/workspace/tune"],
                       timeout=1200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
