@@ -10,7 +10,7 @@ import argparse
 
 EPILOG = """\
 how it searches (each trial is its own process; warm-up steps excluded):
-  per precision, batch sizes in multiples of 8: doubling from 8 until a size does not fit
+  per precision, batch sizes in multiples of 8: doubling from 16 until a size does not fit
   or --max-batch is reached, then narrowing between the last fit and the first misfit.
   A size fits when its steps ran and its peak memory stayed within budget x (1 - margin)
   (GPU: TensorFlow's peak allocation; CPU: the process' peak resident memory).  The

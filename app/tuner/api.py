@@ -30,7 +30,7 @@ from app.tuner.runner import TrialRunner, collect_environment, sigterm_as_exit
 PRECISION_CHOICES = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 DEFAULT_MARGIN = 0.1
 DEFAULT_STEPS, DEFAULT_WARMUP, DEFAULT_MIN_SECONDS = 4, 2, 1.5
-VERIFY_FACTOR = 3          # the verification runs this many times a trial's steps
+VERIFY_FACTOR = 2          # the verification runs this many times a trial's steps
 MAX_STEP_DOWNS = 3
 
 

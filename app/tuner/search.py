@@ -7,8 +7,9 @@ function (``batch_size -> Outcome``) that the caller provides (a child process i
 Rules (issue 16, and what other tuners' users complained about):
 
 * sizes are multiples of 8 (Tensor Core tiles, and a grid fine enough for memory);
-* doubling from ``start`` until a size does not fit or the cap is reached, then the bracket
-  [last fit, first misfit] is narrowed until the two are 8 apart;
+* doubling from ``start`` (16; halving towards 8 when it does not fit) until a size does not
+  fit or the cap is reached, then the bracket [last fit, first misfit] is narrowed until the
+  two are 8 apart;
 * "fits" means the trial ran *and* its peak stayed within ``budget x (1 - margin)``;
 * every size reported was run: ``max_batch`` is always a trial that fitted;
 * a time budget ends the search with the best size found so far.
@@ -29,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
 
 STEP = 8                 # every batch size is a multiple of this
-DEFAULT_START = 8
+# 16, not 8: a trial costs a process start; 8 is tried only when 16 does not fit.
+DEFAULT_START = 16
 DEFAULT_CAP = 4096
 # Sizes whose speed is within this fraction of the fastest count as equally fast; the
 # smallest of them is the best batch (less memory, the optimisation closer to what the model
@@ -182,14 +184,19 @@ def find_max_batch(run_trial: Callable[[int], Outcome], *, budget_bytes: int, ma
                 break
             batch = result.cap
             continue
-        if not trial.fits:
+        if trial.fits:
+            lo = trial
+            if hi is not None:          # came down from a start that did not fit
+                break
+            if batch >= result.cap:
+                result.stopped = "data" if result.cap < round_down(cap) else "cap"
+                break
+            batch = min(batch * 2, result.cap)
+        else:
             hi = trial
-            break
-        lo = trial
-        if batch >= result.cap:
-            result.stopped = "data" if result.cap < round_down(cap) else "cap"
-            break
-        batch = min(batch * 2, result.cap)
+            if lo is not None or batch <= STEP:
+                break
+            batch = max(STEP, round_down(batch / 2))   # the start did not fit: halve
     misses = 0
     while lo is not None and hi is not None and hi.batch_size - lo.batch_size > STEP:
         if out_of_time():

@@ -67,11 +67,18 @@ def test_every_reported_size_was_run_and_max_batch_fitted():
     assert search.best_batch(r.trials).batch_size in trial.calls
 
 
-def test_doubling_then_bracketing_from_8():
+def test_doubling_then_bracketing_from_16():
     trial = linear(0, 1.0)           # 1 MiB a sample; limit 100 MiB -> boundary 96
     r = search.find_max_batch(trial, budget_bytes=100 * MIB, margin=0.0)
-    assert trial.calls[:5] == [8, 16, 32, 64, 128]
+    assert trial.calls[:4] == [16, 32, 64, 128]
     assert r.max_batch == 96 and 104 in trial.calls
+
+
+@pytest.mark.parametrize("per,expected,calls", [(7.0, 8, [16, 8]), (5.0, 16, [16, 32, 24])])
+def test_a_start_that_does_not_fit_halves_to_8(per, expected, calls):
+    trial = linear(0, per)           # limit 100 MiB: 8 fits at 7 MiB a sample, 16 does not
+    r = search.find_max_batch(trial, budget_bytes=100 * MIB, margin=0.0)
+    assert r.max_batch == expected and trial.calls == calls
 
 
 def test_killed_trials_without_a_peak_still_give_the_exact_boundary():
@@ -100,6 +107,8 @@ def test_cap_is_honoured_and_says_so():
     r = search.find_max_batch(trial, budget_bytes=2048 * MIB, margin=0.1, cap=1000)
     assert r.max_batch == 1000 and r.stopped == "cap"
     assert max(trial.calls) == 1000 and trial.calls[-2] == 512
+    r = search.find_max_batch(linear(10, 0.001), budget_bytes=2048 * MIB, margin=0.1, cap=8)
+    assert r.max_batch == 8 and [t.batch_size for t in r.trials] == [8]
 
 
 def test_margin_is_honoured():
@@ -116,7 +125,7 @@ def test_margin_is_honoured():
 def test_nothing_fits():
     trial = linear(900, 1.0)
     r = search.find_max_batch(trial, budget_bytes=900 * MIB, margin=0.1)
-    assert r.max_batch is None and trial.calls == [8]
+    assert r.max_batch is None and trial.calls == [16, 8]
     assert r.smallest_tried().batch_size == 8 and r.smallest_tried().peak_memory_bytes
 
 
@@ -129,8 +138,8 @@ def test_time_budget_ends_the_search_with_the_best_so_far():
     r = search.find_max_batch(slow, budget_bytes=100_000 * MIB, margin=0.1, deadline=35.0,
                               clock=lambda: now[0])
     assert r.stopped == "time"
-    assert [t.batch_size for t in r.trials] == [8, 16, 32, 64]
-    assert r.max_batch == 64
+    assert [t.batch_size for t in r.trials] == [16, 32, 64, 128]
+    assert r.max_batch == 128
 
 
 def test_time_budget_during_bracketing_keeps_the_last_fit():
@@ -193,5 +202,5 @@ def test_a_killed_size_above_is_not_read_as_its_peak():
         return Outcome(True, peak, 100.0, "", 1.0)
     r = search.find_max_batch(trial, budget_bytes=2048 * MIB, margin=0.1)
     assert r.max_batch == expected_max(650, 1.6, search.memory_limit(2048 * MIB, 0.1), 4096)
-    assert len(calls) <= 10, calls        # 8..1024 doubling, then the boundary and +8
+    assert len(calls) <= 9, calls         # 16..1024 doubling, then the boundary and +8
     assert [t.completed for t in r.trials if t.batch_size == 1024] == [False]
