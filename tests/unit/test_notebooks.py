@@ -26,7 +26,7 @@ from app import notebooks
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["01_policy_and_fit.ipynb", "02_custom_loop_loss_scaling.ipynb", "03_benchmark.ipynb",
-         "04_your_own_model.ipynb"]
+         "04_your_own_model.ipynb", "05_tune_batch_size.ipynb"]
 SUMMARY_MARK = "__NOTEBOOK_SUMMARY__"
 
 
@@ -43,7 +43,7 @@ def _parameters_index(nb) -> int:
 
 # ---- what is shipped --------------------------------------------------------------------------
 
-def test_the_four_notebooks_are_shipped():
+def test_the_guide_notebooks_are_shipped():
     assert list(notebooks.shipped()) == NAMES
 
 
@@ -356,3 +356,22 @@ def test_04_check_names_the_layer_and_the_fixed_model_trains(tmp_path, monkeypat
     assert s["train_policy"] == "mixed_bfloat16" and s["status"] == "completed"
     assert s["val_accuracy"] >= 0.9
     assert "self.compute_dtype" in _all_text(nb)   # the fix, as check printed it
+
+
+@pytest.mark.slow
+def test_05_tune_then_train_with_the_result(tmp_path, monkeypatch):
+    params = dict(model_name="mlp", dataset="synthetic", precisions="float32,mixed_bfloat16",
+                  memory_budget="1GiB", max_batch=32, steps=1, epochs=1,
+                  max_train_samples=512, workspace=str(tmp_path / "ws"))
+    nb, s = execute(NAMES[4], params, tmp_path, monkeypatch, timeout=900)
+    assert Path(s["output"]).parent == tmp_path / "ws" / "tune"
+    assert set(s["precisions"]) == {"float32", "mixed_bfloat16"}
+    assert all(e["max_batch"] == 32 for e in s["precisions"].values())   # the cap fits
+    assert s["verified"] is True
+    assert (s["trained_policy"], s["trained_batch_size"]) == (s["choice"]["precision"],
+                                                              s["choice"]["batch_size"])
+    assert s["learning_rate"] == pytest.approx(1e-3 * s["trained_batch_size"] / 128)
+    assert (Path(s["output"]) / "tune.png").exists()
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+              if "image/png" in o.get("data", {})]
+    assert images, "the curves were not shown"

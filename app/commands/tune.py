@@ -1,0 +1,104 @@
+"""``python -m app tune``: the largest batch that fits the memory budget and the fastest one,
+per precision, on your model and hardware (docs/tune.md).
+
+Exit status: 0 done, 1 a trial failed for a reason other than memory (your code raised;
+the log is named), 2 bad input or no size fits (one line, nothing written).
+"""
+from __future__ import annotations
+
+import argparse
+
+EPILOG = """\
+how it searches (each trial is its own process; warm-up steps excluded):
+  per precision, batch sizes in multiples of 8: doubling from 16 until a size does not fit
+  or --max-batch is reached, then narrowing between the last fit and the first misfit.
+  A size fits when its steps ran and its peak memory stayed within budget x (1 - margin)
+  (GPU: TensorFlow's peak allocation; CPU: the process' peak resident memory).  The
+  fastest size that fits is the best batch; the choice is the fastest precision at its
+  best batch, run once more for longer to verify it.
+
+examples:
+  python -m app tune --model resnet --dataset cifar10
+  python -m app tune --model mlp --dataset synthetic --memory-budget 2GiB --max-batch 2048
+  python -m app tune --model ./nets.py:build --dataset ./data.py:load --precision float32,auto
+  python -m app train --tuned workspace/tune/<run>/tune.json --model resnet --dataset cifar10
+"""
+
+
+def add_parser(subparsers):
+    from app.tuner import api, search
+
+    p = subparsers.add_parser(
+        "tune", help="find the largest and the fastest batch size per precision",
+        description="Find, per precision, the largest batch size that fits the memory budget "
+                    "and the fastest one, on your model and hardware; write tune.json and "
+                    "tune.png.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_argument_group("what to tune")
+    what.add_argument("--model", required=True, metavar="SPEC",
+                      help="mlp, cnn, resnet or MODULE:FUNCTION / file.py:FUNCTION")
+    what.add_argument("--dataset", required=True, metavar="SPEC",
+                      help="mnist, fashion_mnist, cifar10, synthetic, images or "
+                           "MODULE:FUNCTION / file.py:FUNCTION")
+    what.add_argument("--loss", metavar="SPEC", help="Keras loss name or MODULE:OBJECT")
+    what.add_argument("--metrics", metavar="LIST", help="comma-separated Keras metric names")
+    what.add_argument("--input-shape", metavar="D,D,...",
+                      help="sample shape for --dataset synthetic with your own model")
+    what.add_argument("--num-classes", type=int, metavar="N")
+    what.add_argument("--image-size", type=int, default=32, metavar="N")
+    what.add_argument("--data-dir", metavar="DIR", help="default <workspace>/data")
+    what.add_argument("--image-dir", metavar="DIR", help="for --dataset images")
+    what.add_argument("--workspace", metavar="DIR",
+                      help="default $TFMP_WORKSPACE, else ./workspace")
+    what.add_argument("--max-train-samples", type=int, metavar="N")
+    what.add_argument("--offline", action="store_true", help="never download datasets")
+    what.add_argument("--learning-rate", type=float, default=1e-3, metavar="LR")
+    what.add_argument("--jit", action="store_true", help="XLA-compile the train step")
+    how = p.add_argument_group("how to tune")
+    how.add_argument("--precision", metavar="P[,P...]",
+                     help="policies to tune, from float32, mixed_float16, mixed_bfloat16, auto "
+                          "(default: float32 and what auto picks here)")
+    how.add_argument("--memory-budget", default="auto", metavar="auto|SIZE",
+                     help="GPU: auto is the GPU's memory; CPU: the container's memory limit, "
+                          "else the memory available now; or a size (2GiB, 1500MiB)")
+    how.add_argument("--margin", type=float, default=api.DEFAULT_MARGIN, metavar="F",
+                     help="fraction of the budget kept free, in [0, 0.9) (default 0.1)")
+    how.add_argument("--max-batch", type=int, metavar="N",
+                     help=f"largest batch size to try (default {search.DEFAULT_CAP})")
+    how.add_argument("--time-budget", type=float, metavar="SECONDS",
+                     help="end the search after this long with the best size so far")
+    how.add_argument("--steps", type=int, default=api.DEFAULT_STEPS, metavar="N",
+                     help=f"timed steps per trial, at least (default {api.DEFAULT_STEPS}; the "
+                          f"verification runs {api.VERIFY_FACTOR}x as many)")
+    how.add_argument("--output", metavar="DIR",
+                     help="where tune.json, tune.png and the trials' logs go (default "
+                          "<workspace>/tune/<UTC time>-<model>-<dataset>)")
+    how.add_argument("--quiet", action="store_true", help="no progress and no table")
+    return p
+
+
+def run(args) -> int:
+    from app.tuner.api import tune
+    from app.tuner.runner import TrialFailed
+
+    try:
+        doc = tune(args.model, args.dataset, precision=args.precision,
+             memory_budget=args.memory_budget, margin=args.margin, max_batch=args.max_batch,
+             time_budget=args.time_budget, output=args.output, loss=args.loss,
+             metrics=args.metrics, input_shape=args.input_shape, num_classes=args.num_classes,
+             image_size=args.image_size, data_dir=args.data_dir, image_dir=args.image_dir,
+             max_train_samples=args.max_train_samples, offline=args.offline,
+             learning_rate=args.learning_rate, jit=args.jit, steps=args.steps,
+             workspace=args.workspace, progress=not args.quiet)
+    except TrialFailed as exc:
+        import sys
+
+        sys.stderr.write(exc.line() + "\n")
+        return 1
+    if doc.get("choice") is None:
+        import sys
+
+        sys.stderr.write("error: no size held its budget in the verification run; see "
+                         f"{doc['output']}/tune.json and its trials/ logs\n")
+        return 1
+    return 0

@@ -1,0 +1,262 @@
+"""Running trials as child processes, and reading how they ended.
+
+The parent (this process) never imports TensorFlow: it holds no GPU memory and its own
+resident memory stays small, so a trial's peak is the trial's alone.
+
+Children start as ``python -c "import sys; del sys.path[0]; from app... import main"``:
+``python -m app`` would put the current directory first on ``sys.path``, where a user's own
+``app.py`` or ``app/`` folder would be imported instead of this package.  The user's
+``MODULE:FUNCTION`` specs still import from the current directory (``app.specs`` adds it
+when it loads them, after this package is imported).
+
+On a CPU the child runs under the budget: a watchdog thread reads the child's resident
+memory (``/proc/<pid>/status``) every few milliseconds and kills it past the budget; the
+kernel's OOM killer (a container limit) ends it the same way.  Either death is a size
+that does not fit, never a crash of the tuner.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from app.errors import UsageError
+from app.tuner.search import Outcome
+
+BOOT = "import sys; del sys.path[0]; from {module} import main; sys.exit(main())"
+WATCH_SECONDS = 0.01
+DEFAULT_TRIAL_TIMEOUT = 900.0
+
+
+class TrialFailed(Exception):
+    """A trial failed for a reason that is not memory (the user's code raised, say)."""
+
+    def __init__(self, line: str, log: str):
+        self.line_text, self.log = line, log
+        super().__init__(line)
+
+    def line(self) -> str:
+        return f"error: a trial failed: {self.line_text} (log: {self.log})"
+
+
+@contextlib.contextmanager
+def sigterm_as_exit():
+    """SIGTERM (``docker stop``, a scheduler) unwinds like Ctrl-C, so the running trial is
+    killed (``run_child``) instead of being left behind as an orphan."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def child_command(module: str, args: List[str]) -> List[str]:
+    """``[python, -c, <boot>, *args]``: ``module.main()`` with the cwd off the path."""
+    return [sys.executable, "-c", BOOT.format(module=module)] + list(args)
+
+
+def child_env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The child imports this very package, wherever the tune was started from.
+    root = package_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def rss_bytes(pid: int) -> Optional[int]:
+    """Resident memory of a process now (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class _Watchdog(threading.Thread):
+    """Kills the child once its resident memory passes ``limit_bytes``."""
+
+    def __init__(self, proc: subprocess.Popen, limit_bytes: int):
+        super().__init__(name="tfmp-tune-watchdog", daemon=True)
+        self.proc, self.limit = proc, limit_bytes
+        self.highest = 0
+        self.killed = False
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.is_set() and self.proc.poll() is None:
+            rss = rss_bytes(self.proc.pid)
+            if rss is not None:
+                self.highest = max(self.highest, rss)
+                if rss > self.limit:
+                    self.killed = True
+                    try:
+                        os.kill(self.proc.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                    return
+            self.done.wait(WATCH_SECONDS)
+
+
+@dataclass
+class ChildEnd:
+    returncode: int
+    result: Optional[Dict[str, Any]]
+    watchdog_killed: bool
+    highest_rss: int
+    seconds: float
+    log: str
+    timed_out: bool = False
+
+
+def run_child(module: str, args: List[str], log_path: str, *, kill_above: Optional[int],
+              timeout: Optional[float], result_path: str) -> ChildEnd:
+    """Run ``module.main(args)``; its output goes to ``log_path``."""
+    cmd = child_command(module, args)
+    t0 = time.monotonic()
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        dog = _Watchdog(proc, kill_above) if kill_above else None
+        if dog:
+            dog.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.kill()
+            proc.wait()
+        except BaseException:
+            # Ctrl-C or SIGTERM in the parent: no trial is left behind.
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            if dog:
+                dog.done.set()
+                dog.join()
+    result = None
+    try:
+        with open(result_path, encoding="utf-8") as fh:
+            result = json.load(fh)
+    except (OSError, ValueError):
+        result = None
+    return ChildEnd(proc.returncode, result, bool(dog and dog.killed),
+                    dog.highest if dog else 0, time.monotonic() - t0, log_path, timed_out)
+
+
+def _died_of(end: ChildEnd, kill_above: Optional[int]) -> str:
+    rc = end.returncode
+    if end.watchdog_killed:
+        return (f"resident memory passed the budget ({kill_above / 2**20:,.0f} MiB); "
+                "the tuner stopped the trial")
+    if end.timed_out:
+        return "timed out"
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+        if -rc == signal.SIGKILL:
+            return "killed by SIGKILL (the kernel's out-of-memory killer)"
+        return f"died of {name}" + (" (an allocation failed)" if -rc == signal.SIGABRT else "")
+    return f"exit status {rc} without a result"
+
+
+def _tail(path: str, n: int = 3) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = [ln.strip() for ln in fh.read().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def outcome_of(end: ChildEnd, kill_above: Optional[int], any_fit: bool) -> Outcome:
+    """How a trial ended, as the search sees it.  Raises UsageError (the specs are wrong:
+    every size would fail) and TrialFailed (a non-memory failure before anything fitted)."""
+    r = end.result or {}
+    status = r.get("status")
+    seconds = round(end.seconds, 2)
+    if status == "usage":
+        line = r.get("reason") or "the trial rejected its input"
+        raise UsageError(line[len("error: "):] if line.startswith("error: ") else line)
+    if status == "ok" and end.returncode == 0:
+        return Outcome(True, r.get("peak_memory_bytes"), r.get("samples_per_second"), "",
+                       seconds, r.get("train_samples"))
+    if status == "data":
+        return Outcome(False, None, None, r.get("reason", "too few samples"), seconds,
+                       r.get("train_samples"))
+    if status == "oom":
+        return Outcome(False, r.get("peak_memory_bytes") or end.highest_rss or None, None,
+                       r.get("reason", "out of memory"), seconds)
+    if status == "error" or (end.returncode == 1 and not end.watchdog_killed):
+        line = r.get("reason") or _tail(end.log) or "failed"
+        if not any_fit:
+            raise TrialFailed(line, end.log)
+        return Outcome(False, None, None, f"failed: {line}", seconds)
+    # Killed (watchdog, OOM killer, abort) or timed out: it did not fit.
+    return Outcome(False, end.highest_rss or None, None, _died_of(end, kill_above), seconds)
+
+
+class TrialRunner:
+    """Runs trials for one tune: a folder for logs and results, the request template."""
+
+    def __init__(self, base_request: Dict[str, Any], workdir: str, *,
+                 kill_above: Optional[int], timeout: float = DEFAULT_TRIAL_TIMEOUT):
+        self.base, self.workdir, self.kill_above, self.timeout = (base_request, workdir,
+                                                                  kill_above, timeout)
+        self.count = 0
+
+    def __call__(self, policy: str, batch_size: int, any_fit: bool, phase: str = "search",
+                 **overrides) -> Outcome:
+        self.count += 1
+        name = f"{self.count:02d}-{policy}-b{batch_size}" + ("-verify" if phase == "verify" else "")
+        log = os.path.join(self.workdir, name + ".log")
+        result = os.path.join(self.workdir, name + ".json")
+        req = dict(self.base, policy=policy, batch_size=batch_size, **overrides)
+        end = run_child("app.tuner.trial", ["--request", json.dumps(req), "--result", result],
+                        log, kill_above=self.kill_above, timeout=self.timeout,
+                        result_path=result)
+        return outcome_of(end, self.kill_above, any_fit)
+
+
+ENV_BOOT = "import sys; del sys.path[0]; from app.cli import main; sys.exit(main(['env', '--json']))"
+
+
+def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:
+    """``python -m app env --json`` in a child (this process keeps TensorFlow out)."""
+    cmd = [sys.executable, "-c", ENV_BOOT]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=child_env())
+    except subprocess.TimeoutExpired:
+        raise TrialFailed("`python -m app env --json` timed out", "-") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise TrialFailed(f"`python -m app env --json` failed: {last}", "-")
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise TrialFailed("`python -m app env --json` printed no JSON", "-") from None

@@ -1,0 +1,222 @@
+"""One trial, in its own process: build the model under a policy and train a few real steps
+at one batch size; write what happened as JSON.
+
+    python -c "import sys; del sys.path[0]; from app.tuner.trial import main; sys.exit(main())" \
+        --request '{"model": "resnet", "dataset": "synthetic", "policy": "float32", ...}' \
+        --result /tmp/.../trial.json
+
+A process per trial because TensorFlow keeps the memory it allocated until the process
+exits: a size measured after a larger one would otherwise see the larger one's peak, and a
+trial that ran out of memory would leave the allocator in a state no real run starts from.
+
+The steps are the project's custom training step (per-example loss averaged over the batch,
+loss scaling through ``app.loss_scale`` for mixed_float16), fed by the task's own input
+pipeline, so the peak counts what a real run holds: runtime, data, weights, optimizer
+slots, activations and gradients.  Warm-up steps (tracing, first allocations) are left out
+of the speed, not of the peak.
+
+Result ``status``: ``ok``; ``oom`` (TensorFlow's ResourceExhaustedError or a MemoryError:
+the size does not fit); ``data`` (the training set is smaller than the batch); ``usage``
+(bad input, exit 2); ``error`` (anything else; the traceback is in the log, exit 1).  A
+child killed outright (the kernel's OOM killer, the tuner's memory watchdog) writes nothing;
+the parent reads its death instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+# Peak memory on a CPU: the process' high-water mark of resident memory.
+_PROC_STATUS = "/proc/self/status"
+
+
+def cpu_peak_bytes() -> int:
+    """VmHWM (peak resident set) of this process; ru_maxrss where /proc is missing."""
+    try:
+        with open(_PROC_STATUS, encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import tensorflow as tf
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (MemoryError, tf.errors.ResourceExhaustedError)):
+            return True
+        if "out of memory" in str(exc).lower() or "bad_alloc" in str(exc):
+            return True
+        exc = getattr(exc, "original", None) or exc.__cause__ or exc.__context__
+    return False
+
+
+def _limit_gpu_memory(budget_bytes: int) -> None:
+    """An explicit budget below the GPU's memory: a logical device of that size, so
+    TensorFlow's allocator reports out of memory at the budget, as a smaller GPU would."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus and budget_bytes:
+        tf.config.set_logical_device_configuration(
+            gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=budget_bytes // 2**20)])
+
+
+def _first_tensor(x):
+    import tensorflow as tf
+
+    return tf.nest.flatten(x)[0]
+
+
+def run(req: dict) -> dict:
+    """Build, warm up, time; the measurements as a dict (status ok/data)."""
+    import tensorflow as tf
+
+    from app import loss_scale, precision
+    from app.data import SYNTHETIC_TRAIN
+    from app.tasks import Task, parse_input_shape
+
+    started = time.perf_counter()
+    batch = int(req["batch_size"])
+    on_gpu = bool(tf.config.list_physical_devices("GPU"))
+    if on_gpu and req.get("limit_gpu_bytes"):
+        _limit_gpu_memory(int(req["limit_gpu_bytes"]))
+    tf.keras.utils.set_random_seed(int(req.get("seed") or 0))
+    precision.apply_policy(req["policy"])
+    task = Task.from_specs(req["model"], req["dataset"], req.get("loss"), req.get("metrics"),
+                           parse_input_shape(req.get("input_shape")), req.get("num_classes"),
+                           int(req.get("image_size") or 32))
+    max_train = req.get("max_train_samples")
+    if req["dataset"] == "synthetic" and not max_train:
+        # Generated data: enough for two full batches at any size.
+        max_train = max(SYNTHETIC_TRAIN, 2 * batch)
+    bundle = task.load_data(batch, req.get("data_dir"), image_dir=req.get("image_dir"),
+                            max_train_samples=max_train, max_val_samples=8,
+                            seed=int(req.get("seed") or 0), offline=bool(req.get("offline")),
+                            data_dir_explicit=bool(req.get("data_dir_explicit")))
+    result = {"status": "ok", "batch_size": batch, "policy": req["policy"],
+              "train_samples": bundle.train_samples,
+              "memory_kind": "gpu" if on_gpu else "cpu_rss"}
+    if bundle.train_samples is not None and bundle.train_samples < batch:
+        result.update(status="data", reason=f"the training set has only {bundle.train_samples} "
+                                            "samples, fewer than one batch")
+        return result
+    built = task.build(bundle, bundle.sample_batch)
+    model = built.model
+    opt = built.optimizer or tf.keras.optimizers.Adam(
+        learning_rate=float(req.get("learning_rate") or 1e-3))
+    if not loss_scale.is_loss_scaled(opt):
+        opt = loss_scale.wrap_optimizer(opt, req["policy"])
+    loss_scale.build_optimizer(opt, model.trainable_variables)
+    loss_fn = built.loss
+
+    @tf.function(jit_compile=bool(req.get("jit")) or None)
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            preds = model(x, training=True)
+            loss = tf.reduce_mean(loss_fn(y, preds))
+            if model.losses:
+                loss += tf.add_n(model.losses)
+            scaled = loss_scale.scale_loss(opt, loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
+        return loss
+
+    # Only full batches: a short last batch would be a second shape (another trace) and
+    # a smaller step in the timing.
+    data = (bundle.train.filter(lambda x, y: tf.shape(_first_tensor(x))[0] == batch)
+            .repeat())
+    batches = iter(data)
+    for _ in range(int(req.get("warmup_steps", 2))):
+        x, y = next(batches)
+        float(train_step(x, y))
+    steps, min_seconds = int(req.get("steps", 4)), float(req.get("min_seconds", 1.5))
+    max_steps = int(req.get("max_steps", max(steps, 200)))
+    done, timed, step_times = 0, 0.0, []
+    while done < steps or (timed < min_seconds and done < max_steps):
+        x, y = next(batches)   # fetched outside the clock; the pipeline prefetches anyway
+        t0 = time.perf_counter()
+        float(train_step(x, y))     # a Python float: waits for the step to finish
+        step_times.append(time.perf_counter() - t0)
+        timed += step_times[-1]
+        done += 1
+    # The median step, not the mean: on a shared machine a step that lost the CPU to
+    # another process for a moment says nothing about this batch size.
+    median = sorted(step_times)[len(step_times) // 2]
+    if on_gpu:
+        peak = int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
+    else:
+        peak = cpu_peak_bytes()
+    result.update(steps=done, timed_seconds=round(timed, 4),
+                  median_step_seconds=round(median, 5),
+                  mean_samples_per_second=round(done * batch / max(timed, 1e-9), 2),
+                  samples_per_second=round(batch / max(median, 1e-9), 2),
+                  peak_memory_bytes=peak, cpu_peak_rss_bytes=cpu_peak_bytes(),
+                  seconds=round(time.perf_counter() - started, 3))
+    return result
+
+
+def _peak_so_far():
+    """The peak up to a failure: TensorFlow's GPU peak, else the resident high-water mark."""
+    try:
+        import tensorflow as tf
+
+        if tf.config.list_physical_devices("GPU"):
+            return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
+    except Exception:  # pragma: no cover - GPU only
+        return None
+    return cpu_peak_bytes()
+
+
+def _write(path: str, doc: dict) -> None:
+    from app.reporting import write_json_atomic
+
+    write_json_atomic(path, doc)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="app.tuner.trial")
+    parser.add_argument("--request", required=True, help="the trial as JSON")
+    parser.add_argument("--result", required=True, help="where to write the result JSON")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    req = json.loads(args.request)
+    from app.errors import UsageError, UserCodeError
+
+    try:
+        doc = run(req)
+    except UsageError as exc:
+        _write(args.result, {"status": "usage", "reason": exc.line()})
+        sys.stderr.write(exc.line() + "\n")
+        return 2
+    except BaseException as exc:  # noqa: B902 - classified, then reported
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        if _is_oom(exc):
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            _write(args.result, {"status": "oom", "reason": f"out of memory "
+                                 f"({type(getattr(exc, 'original', exc)).__name__}: {first})",
+                                 "peak_memory_bytes": _peak_so_far()})
+            return 0
+        original = getattr(exc, "original", exc) if isinstance(exc, UserCodeError) else exc
+        traceback.print_exception(type(original), original, original.__traceback__)
+        line = exc.line() if hasattr(exc, "line") else f"{type(exc).__name__}: {exc}"
+        _write(args.result, {"status": "error", "reason": str(line).splitlines()[0][:300]})
+        return 1
+    _write(args.result, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""Using a tune's result: ``train --tuned DIR/tune.json`` and ``--scale-lr linear``.
+
+``read_tuned`` validates a tune.json against the job about to run (same model and dataset
+specs) and returns the verified choice; ``merge`` lets flags given explicitly win over it;
+``scaled_learning_rate`` is the linear scaling rule (Goyal et al., 2017: multiply the
+learning rate by k when the batch grows k times), off unless asked for.  Pure functions:
+``train`` and ``benchmark`` call them before anything is written.
+
+Batch sizes in tune.json are per device, like ``train --batch-size`` under ``tf.distribute``
+(per replica), so a tuned size carries over to a mirrored job on identical GPUs unchanged.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+from app.errors import UsageError
+from app.precision import POLICIES
+from app.tuner.report import SCHEMA
+
+SCALE_LR_CHOICES = ("none", "linear")
+TUNED_FORMS = "the tune.json that `python -m app tune` wrote for this --model and --dataset"
+
+
+@dataclass(frozen=True)
+class TunedChoice:
+    path: str
+    precision: str
+    batch_size: int
+    samples_per_second: Optional[float]
+    budget_bytes: int
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "precision": self.precision, "batch_size": self.batch_size,
+                "samples_per_second": self.samples_per_second, "budget_bytes": self.budget_bytes}
+
+
+def _damaged(path: str, why: str) -> UsageError:
+    return UsageError(f"--tuned {path!r} is not a usable tune file ({why})", TUNED_FORMS)
+
+
+def read_tuned(path: str, model: str, dataset: str) -> TunedChoice:
+    """The verified choice of the tune at ``path`` (a tune.json, or the folder holding it),
+    made for ``model`` and ``dataset``.  UsageError when the file is missing, damaged, not
+    verified, or from another model or dataset."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "tune.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"--tuned {path!r} does not exist", TUNED_FORMS) from None
+    except (OSError, ValueError) as exc:
+        raise _damaged(path, f"{type(exc).__name__}: {str(exc)[:80]}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise _damaged(path, f"not a {SCHEMA} document")
+    task = doc.get("task") if isinstance(doc.get("task"), dict) else {}
+    mismatched = [f"{k} {task.get(k)!r}, not {v!r}" for k, v in (("model", model),
+                                                                  ("dataset", dataset))
+                  if task.get(k) != v]
+    if mismatched:
+        raise UsageError(f"--tuned {path!r} was tuned for another job ({'; '.join(mismatched)})",
+                         f"a tune of --model {model} --dataset {dataset}, or run "
+                         f"`python -m app tune --model {model} --dataset {dataset}`")
+    choice, verified = doc.get("choice"), doc.get("verified")
+    if not isinstance(choice, dict):
+        raise _damaged(path, "it holds no choice: no size fitted the budget")
+    policy, batch = choice.get("precision"), choice.get("batch_size")
+    if policy not in POLICIES:
+        raise _damaged(path, f"choice precision {policy!r} is not one of {', '.join(POLICIES)}")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise _damaged(path, f"choice batch_size {batch!r} is not a positive integer")
+    if not (isinstance(verified, dict) and verified.get("fits")
+            and verified.get("precision") == policy and verified.get("batch_size") == batch):
+        raise _damaged(path, "its choice was not verified")
+    budget = doc.get("budget_bytes")
+    if not isinstance(budget, int) or budget < 1:
+        raise _damaged(path, f"budget_bytes {budget!r} is not a positive integer")
+    sps = choice.get("samples_per_second")
+    return TunedChoice(path, policy, batch, float(sps) if isinstance(sps, (int, float)) else None,
+                       budget)
+
+
+def best_batches(path: str, model: str, dataset: str) -> dict:
+    """``{policy: best_batch}`` of every precision that had a size fit, from a tune.json
+    (validated as ``read_tuned`` does): what ``benchmark --tuned`` compares, each policy at
+    its own fastest batch."""
+    read_tuned(path, model, dataset)
+    if os.path.isdir(path):
+        path = os.path.join(path, "tune.json")
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    precisions = doc.get("precisions")
+    if not isinstance(precisions, dict):
+        raise _damaged(path, "it has no precisions")
+    out = {}
+    for policy, entry in precisions.items():
+        best = entry.get("best_batch") if isinstance(entry, dict) else None
+        if policy in POLICIES and isinstance(best, int) and not isinstance(best, bool) \
+                and best >= 1:
+            out[policy] = best
+    return out
+
+
+@dataclass(frozen=True)
+class Merged:
+    precision: str
+    batch_size: int
+    notes: List[str]
+
+
+def merge(tuned: TunedChoice, precision: Optional[str], batch_size: Optional[int]) -> Merged:
+    """Flags given explicitly win; the notes say which value came from where."""
+    notes = []
+    if precision is not None and precision != tuned.precision:
+        notes.append(f"--precision {precision} overrides the tuned {tuned.precision}")
+    if batch_size is not None and batch_size != tuned.batch_size:
+        notes.append(f"--batch-size {batch_size} overrides the tuned {tuned.batch_size}")
+    final_p = precision if precision is not None else tuned.precision
+    final_b = batch_size if batch_size is not None else tuned.batch_size
+    if precision is not None and final_p != tuned.precision and batch_size is None:
+        notes.append(f"batch {final_b} was tuned for {tuned.precision}, not {final_p}: it may "
+                     "not fit under the budget")
+    return Merged(final_p, final_b, notes)
+
+
+def scaled_learning_rate(mode: str, learning_rate: float, configured_batch: int,
+                         batch_size: int) -> float:
+    """``linear``: the learning rate times batch_size / configured_batch (the batch the
+    learning rate was chosen for); ``none``: unchanged."""
+    if mode not in SCALE_LR_CHOICES:
+        raise UsageError(f"scale_lr must be one of {', '.join(SCALE_LR_CHOICES)}. "
+                         f"Received: scale_lr={mode!r}", ", ".join(SCALE_LR_CHOICES))
+    if configured_batch < 1 or batch_size < 1:
+        raise UsageError(f"batch sizes must be at least 1 (configured {configured_batch}, "
+                         f"used {batch_size})", "integers >= 1")
+    if mode == "none":
+        return learning_rate
+    return learning_rate * batch_size / configured_batch
+
+
+def optimization_note(configured_batch: int, batch_size: int, mode: str,
+                      learning_rate: float, new_learning_rate: float) -> Optional[str]:
+    """The console line when the tuned batch changes the optimisation."""
+    if batch_size == configured_batch:
+        return None
+    ratio = batch_size / configured_batch
+    if mode == "linear":
+        return (f"batch {batch_size} is {ratio:.2g}x the {configured_batch} the learning rate "
+                f"was set for: --scale-lr linear makes it {new_learning_rate:g} "
+                f"(from {learning_rate:g})")
+    return (f"batch {batch_size} is {ratio:.2g}x the {configured_batch} the learning rate was "
+            f"set for: fewer, larger steps per epoch change the optimisation; consider "
+            f"--scale-lr linear (learning rate {learning_rate * ratio:g})")

@@ -1,0 +1,64 @@
+"""Real tunes on the host: trials are child processes that train, the memory watchdog stops
+the sizes that pass the budget, and tune.json is what ``train --tuned`` reads.
+
+Kept to a few trials: a model whose memory is almost all activations (tens of MB a sample,
+tests/unit/user_models/activation_heavy.py) under a 1 GiB budget, so batch 8 fits and 16
+does not, under float32 and mixed_bfloat16 alike.  Each trial still starts TensorFlow, so
+this takes about a minute on 2 cores.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from app.tuner import report, tuned
+from conftest import run_app
+
+pytestmark = pytest.mark.slow
+MODEL = "tests.unit.user_models.activation_heavy:build"
+
+
+def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_path):
+    out = tmp_path / "tune"
+    proc = run_app("tune", "--model", MODEL, "--dataset", "synthetic", "--input-shape", "64,64,3",
+                   "--max-train-samples", "64", "--precision", "float32,mixed_bfloat16",
+                   "--memory-budget", "1GiB", "--margin", "0", "--steps", "1",
+                   "--output", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "tune.json").read_text(encoding="utf-8"))
+    assert doc["schema"] == report.SCHEMA
+    assert doc["budget_bytes"] == 2**30 and doc["margin"] == 0.0
+    assert doc["memory_kind"] == "cpu_rss"
+    assert set(doc["precisions"]) == {"float32", "mixed_bfloat16"}
+    for policy, entry in doc["precisions"].items():
+        trials = [t for t in entry["trials"] if t["phase"] == "search"]
+        assert entry["max_batch"] is not None and entry["max_batch"] % 8 == 0, (policy, entry)
+        fitted = [t for t in trials if t["batch_size"] == entry["max_batch"]]
+        assert fitted and fitted[0]["fits"] and fitted[0]["peak_memory_bytes"] <= 2**30
+        beyond = [t for t in trials if t["batch_size"] > entry["max_batch"]]
+        assert beyond and not any(t["fits"] for t in beyond), (policy, trials)
+        assert all(t["reason"] for t in beyond)
+        assert all(t["batch_size"] % 8 == 0 for t in trials)
+        assert entry["best_batch"] in [t["batch_size"] for t in trials if t["fits"]]
+    choice, verified = doc["choice"], doc["verified"]
+    assert verified["fits"] and verified["batch_size"] == choice["batch_size"]
+    assert verified["peak_memory_bytes"] <= 2**30
+    assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
+    assert os.listdir(out / "trials")
+    # what `train --tuned` will read
+    t = tuned.read_tuned(str(out / "tune.json"), MODEL, "synthetic")
+    assert (t.precision, t.batch_size) == (choice["precision"], choice["batch_size"])
+    assert "largest batch" in proc.stderr and "choice:" in proc.stderr
+
+
+def test_nothing_fits_is_one_line_naming_the_smallest_size_exit_2(tmp_path):
+    out = tmp_path / "tune"
+    proc = run_app("tune", "--model", "mlp", "--dataset", "synthetic", "--precision", "float32",
+                   "--memory-budget", "200MiB", "--output", str(out), "--quiet", timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: no batch size fits"), lines
+    assert "the smallest tried, 8 under float32, peaked at" in lines[0]
+    assert not out.exists()
