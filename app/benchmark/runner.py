@@ -100,7 +100,9 @@ def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     root = PACKAGE_ROOT
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # Every run is a fresh one into its own folder, whatever the user's shell says.
-    env.pop(settings_table.BY_NAME["resume"].env, None)
+    # ... and trains exactly the precision and batch size it is given (no tune.json).
+    for name in ("resume", "tuned", "scale_lr"):
+        env.pop(settings_table.BY_NAME[name].env, None)
     return env
 
 

@@ -133,7 +133,7 @@ def validate(args):
     # so what the report records is what the runs used.
     flags = {s.name: getattr(args, s.name) for s in settings_table.PASSED}
     flags["precision"] = "float32"
-    cfg = config.resolve_config(flags)
+    cfg = config.resolve_config(flags, use_tuned=False)   # --tuned here is the benchmark's own
     if cfg.steps_per_execution > 1 and cfg.loop != "fit":
         raise UsageError(f"steps_per_execution applies to --loop fit only. Received: "
                          f"steps_per_execution={cfg.steps_per_execution}, loop={cfg.loop!r}",

@@ -21,6 +21,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from app import registry
 from app.errors import UsageError
 from app.tuner import budget as budget_mod
 from app.tuner import report, search
@@ -102,10 +103,8 @@ def spec_of(obj, what: str) -> str:
 
 
 def check_specs(model: str, dataset: str, image_dir: Optional[str]) -> None:
-    from app.tasks import BUILTIN_DATASETS, BUILTIN_MODELS, ModelEntry, Task, resolve_dataset
-
-    for what, spec, builtins in (("model", model, BUILTIN_MODELS),
-                                 ("dataset", dataset, BUILTIN_DATASETS)):
+    for what, spec, builtins in (("model", model, registry.MODEL_NAMES),
+                                 ("dataset", dataset, registry.DATASET_NAMES)):
         if ":" not in spec and spec not in builtins:
             raise UsageError(f"{what} must be one of {', '.join(builtins)} or MODULE:FUNCTION. "
                              f"Received: {what}={spec!r}",
@@ -113,8 +112,9 @@ def check_specs(model: str, dataset: str, image_dir: Optional[str]) -> None:
     if dataset == "images" and not image_dir:
         raise UsageError("dataset 'images' needs --image-dir",
                          "a folder with one subfolder of images per class")
-    if model in BUILTIN_MODELS and dataset in BUILTIN_DATASETS:
-        Task(ModelEntry(model, True, function=None), resolve_dataset(dataset))
+    problem = registry.pairing_problem(model, dataset)   # built-in pairs that cannot work
+    if problem:
+        raise UsageError(*problem)
 
 
 def _short(spec: str) -> str:
