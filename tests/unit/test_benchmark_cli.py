@@ -34,12 +34,32 @@ PER_POLICY = ("seconds_per_epoch", "samples_per_second", "speedup_vs_float32", "
     (["--loop", "custom", "--steps-per-execution", "4"], "applies to --loop fit only"),
     (["--repeats", "two"], "invalid int value: 'two'"),
     (["--timeout", "0"], "timeout must be positive"),
+    (["--tuned", "no_such_tune.json"], "--tuned 'no_such_tune.json' does not exist"),
+    (["--tuned", "t.json", "--best-batch"], "not allowed with argument"),
 ])
 def test_bad_arguments_one_line_exit_2_nothing_written(tmp_path, capsys, argv, words):
     out = tmp_path / "bench"
     with pytest.raises(SystemExit) as exc_info:
         raise SystemExit(cli.main(["benchmark", "--output", str(out), *argv]))
     assert exc_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("doc, words", [
+    ('{"schema": ', "not a usable tune file"),
+    (json.dumps({"schema": "tfmp.tune/1", "task": {"model": "resnet", "dataset": "cifar10"}}),
+     "tuned for another job"),
+])
+def test_a_damaged_or_foreign_tune_is_one_line_exit_2(tmp_path, capsys, doc, words):
+    from app.tuner.report import SCHEMA
+
+    tune = tmp_path / "tune.json"
+    tune.write_text(doc.replace("tfmp.tune/1", SCHEMA), encoding="utf-8")
+    out = tmp_path / "bench"
+    assert cli.main(["benchmark", "--model", "mlp", "--dataset", "synthetic",
+                     "--tuned", str(tune), "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
     assert not out.exists()
