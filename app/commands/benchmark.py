@@ -56,7 +56,7 @@ def add_parser(subparsers):
     how.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
                      help="give up on a single run after this long (default 3600)")
     best = p.add_argument_group(
-        "each at its own best batch (the larger batch mixed precision allows; docs/tune.md)")
+        "each at its own best batch (the larger batch mixed precision allows; docs/benchmark.md)")
     one = best.add_mutually_exclusive_group()
     one.add_argument("--tuned", default=None, metavar="FILE",
                      help="a tune.json of `tfmp tune` for this --model and --dataset: after the "
