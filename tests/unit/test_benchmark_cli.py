@@ -312,3 +312,28 @@ def test_bad_user_specs_one_line_exit_2_nothing_written(tmp_path, model, dataset
     assert len(errors) == 1 and words in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert not out.exists() and not (tmp_path / "ws").exists()
+
+
+def test_best_batch_tunes_the_benchmarks_own_job_first(tmp_path, monkeypatch):
+    """--best-batch: the tuner gets the benchmark's task and policies, its best batches
+    are what the second set of runs uses."""
+    from app.commands import benchmark
+    from app.tuner import api
+
+    calls = []
+
+    def fake_tune(model, data, **kw):
+        calls.append((model, data, kw))
+        return {"precisions": {"float32": {"best_batch": 128},
+                               "mixed_bfloat16": {"best_batch": 512},
+                               "mixed_float16": {"best_batch": None}}}
+
+    monkeypatch.setattr(api, "tune", fake_tune)
+    settings = {"model": "resnet", "dataset": "synthetic", "learning_rate": 0.01,
+                "max_train_samples": 512, "jit": False, "offline": True, "workspace": "ws"}
+    best = benchmark.tune_first(settings, ["float32", "mixed_bfloat16"], str(tmp_path / "b"))
+    assert best == {"float32": 128, "mixed_bfloat16": 512}
+    (model, data, kw), = calls
+    assert (model, data) == ("resnet", "synthetic")
+    assert kw["precision"] == "float32,mixed_bfloat16" and kw["learning_rate"] == 0.01
+    assert kw["output"] == str(tmp_path / "b" / "tune") and kw["max_train_samples"] == 512
