@@ -38,14 +38,15 @@ def _config(model, data, settings: dict):
     return resolve_config(flags), task
 
 
-def train(model: Any = "mlp", data: Any = "mnist", *, precision: str = "auto",
+def train(model: Any = "mlp", data: Any = "mnist", *, precision: Optional[str] = None,
           loop: str = "fit", epochs: int = 5, output: Optional[str] = None,
           on_step: Optional[Callable[[dict], None]] = None, **settings) -> dict:
     """Train; return the metrics dict (also written to ``<output>/metrics.json``).
 
     ``metrics["status"]`` is ``completed``, ``interrupted`` or ``diverged``.  A setting not
     given here comes from its ``TFMP_*`` variable, as on the command line (in the image,
-    ``TFMP_WORKSPACE=/workspace`` puts runs where TensorBoard looks).
+    ``TFMP_WORKSPACE=/workspace`` puts runs where TensorBoard looks).  ``precision`` None:
+    ``TFMP_PRECISION``, else the ``tuned=`` tune's choice, else ``auto``.
     """
     from app.training import train as run_training
 

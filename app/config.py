@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -19,6 +19,7 @@ DATASETS = registry.DATASET_NAMES
 PRECISIONS = registry.PRECISIONS
 LOOPS = ("fit", "custom")
 STRATEGIES = ("auto", "one", "mirrored", "multi-worker")  # see app/distribute.py
+SCALE_LR = settings.BY_NAME["scale_lr"].choices
 ENV_PREFIX = settings.ENV_PREFIX
 
 
@@ -53,9 +54,15 @@ class TrainConfig:
     metrics: str | None = None        # comma-separated Keras names or MODULE:OBJECT
     input_shape: str | None = None    # "28,28,1": synthetic data for a user model
     num_classes: int | None = None    # default: from the labels
+    tuned: str | None = None          # a tune.json: its precision and batch size (flags win)
+    scale_lr: str = "none"            # with tuned: none | linear (learning rate x batch / 128)
+    # Set by resolve_config from ``tuned``: metrics.json's "tuned" block (not a setting).
+    tuning: dict | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("tuning")
+        return d
 
 
 def env_name(field_name: str) -> str:
@@ -76,11 +83,19 @@ def env_value(field_name: str, environ: Mapping[str, str] | None = None) -> Any:
         raise UsageError(f"environment variable {s.env}={raw!r} is not valid", s.allowed) from None
 
 
-def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> TrainConfig:
+TUNED_FIELDS = ("tuned", "scale_lr")
+
+
+def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None, *,
+                   use_tuned: bool = True) -> TrainConfig:
     """Build a validated TrainConfig.  ``flags`` holds only what was given on the command
-    line (None = not given); then each setting's TFMP_ variable; then the default."""
+    line (None = not given); then each setting's TFMP_ variable; then, for the precision and
+    batch size, a ``tuned`` tune.json; then the default.  ``use_tuned`` False (the
+    benchmark, which gives its runs every value explicitly) ignores --tuned/TFMP_TUNED."""
     values: dict[str, Any] = {}
     for name in TrainConfig.__dataclass_fields__:
+        if name == "tuning" or (not use_tuned and name in TUNED_FIELDS):
+            continue
         value = flags.get(name)
         if value is None and name in settings.BY_NAME:
             value = env_value(name, environ)
@@ -88,8 +103,25 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
             values[name] = value
     cfg = TrainConfig(**values)
     validate(cfg)
+    if cfg.tuned:
+        cfg = _with_tune(cfg, values)
     if cfg.data_dir is None:
         cfg.data_dir = default_data_dir(cfg.workspace)
+    return cfg
+
+
+def _with_tune(cfg: TrainConfig, given: Mapping[str, Any]) -> TrainConfig:
+    """``cfg`` with the tune's precision and batch size where none was given explicitly,
+    the learning rate scaled as ``scale_lr`` says, and the record of it in ``tuning``."""
+    from app.tuner import tuned
+
+    applied = tuned.apply(cfg.tuned, model=cfg.model, dataset=cfg.dataset,
+                          precision=given.get("precision"), batch_size=given.get("batch_size"),
+                          learning_rate=cfg.learning_rate, scale_lr=cfg.scale_lr,
+                          default_batch=TrainConfig.batch_size)
+    cfg = replace(cfg, precision=applied.precision, batch_size=applied.batch_size,
+                  learning_rate=applied.learning_rate, tuning=applied.record)
+    validate(cfg)
     return cfg
 
 
@@ -152,6 +184,10 @@ def validate(cfg: TrainConfig) -> None:
     _spec_or_one_of("dataset", cfg.dataset, DATASETS)
     _one_of("loop", cfg.loop, LOOPS)
     _one_of("strategy", cfg.strategy, STRATEGIES)
+    _one_of("scale_lr", cfg.scale_lr, SCALE_LR)
+    if cfg.scale_lr != "none" and not cfg.tuned:
+        raise UsageError(f"scale_lr {cfg.scale_lr!r} applies with --tuned only",
+                         "--scale-lr linear together with --tuned DIR/tune.json")
     for name in ("epochs", "batch_size", "log_every", "max_skipped_steps", "steps_per_execution"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 1:

@@ -85,6 +85,7 @@ def new_metrics(run, env: dict, loop: str) -> dict:
         "schema_version": 1,
         "status": "running",
         "config": run.config.to_dict(),
+        "tuned": run.config.tuning,   # train --tuned: the tune file, what it set, the lr rule
         "task": run.task.describe(),
         "precision": run.decision.to_dict(),
         "environment": env,

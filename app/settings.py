@@ -55,10 +55,15 @@ class Setting:
         """The variable's text as a value (ValueError when it is not one)."""
         if self.env_parse is not None:
             return self.env_parse(raw)
-        return parse_bool(raw) if self.switch else self.parse(raw)
+        value = parse_bool(raw) if self.switch else self.parse(raw)
+        if self.choices and value not in self.choices:
+            raise ValueError(raw)
+        return value
 
     @property
     def allowed(self) -> str:
+        if self.choices:
+            return ", ".join(self.choices)
         reader = self.env_parse or (parse_bool if self.switch else self.parse)
         return {int: "an integer", float: "a number", parse_bool: "1/0/true/false",
                 _parse_negated: "1/0/true/false"}.get(reader, "text")
@@ -101,6 +106,14 @@ SETTINGS: Tuple[Setting, ...] = (
             passed=True),
     Setting("max_val_samples", "how", "use at most this many validation samples", int,
             passed=True),
+    # Not passed: the benchmark gives every run its precision and batch size explicitly
+    # (``benchmark --tuned`` reads the tune itself), and its children never see TFMP_TUNED.
+    Setting("tuned", "how", "a tune.json of `tfmp tune` (or its folder) for this --model and "
+            "--dataset: train with its chosen precision and batch size; --precision and "
+            "--batch-size given here or as TFMP_ variables win", metavar="FILE"),
+    Setting("scale_lr", "how", "with --tuned: linear scales the learning rate with the batch "
+            "(relative to the batch it was set for: 128, or the tune's reference_batch_size); "
+            "none keeps it (default {default})", choices=("none", "linear")),
     Setting("initial_loss_scale", "how", "first loss scale for mixed_float16 (default "
             "{default:g})", float),
     Setting("max_skipped_steps", "how", "stop when this many steps in a row have non-finite "

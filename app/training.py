@@ -220,6 +220,10 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     run = prepare(config, hardware, task=task)
     if announce:
         prec.announce(run.decision)
+        if run.config.tuning:
+            from app.tuner.tuned import console_line
+
+            print(console_line(run.config.tuning), flush=True)
         print(run.dist.describe(), flush=True)
     loop = _loop(run)
     metrics = new_metrics(run, envreport.collect(run.hardware), loop)

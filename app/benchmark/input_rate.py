@@ -83,7 +83,7 @@ def measure(args) -> Dict[str, Any]:
 
     flags = {k: v for k, v in vars(args).items() if k not in ("warmup_epochs",)}
     flags["precision"] = "float32"
-    cfg = resolve_config(flags)
+    cfg = resolve_config(flags, use_tuned=False)   # the benchmark gives every value itself
     run = prepare(cfg)
     task, bundle, dist = run.task, run.bundle, run.dist
     one_epoch = _epoch_counter(bundle.train)

@@ -6,7 +6,7 @@ fake machines (a T4, a P100, a CPU with and without bfloat16 instructions).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from app.hardware import HardwareInfo
 from app.registry import BASELINE_POLICY as BASELINE, POLICIES, has_fast_path
@@ -95,4 +95,16 @@ def interleaved_schedule(policies: Sequence[str], repeats: int) -> List[Dict[str
     for r in range(1, repeats + 1):
         for p in policies:
             out.append({"order": len(out), "repeat": r, "policy": p})
+    return out
+
+
+def best_batch_schedule(best: Mapping[str, int], policies: Sequence[str], repeats: int,
+                        first_order: int) -> List[Dict[str, object]]:
+    """The "each at its own best batch" runs: the policies of ``policies`` that have a best
+    batch in ``best``, interleaved like the equal-batch runs and numbered after them."""
+    chosen = [p for p in policies if p in best]
+    out = interleaved_schedule(chosen, repeats) if chosen else []
+    for e in out:
+        e.update(order=int(e["order"]) + first_order, batch_size=best[e["policy"]],
+                 series="best_batch")
     return out

@@ -115,6 +115,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
         ]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    lines += best_batch_table(doc.get("results_best_batch"))
     w = doc["warmup"]
     lines.append(
         f"Medians over {st['repeats']} interleaved repeat(s), (min–max) when more than one; each "
@@ -147,3 +148,29 @@ def markdown(doc: Mapping[str, Any]) -> str:
             lines.append(f"- [{d['severity']}] {d['message']}")
     lines.append("")
     return "\n".join(lines)
+
+
+def best_batch_table(best: Optional[Mapping[str, Any]]) -> List[str]:
+    """The guide's real comparison: each policy at its own best batch (from a tune), the
+    speed-up over float32 at float32's own best batch."""
+    if not best:
+        return []
+    results = best["results"]
+    lines = [f"#### Each at its own best batch (from {best.get('source') or 'a tune'})", ""]
+    header = ["Policy", "Batch", "samples/s", "Speed-up vs float32 at its own best",
+              memory_label(results) if results else "Peak memory (MiB)"]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+    for p, r in results.items():
+        if r["runs_ok"] == 0:
+            lines.append("| " + " | ".join([p, str(r["batch_size"]),
+                                            f"failed ({r['runs_failed']} runs)", "–", "–"]) + " |")
+            continue
+        lines.append("| " + " | ".join([
+            p, str(r["batch_size"]), _spread(r["samples_per_second"], ",.0f"),
+            _spread(r["speedup_vs_float32"], ".2f", suffix="x"),
+            _spread(r["peak_memory"], ",.0f", 1.0 / MIB)]) + " |")
+    for p, why in (best.get("not_run") or {}).items():
+        lines.append(f"| {p} | – | not run: {why} | – | – |")
+    lines.append("")
+    return lines

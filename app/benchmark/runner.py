@@ -100,7 +100,9 @@ def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     root = PACKAGE_ROOT
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # Every run is a fresh one into its own folder, whatever the user's shell says.
-    env.pop(settings_table.BY_NAME["resume"].env, None)
+    # ... and trains exactly the precision and batch size it is given (no tune.json).
+    for name in ("resume", "tuned", "scale_lr"):
+        env.pop(settings_table.BY_NAME[name].env, None)
     return env
 
 
@@ -204,11 +206,16 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
     total = len(schedule)
     for entry in schedule:
         policy, repeat, order = entry["policy"], entry["repeat"], entry["order"]
-        run_dir = os.path.join(runs_dir, f"{order:02d}-{policy}-r{repeat}")
+        # An entry with its own batch size: a policy at its best batch (benchmark --tuned).
+        batch = entry.get("batch_size")
+        run_settings = dict(settings, batch_size=batch) if batch else settings
+        run_dir = os.path.join(runs_dir, f"{order:02d}-{policy}-r{repeat}"
+                               + (f"-b{batch}" if batch else ""))
         os.makedirs(run_dir, exist_ok=True)
         log_path = os.path.join(run_dir, "train.log")
-        cmd = train_command(settings, policy, run_dir, extra_flags)
-        progress(f"[benchmark] run {order + 1}/{total}: {policy}, repeat {repeat} ...")
+        cmd = train_command(run_settings, policy, run_dir, extra_flags)
+        progress(f"[benchmark] run {order + 1}/{total}: {policy}, repeat {repeat}"
+                 + (f", its best batch {batch}" if batch else "") + " ...")
         started = utc_now_iso()
         load_before = _load_average()
         t0 = time.monotonic()
@@ -222,6 +229,8 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
             "load_average": [load_before, _load_average()],
             "command": cmd, "output_dir": run_dir, "log": log_path,
             "ok": False, "error": None, "measured": None, "policy_used": None,
+            "batch_size": run_settings.get("batch_size"),
+            "series": entry.get("series", "equal_batch"),
         }
         metrics, rec["error"] = read_metrics(run_dir)
         rec["metrics_summary"] = metrics_summary(metrics or {})

@@ -39,8 +39,13 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                   timeout: Optional[float] = None, argv: Sequence[str] = (),
                   launcher: runner.Launcher = runner.subprocess_launcher,
                   environment: Optional[Mapping[str, Any]] = None,
-                  echo: Callable[[str], None] = print, measure_input: bool = True) -> int:
-    """Run, write every file into ``output``, print the table; 0 if every run succeeded."""
+                  echo: Callable[[str], None] = print, measure_input: bool = True,
+                  best_batches: Optional[Mapping[str, int]] = None,
+                  best_batch_source: Optional[str] = None) -> int:
+    """Run, write every file into ``output``, print the table; 0 if every run succeeded.
+
+    ``best_batches`` ({policy: batch}, from a tune): after the equal-batch runs, each
+    policy runs again at its own best batch (the guide's real comparison)."""
     env = dict(environment) if environment is not None else runner.collect_environment()
     hw = hardware_from_env(env)
     the_plan = plan.plan_policies(requested, hw)
@@ -56,8 +61,10 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         pipeline = (runner.measure_input_rate(settings, warmup_epochs, output,
                                               launcher=launcher, timeout=timeout)
                     if measure_input else None)
-        records = runner.run_schedule(schedule, settings, runs_dir, warmup_epochs,
-                                      launcher=launcher, timeout=timeout)
+        best_schedule = plan.best_batch_schedule(best_batches or {}, the_plan.run, repeats,
+                                                 len(schedule))
+        all_records = runner.run_schedule(schedule + best_schedule, settings, runs_dir,
+                                          warmup_epochs, launcher=launcher, timeout=timeout)
     except runner.TrainRejectedInput as exc:
         if existed:  # the user's empty folder stays; what we put in it goes
             for name in os.listdir(output):
@@ -68,22 +75,25 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         # The trainer's line already says what is allowed.
         raise UsageError(f"tfmp train rejected the settings: {exc.line}") from None
 
+    records = [r for r in all_records if r["series"] == "equal_batch"]
     results = stats.summarize(records, the_plan.run)
+    at_best = _best_batch_results(best_batches, all_records, the_plan.run,
+                                  best_batch_source)
     widths, widths_note = _layer_widths(settings["model"], pipeline)
     input_rate = (pipeline or {}).get("samples_per_second")
     if pipeline is not None:
         best = diagnose.fastest(results)[1]
         pipeline["training_share"] = (round(best / input_rate, 4)
                                       if best is not None and input_rate else None)
-    failed = [r for r in records if not r["ok"]]
-    loads = [v for r in records for v in (r.get("load_average") or []) if v is not None]
+    failed = [r for r in all_records if not r["ok"]]
+    loads = [v for r in all_records for v in (r.get("load_average") or []) if v is not None]
     diags = diagnose.diagnose(results, hw, settings, layer_widths=widths,
                               steps_per_epoch=_steps_per_epoch(records, settings),
                               max_accuracy_gap=max_accuracy_gap, failed_runs=failed,
                               max_load=max(loads) if loads else None,
                               cpu_count=os.cpu_count(), input_rate=input_rate,
                               layer_widths_note=widths_note)
-    status = "ok" if not failed else ("failed" if len(failed) == len(records) else "partial")
+    status = "ok" if not failed else ("failed" if len(failed) == len(all_records) else "partial")
     doc: Dict[str, Any] = {
         "schema": report.SCHEMA,
         "created_utc": utc_now_iso(),
@@ -102,7 +112,9 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         "interleaving": {
             "how": "round-robin: one run of each policy per repeat, in the order listed; every "
                    "run is a fresh `tfmp train` process",
-            "order": [f"{e['policy']}#{e['repeat']}" for e in schedule],
+            "order": [f"{e['policy']}#{e['repeat']}" + (f"@b{e['batch_size']}"
+                                                        if e.get("batch_size") else "")
+                      for e in schedule + best_schedule],
         },
         "hardware": dict(hw.to_dict(), description=plan.describe(hw), cpu_count=os.cpu_count()),
         "load_average_max": max(loads) if loads else None,
@@ -113,10 +125,11 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         "skipped": [{"policy": p, "reason": r} for p, r in the_plan.skipped.items()],
         "units": report.UNITS,
         "results": results,
+        "results_best_batch": at_best,
         "input_pipeline": pipeline,
         "layer_widths": {"widths": widths, "note": widths_note},
         "diagnoses": [d.to_dict() for d in diags],
-        "runs": records,
+        "runs": all_records,
     }
     table = report.markdown(doc)
     report.write_atomic(os.path.join(output, "env.json"), report.to_json(env))
@@ -135,6 +148,20 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     echo(f"Wrote {', '.join(f for f in OUTPUT_FILES if os.path.exists(os.path.join(output, f)))} "
          f"and runs/ to {output}")
     return 0 if status == "ok" else 1
+
+
+def _best_batch_results(best_batches, all_records, policies, source):
+    """benchmark.json's ``results_best_batch``: each policy at its own best batch, speed-up
+    over float32 at float32's own best (paired by repeat); None without a tune."""
+    if best_batches is None:
+        return None
+    ran = [p for p in policies if p in best_batches]
+    results = stats.summarize([r for r in all_records if r["series"] == "best_batch"], ran)
+    for p in ran:
+        results[p]["batch_size"] = best_batches[p]
+    return {"source": source, "batch_sizes": dict(best_batches), "results": results,
+            "not_run": {p: "the tune found no batch size that fits" for p in policies
+                        if p not in best_batches}}
 
 
 def _layer_widths(model: str, pipeline: Optional[Mapping[str, Any]]):

@@ -12,6 +12,7 @@ import sys
 
 from app import settings as settings_table
 from app.errors import UsageError
+from app.exit_codes import EXIT_FAILED
 from app.registry import POLICIES
 
 # The training settings the benchmark passes to its runs (app.settings' ``passed``
@@ -54,6 +55,15 @@ def add_parser(subparsers):
                           "(percentage points, default 1.0)")
     how.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
                      help="give up on a single run after this long (default 3600)")
+    best = p.add_argument_group(
+        "each at its own best batch (the larger batch mixed precision allows; docs/benchmark.md)")
+    one = best.add_mutually_exclusive_group()
+    one.add_argument("--tuned", default=None, metavar="FILE",
+                     help="a tune.json of `tfmp tune` for this --model and --dataset: after the "
+                          "equal-batch runs, each policy runs again at its own best batch")
+    one.add_argument("--best-batch", action="store_true",
+                     help="run `tfmp tune` first (into <output>/tune, default budget), then "
+                          "the same comparison")
     how.add_argument("--output", default=None, metavar="DIR",
                      help="new or empty folder for the results (default: "
                           "<workspace>/benchmarks/<UTC time>-<model>)")
@@ -133,7 +143,7 @@ def validate(args):
     # so what the report records is what the runs used.
     flags = {s.name: getattr(args, s.name) for s in settings_table.PASSED}
     flags["precision"] = "float32"
-    cfg = config.resolve_config(flags)
+    cfg = config.resolve_config(flags, use_tuned=False)   # --tuned here is the benchmark's own
     if cfg.steps_per_execution > 1 and cfg.loop != "fit":
         raise UsageError(f"steps_per_execution applies to --loop fit only. Received: "
                          f"steps_per_execution={cfg.steps_per_execution}, loop={cfg.loop!r}",
@@ -147,18 +157,52 @@ def validate(args):
         raise UsageError(f"output {output!r} already exists and is not an empty folder",
                          "a new or empty folder, so runs of different benchmarks never mix")
     config.check_output_writable(output)
+    best = None
+    if args.tuned is not None:
+        from app.tuner.tuned import best_batches
+
+        best = best_batches(args.tuned, cfg.model, cfg.dataset)
     settings = {s.name: getattr(cfg, s.name) for s in settings_table.PASSED}
     # Passed on only when chosen: the trainer's own default is <workspace>/data.
     settings["data_dir"] = cfg.data_dir if config.data_dir_chosen(cfg) else None
     settings["offline"], settings["jit"] = bool(cfg.offline), bool(cfg.jit)
-    return settings, policies, output
+    return settings, policies, output, best
+
+
+def tune_first(settings: dict, policies, output: str) -> dict:
+    """``--best-batch``: the tune of this job (every requested policy, or float32 and auto),
+    into ``<output>/tune``; returns ``{policy: best batch}``."""
+    from app.tuner.api import tune
+
+    doc = tune(settings["model"], settings["dataset"],
+               precision=",".join(policies) if policies else None,
+               output=os.path.join(output, "tune"), loss=settings.get("loss"),
+               metrics=settings.get("metrics"), input_shape=settings.get("input_shape"),
+               num_classes=settings.get("num_classes"),
+               image_size=settings.get("image_size") or 32, data_dir=settings.get("data_dir"),
+               image_dir=settings.get("image_dir"),
+               max_train_samples=settings.get("max_train_samples"),
+               offline=bool(settings.get("offline")), learning_rate=settings["learning_rate"],
+               jit=bool(settings.get("jit")), workspace=settings.get("workspace"))
+    return {p: e["best_batch"] for p, e in doc["precisions"].items() if e.get("best_batch")}
 
 
 def run(args) -> int:
     from app.benchmark.suite import run_benchmark
 
-    settings, policies, output = validate(args)
+    settings, policies, output, best = validate(args)
+    source = args.tuned
+    if args.best_batch:
+        from app.tuner.runner import TrialFailed
+
+        try:
+            best = tune_first(settings, policies, output)
+        except TrialFailed as exc:
+            sys.stderr.write(exc.line() + "\n")
+            return EXIT_FAILED
+        source = os.path.join(output, "tune", "tune.json")
     return run_benchmark(settings, policies, output, repeats=args.repeats,
+                         best_batches=best, best_batch_source=source,
                          warmup_epochs=args.warmup_epochs,
                          max_accuracy_gap=args.max_accuracy_gap, timeout=args.timeout,
                          argv=sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "benchmark" else [])

@@ -1,4 +1,4 @@
-"""``python -m app tune``: the largest batch that fits the memory budget and the fastest one,
+"""``tfmp tune``: the largest batch that fits the memory budget and the fastest one,
 per precision, on your model and hardware (docs/tune.md).
 
 Exit status: 0 done, 1 a trial failed for a reason other than memory (your code raised;
@@ -7,6 +7,8 @@ the log is named), 2 bad input or no size fits (one line, nothing written).
 from __future__ import annotations
 
 import argparse
+
+from app.exit_codes import EXIT_FAILED, EXIT_OK
 
 EPILOG = """\
 how it searches (each trial is its own process; warm-up steps excluded):
@@ -18,10 +20,11 @@ how it searches (each trial is its own process; warm-up steps excluded):
   best batch, run once more for longer to verify it.
 
 examples:
-  python -m app tune --model resnet --dataset cifar10
-  python -m app tune --model mlp --dataset synthetic --memory-budget 2GiB --max-batch 2048
-  python -m app tune --model ./nets.py:build --dataset ./data.py:load --precision float32,auto
-  python -m app train --tuned workspace/tune/<run>/tune.json --model resnet --dataset cifar10
+  tfmp tune --model resnet --dataset cifar10
+  tfmp tune --model mlp --dataset synthetic --memory-budget 2GiB --max-batch 2048
+  tfmp tune --model ./nets.py:build --dataset ./data.py:load --precision float32,auto
+  tfmp train --tuned workspace/tune/<run>/tune.json --model resnet --dataset cifar10
+  tfmp benchmark --tuned workspace/tune/<run>/tune.json --model resnet --dataset cifar10
 """
 
 
@@ -94,11 +97,11 @@ def run(args) -> int:
         import sys
 
         sys.stderr.write(exc.line() + "\n")
-        return 1
+        return EXIT_FAILED
     if doc.get("choice") is None:
         import sys
 
         sys.stderr.write("error: no size held its budget in the verification run; see "
                          f"{doc['output']}/tune.json and its trials/ logs\n")
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK

@@ -1,4 +1,4 @@
-"""``python -m app tune``: the largest batch that fits and the fastest one, per precision.
+"""``tfmp tune``: the largest batch that fits and the fastest one, per precision.
 
 Modules, one job each:
 

@@ -1,9 +1,9 @@
-"""``tune()``: the whole tune, shared by ``python -m app tune`` and ``app.tune(...)``.
+"""``tune()``: the whole tune, shared by ``tfmp tune`` and ``app.tune(...)``.
 
 Order of work (nothing is written into ``output`` before the last trial has ended):
   1. check every input that can be checked without TensorFlow (precisions, budget, margin,
      cap, time budget, the specs' form, the output folder);
-  2. ask a child process for the hardware and versions (``python -m app env --json``):
+  2. ask a child process for the hardware and versions (``tfmp env --json``):
      ``auto`` precision and, on a GPU, the GPU's memory;
   3. per precision, ``search.find_max_batch`` with each trial a child process;
   4. the choice (the fastest precision at its own best batch) runs again in a fresh
@@ -21,13 +21,14 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from app import registry
 from app.errors import UsageError
 from app.tuner import budget as budget_mod
 from app.tuner import report, search
 from app.tuner.progress import Progress
 from app.tuner.runner import TrialRunner, collect_environment, sigterm_as_exit
 
-PRECISION_CHOICES = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
+PRECISION_CHOICES = registry.PRECISIONS
 DEFAULT_MARGIN = 0.1
 DEFAULT_STEPS, DEFAULT_WARMUP, DEFAULT_MIN_SECONDS = 4, 2, 1.5
 VERIFY_FACTOR = 2          # the verification runs this many times a trial's steps
@@ -102,10 +103,8 @@ def spec_of(obj, what: str) -> str:
 
 
 def check_specs(model: str, dataset: str, image_dir: Optional[str]) -> None:
-    from app.tasks import BUILTIN_DATASETS, BUILTIN_MODELS, ModelEntry, Task, resolve_dataset
-
-    for what, spec, builtins in (("model", model, BUILTIN_MODELS),
-                                 ("dataset", dataset, BUILTIN_DATASETS)):
+    for what, spec, builtins in (("model", model, registry.MODEL_NAMES),
+                                 ("dataset", dataset, registry.DATASET_NAMES)):
         if ":" not in spec and spec not in builtins:
             raise UsageError(f"{what} must be one of {', '.join(builtins)} or MODULE:FUNCTION. "
                              f"Received: {what}={spec!r}",
@@ -113,8 +112,9 @@ def check_specs(model: str, dataset: str, image_dir: Optional[str]) -> None:
     if dataset == "images" and not image_dir:
         raise UsageError("dataset 'images' needs --image-dir",
                          "a folder with one subfolder of images per class")
-    if model in BUILTIN_MODELS and dataset in BUILTIN_DATASETS:
-        Task(ModelEntry(model, True, function=None), resolve_dataset(dataset))
+    problem = registry.pairing_problem(model, dataset)   # built-in pairs that cannot work
+    if problem:
+        raise UsageError(*problem)
 
 
 def _short(spec: str) -> str:
@@ -185,9 +185,9 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     env = collect_environment()
     hardware = env.get("hardware") or {}
     gpus = hardware.get("gpus") or []
-    auto_policy = (env.get("auto_precision") or {}).get("policy", "float32")
+    auto_policy = (env.get("auto_precision") or {}).get("policy", registry.BASELINE_POLICY)
     policies: List[str] = []
-    for p in (wanted or ["float32", "auto"]):
+    for p in (wanted or [registry.BASELINE_POLICY, "auto"]):
         p = auto_policy if p == "auto" else p
         if p not in policies:
             policies.append(p)
@@ -261,7 +261,7 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     if progress:
         print(report.table(doc), file=stream, flush=True)
         print(f"[tune] wrote {os.path.join(output, 'tune.json')} and tune.png; train with "
-              f"`python -m app train --tuned {os.path.join(output, 'tune.json')} ...`",
+              f"`tfmp train --tuned {os.path.join(output, 'tune.json')} ...`",
               file=stream, flush=True)
     return doc
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 from typing import Any, Dict, List, Mapping, Optional
 
+from app.registry import BASELINE_POLICY
 from app.tuner import search
 from app.tuner.budget import format_size
 
@@ -36,7 +37,7 @@ def precision_entry(result: search.SearchResult, verify_trials: List[search.Tria
 
 def speedups(precisions: Mapping[str, Mapping[str, Any]]) -> Dict[str, Optional[float]]:
     """Each policy's best samples/s over float32's at float32's own best batch."""
-    base = (precisions.get("float32") or {}).get("best_samples_per_second")
+    base = (precisions.get(BASELINE_POLICY) or {}).get("best_samples_per_second")
     return {p: (round(e["best_samples_per_second"] / base, 3)
                 if base and e.get("best_samples_per_second") else None)
             for p, e in precisions.items()}

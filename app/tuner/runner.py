@@ -3,11 +3,10 @@
 The parent (this process) never imports TensorFlow: it holds no GPU memory and its own
 resident memory stays small, so a trial's peak is the trial's alone.
 
-Children start as ``python -c "import sys; del sys.path[0]; from app... import main"``:
-``python -m app`` would put the current directory first on ``sys.path``, where a user's own
-``app.py`` or ``app/`` folder would be imported instead of this package.  The user's
-``MODULE:FUNCTION`` specs still import from the current directory (``app.specs`` adds it
-when it loads them, after this package is imported).
+Children start through ``app.launch`` (the one launcher of this package's own processes):
+a user's own ``app.py`` or ``app/`` folder in the current directory cannot stand in for
+this package.  The user's ``MODULE:FUNCTION`` specs still import from the current directory
+(``app.specs`` adds it when it loads them, after this package is imported).
 
 On a CPU the child runs under the budget: a watchdog thread reads the child's resident
 memory (``/proc/<pid>/status``) every few milliseconds and kills it past the budget; the
@@ -21,16 +20,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from app.errors import UsageError
+from app.exit_codes import EXIT_FAILED
+from app.launch import PACKAGE_ROOT, module_command
 from app.tuner.search import Outcome
 
-BOOT = "import sys; del sys.path[0]; from {module} import main; sys.exit(main())"
 WATCH_SECONDS = 0.01
 DEFAULT_TRIAL_TIMEOUT = 900.0
 
@@ -64,13 +63,9 @@ def sigterm_as_exit():
         signal.signal(signal.SIGTERM, previous)
 
 
-def package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def child_command(module: str, args: List[str]) -> List[str]:
-    """``[python, -c, <boot>, *args]``: ``module.main()`` with the cwd off the path."""
-    return [sys.executable, "-c", BOOT.format(module=module)] + list(args)
+    """``python -m <module> <args>`` with this package's ``app`` (``app.launch``)."""
+    return module_command(module, *args)
 
 
 def child_env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -78,7 +73,7 @@ def child_env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # The child imports this very package, wherever the tune was started from.
-    root = package_root()
+    root = PACKAGE_ROOT
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -211,7 +206,7 @@ def outcome_of(end: ChildEnd, kill_above: Optional[int], any_fit: bool) -> Outco
     if status == "oom":
         return Outcome(False, r.get("peak_memory_bytes") or end.highest_rss or None, None,
                        r.get("reason", "out of memory"), seconds)
-    if status == "error" or (end.returncode == 1 and not end.watchdog_killed):
+    if status == "error" or (end.returncode == EXIT_FAILED and not end.watchdog_killed):
         line = r.get("reason") or _tail(end.log) or "failed"
         if not any_fit:
             raise TrialFailed(line, end.log)
@@ -242,21 +237,18 @@ class TrialRunner:
         return outcome_of(end, self.kill_above, any_fit)
 
 
-ENV_BOOT = "import sys; del sys.path[0]; from app.cli import main; sys.exit(main(['env', '--json']))"
-
-
 def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:
-    """``python -m app env --json`` in a child (this process keeps TensorFlow out)."""
-    cmd = [sys.executable, "-c", ENV_BOOT]
+    """``tfmp env --json`` in a child (this process keeps TensorFlow out)."""
+    cmd = module_command("app", "env", "--json")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=child_env())
     except subprocess.TimeoutExpired:
-        raise TrialFailed("`python -m app env --json` timed out", "-") from None
+        raise TrialFailed("`tfmp env --json` timed out", "-") from None
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        raise TrialFailed(f"`python -m app env --json` failed: {last}", "-")
+        raise TrialFailed(f"`tfmp env --json` failed: {last}", "-")
     try:
         return json.loads(proc.stdout)
     except ValueError:
-        raise TrialFailed("`python -m app env --json` printed no JSON", "-") from None
+        raise TrialFailed("`tfmp env --json` printed no JSON", "-") from None

@@ -1,7 +1,7 @@
 """One trial, in its own process: build the model under a policy and train a few real steps
 at one batch size; write what happened as JSON.
 
-    python -c "import sys; del sys.path[0]; from app.tuner.trial import main; sys.exit(main())" \
+    python -m app.tuner.trial \
         --request '{"model": "resnet", "dataset": "synthetic", "policy": "float32", ...}' \
         --result /tmp/.../trial.json
 
@@ -193,13 +193,14 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     req = json.loads(args.request)
     from app.errors import UsageError, UserCodeError
+    from app.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
     try:
         doc = run(req)
     except UsageError as exc:
         _write(args.result, {"status": "usage", "reason": exc.line()})
         sys.stderr.write(exc.line() + "\n")
-        return 2
+        return EXIT_USAGE
     except BaseException as exc:  # noqa: B902 - classified, then reported
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
@@ -208,14 +209,14 @@ def main(argv=None) -> int:
             _write(args.result, {"status": "oom", "reason": f"out of memory "
                                  f"({type(getattr(exc, 'original', exc)).__name__}: {first})",
                                  "peak_memory_bytes": _peak_so_far()})
-            return 0
+            return EXIT_OK
         original = getattr(exc, "original", exc) if isinstance(exc, UserCodeError) else exc
         traceback.print_exception(type(original), original, original.__traceback__)
         line = exc.line() if hasattr(exc, "line") else f"{type(exc).__name__}: {exc}"
         _write(args.result, {"status": "error", "reason": str(line).splitlines()[0][:300]})
-        return 1
+        return EXIT_FAILED
     _write(args.result, doc)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

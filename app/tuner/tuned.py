@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from app.errors import UsageError
-from app.precision import POLICIES
+from app.registry import POLICIES
+from app.settings import BY_NAME
 from app.tuner.report import SCHEMA
 
-SCALE_LR_CHOICES = ("none", "linear")
-TUNED_FORMS = "the tune.json that `python -m app tune` wrote for this --model and --dataset"
+SCALE_LR_CHOICES = BY_NAME["scale_lr"].choices   # app.settings: the one list
+TUNED_FORMS = "the tune.json that `tfmp tune` wrote for this --model and --dataset"
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class TunedChoice:
     batch_size: int
     samples_per_second: Optional[float]
     budget_bytes: int
+    # The batch the learning rate was configured for, when the tune recorded one.
+    reference_batch: Optional[int] = None
 
     def to_dict(self) -> dict:
         return {"path": self.path, "precision": self.precision, "batch_size": self.batch_size,
@@ -63,7 +66,7 @@ def read_tuned(path: str, model: str, dataset: str) -> TunedChoice:
     if mismatched:
         raise UsageError(f"--tuned {path!r} was tuned for another job ({'; '.join(mismatched)})",
                          f"a tune of --model {model} --dataset {dataset}, or run "
-                         f"`python -m app tune --model {model} --dataset {dataset}`")
+                         f"`tfmp tune --model {model} --dataset {dataset}`")
     choice, verified = doc.get("choice"), doc.get("verified")
     if not isinstance(choice, dict):
         raise _damaged(path, "it holds no choice: no size fitted the budget")
@@ -79,8 +82,12 @@ def read_tuned(path: str, model: str, dataset: str) -> TunedChoice:
     if not isinstance(budget, int) or budget < 1:
         raise _damaged(path, f"budget_bytes {budget!r} is not a positive integer")
     sps = choice.get("samples_per_second")
+    reference = doc.get("reference_batch_size")
+    if reference is not None and (not isinstance(reference, int) or isinstance(reference, bool)
+                                  or reference < 1):
+        raise _damaged(path, f"reference_batch_size {reference!r} is not a positive integer")
     return TunedChoice(path, policy, batch, float(sps) if isinstance(sps, (int, float)) else None,
-                       budget)
+                       budget, reference)
 
 
 def best_batches(path: str, model: str, dataset: str) -> dict:
@@ -154,3 +161,57 @@ def optimization_note(configured_batch: int, batch_size: int, mode: str,
     return (f"batch {batch_size} is {ratio:.2g}x the {configured_batch} the learning rate was "
             f"set for: fewer, larger steps per epoch change the optimisation; consider "
             f"--scale-lr linear (learning rate {learning_rate * ratio:g})")
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What ``train --tuned`` trains with, and the ``tuned`` block of its metrics.json."""
+    precision: str
+    batch_size: int
+    learning_rate: float
+    record: dict
+
+
+def apply(path: str, *, model: str, dataset: str, precision: Optional[str],
+          batch_size: Optional[int], learning_rate: float, scale_lr: str,
+          default_batch: int) -> Applied:
+    """The tune at ``path`` applied to a job: ``precision`` and ``batch_size`` are the ones
+    given explicitly (flag or TFMP_ variable; None when not), which win over the tune's.
+    The learning rate is scaled (``scale_lr`` linear) from the batch it was configured for,
+    the tune's ``reference_batch_size`` or else ``default_batch``, to the batch used."""
+    choice = read_tuned(path, model, dataset)
+    merged = merge(choice, precision, batch_size)
+    reference = choice.reference_batch or default_batch
+    new_lr = scaled_learning_rate(scale_lr, learning_rate, reference, merged.batch_size)
+    taken = [name for name, given in (("precision", precision), ("batch_size", batch_size))
+             if given is None]
+    overridden = {name: {"tuned": tuned_value, "used": given}
+                  for name, given, tuned_value in (("precision", precision, choice.precision),
+                                                   ("batch_size", batch_size, choice.batch_size))
+                  if given is not None}
+    record = {
+        "path": os.path.abspath(choice.path),
+        "choice": {"precision": choice.precision, "batch_size": choice.batch_size,
+                   "samples_per_second": choice.samples_per_second},
+        "budget_bytes": choice.budget_bytes,
+        "taken": taken, "overridden": overridden, "notes": merged.notes,
+        "batch_size_is_per_replica": True,
+        "reference_batch_size": reference,
+        "scale_lr": scale_lr,
+        "learning_rate": {"before": learning_rate, "after": new_lr},
+        "optimization_note": optimization_note(reference, merged.batch_size, scale_lr,
+                                               learning_rate, new_lr),
+    }
+    return Applied(merged.precision, merged.batch_size, new_lr, record)
+
+
+def console_line(record: dict) -> str:
+    """The one line ``train --tuned`` prints: what it took, and how the batch changes the
+    optimisation."""
+    taken = record["taken"]
+    used = ", ".join(f"{k.replace('_', ' ')} {record['choice'][k]}" for k in taken) or "nothing"
+    parts = [f"tuned: {used} from {record['path']}"]
+    parts += record["notes"]
+    if record["optimization_note"]:
+        parts.append(record["optimization_note"])
+    return "; ".join(parts)

@@ -34,12 +34,32 @@ PER_POLICY = ("seconds_per_epoch", "samples_per_second", "speedup_vs_float32", "
     (["--loop", "custom", "--steps-per-execution", "4"], "applies to --loop fit only"),
     (["--repeats", "two"], "invalid int value: 'two'"),
     (["--timeout", "0"], "timeout must be positive"),
+    (["--tuned", "no_such_tune.json"], "--tuned 'no_such_tune.json' does not exist"),
+    (["--tuned", "t.json", "--best-batch"], "not allowed with argument"),
 ])
 def test_bad_arguments_one_line_exit_2_nothing_written(tmp_path, capsys, argv, words):
     out = tmp_path / "bench"
     with pytest.raises(SystemExit) as exc_info:
         raise SystemExit(cli.main(["benchmark", "--output", str(out), *argv]))
     assert exc_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("doc, words", [
+    ('{"schema": ', "not a usable tune file"),
+    (json.dumps({"schema": "tfmp.tune/1", "task": {"model": "resnet", "dataset": "cifar10"}}),
+     "tuned for another job"),
+])
+def test_a_damaged_or_foreign_tune_is_one_line_exit_2(tmp_path, capsys, doc, words):
+    from app.tuner.report import SCHEMA
+
+    tune = tmp_path / "tune.json"
+    tune.write_text(doc.replace("tfmp.tune/1", SCHEMA), encoding="utf-8")
+    out = tmp_path / "bench"
+    assert cli.main(["benchmark", "--model", "mlp", "--dataset", "synthetic",
+                     "--tuned", str(tune), "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
     assert not out.exists()
@@ -292,3 +312,28 @@ def test_bad_user_specs_one_line_exit_2_nothing_written(tmp_path, model, dataset
     assert len(errors) == 1 and words in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert not out.exists() and not (tmp_path / "ws").exists()
+
+
+def test_best_batch_tunes_the_benchmarks_own_job_first(tmp_path, monkeypatch):
+    """--best-batch: the tuner gets the benchmark's task and policies, its best batches
+    are what the second set of runs uses."""
+    from app.commands import benchmark
+    from app.tuner import api
+
+    calls = []
+
+    def fake_tune(model, data, **kw):
+        calls.append((model, data, kw))
+        return {"precisions": {"float32": {"best_batch": 128},
+                               "mixed_bfloat16": {"best_batch": 512},
+                               "mixed_float16": {"best_batch": None}}}
+
+    monkeypatch.setattr(api, "tune", fake_tune)
+    settings = {"model": "resnet", "dataset": "synthetic", "learning_rate": 0.01,
+                "max_train_samples": 512, "jit": False, "offline": True, "workspace": "ws"}
+    best = benchmark.tune_first(settings, ["float32", "mixed_bfloat16"], str(tmp_path / "b"))
+    assert best == {"float32": 128, "mixed_bfloat16": 512}
+    (model, data, kw), = calls
+    assert (model, data) == ("resnet", "synthetic")
+    assert kw["precision"] == "float32,mixed_bfloat16" and kw["learning_rate"] == 0.01
+    assert kw["output"] == str(tmp_path / "b" / "tune") and kw["max_train_samples"] == 512

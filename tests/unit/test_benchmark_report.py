@@ -176,3 +176,65 @@ def test_fast_input_pipeline_is_not_called_input_bound(tmp_path):
     assert doc["input_pipeline"]["training_share"] < 0.01
     assert "input_bound" not in [d["code"] for d in doc["diagnoses"]]
     assert "Input pipeline alone" in printed
+
+
+class FakeTrainAtBatches(FakeTrain):
+    """Like FakeTrain, and samples/s grows with the batch size (as mixed precision's
+    larger batch would make it); remembers (policy, batch) of every run."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def __call__(self, cmd, log_path, timeout, env):
+        rc = super().__call__(cmd, log_path, timeout, env)
+        if "--precision" in cmd:
+            batch = int(cmd[cmd.index("--batch-size") + 1])
+            self.batches.append((cmd[cmd.index("--precision") + 1], batch))
+            path = os.path.join(cmd[cmd.index("--output") + 1], "metrics.json")
+            doc = json.load(open(path))
+            for e in doc["epochs"]:
+                e["samples_per_second"] *= batch / 64
+            doc["peak_memory"]["bytes"] = batch * 2**20
+            json.dump(doc, open(path, "w"))
+        return rc
+
+
+def test_each_policy_at_its_own_best_batch(tmp_path):
+    fake = FakeTrainAtBatches()
+    out = str(tmp_path / "bench")
+    lines = []
+    rc = suite.run_benchmark(dict(SETTINGS), None, out, repeats=2, warmup_epochs=1,
+                             max_accuracy_gap=1.0, launcher=fake, environment=FAKE_ENV,
+                             echo=lines.append,
+                             best_batches={"float32": 128, "mixed_bfloat16": 256,
+                                           "mixed_float16": 512},
+                             best_batch_source="t/tune.json")
+    assert rc == 0
+    # equal-batch runs first (A,B,A,B at 64), then each at its own best, interleaved too;
+    # mixed_float16 is not in the plan on this CPU, so it is not run at its best either
+    assert fake.batches == [("float32", 64), ("mixed_bfloat16", 64)] * 2 + \
+        [("float32", 128), ("mixed_bfloat16", 256)] * 2
+    doc = json.load(open(os.path.join(out, "benchmark.json")))
+    assert doc["results"]["mixed_bfloat16"]["speedup_vs_float32"]["median"] == pytest.approx(1.2)
+    best = doc["results_best_batch"]
+    assert best["source"] == "t/tune.json"
+    res = best["results"]
+    assert list(res) == ["float32", "mixed_bfloat16"]
+    assert (res["float32"]["batch_size"], res["mixed_bfloat16"]["batch_size"]) == (128, 256)
+    # 1.2x the speed, and twice the batch: 2.4x float32 at its own best
+    assert res["mixed_bfloat16"]["speedup_vs_float32"]["median"] == pytest.approx(2.4)
+    assert res["mixed_bfloat16"]["peak_memory"]["median"] == 256 * 2**20
+    assert [r["series"] for r in doc["runs"]].count("best_batch") == 4
+    assert doc["interleaving"]["order"][-1] == "mixed_bfloat16#2@b256"
+    printed = "\n".join(lines)
+    assert "Each at its own best batch (from t/tune.json)" in printed
+    assert "| mixed_bfloat16 | 256 |" in printed and "2.40x" in printed
+    assert "results_best_batch" in doc and doc["results_best_batch"]["not_run"] == {}
+
+
+def test_without_a_tune_the_benchmark_is_as_before(tmp_path):
+    rc, out, fake, printed = _bench(tmp_path)
+    doc = json.load(open(os.path.join(out, "benchmark.json")))
+    assert doc["results_best_batch"] is None and "own best batch" not in printed
+    assert len(fake.calls) == 4

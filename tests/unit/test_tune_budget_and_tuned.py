@@ -237,11 +237,9 @@ def test_children_cannot_be_hijacked_by_an_app_module_in_the_cwd(tmp_path):
     from app.tuner import runner
 
     (tmp_path / "app.py").write_text("raise SystemExit('hijacked')\n", encoding="utf-8")
-    code = runner.child_command("app.tuner.budget", [])
-    code[2] = code[2].replace("from app.tuner.budget import main; sys.exit(main())",
-                              "import app.tuner.budget as b; print(b.__file__)")
+    code = runner.child_command("app.tuner.trial", ["--help"])   # ours prints its usage
     proc = subprocess.run(code, capture_output=True, text=True, cwd=str(tmp_path),
                           env=runner.child_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert os.path.dirname(os.path.dirname(proc.stdout.strip())).startswith(
-        runner.package_root())
+    assert "--request" in proc.stdout and "hijacked" not in proc.stderr
+    assert runner.child_env()["PYTHONPATH"].split(os.pathsep)[0] == runner.PACKAGE_ROOT

@@ -52,6 +52,23 @@ def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_pa
     assert (t.precision, t.batch_size) == (choice["precision"], choice["batch_size"])
     assert "largest batch" in proc.stderr and "choice:" in proc.stderr
 
+    # ...and `train --tuned` trains the choice, records the tune and stays within the budget.
+    run = tmp_path / "run"
+    proc = run_app("train", "--tuned", str(out / "tune.json"), "--model", MODEL,
+                   "--dataset", "synthetic", "--input-shape", "64,64,3", "--epochs", "1",
+                   "--max-train-samples", "64", "--max-val-samples", "16", "--no-save-model",
+                   "--output", str(run), "--workspace", str(tmp_path / "ws"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    rec = metrics["tuned"]
+    assert rec["path"] == str(out / "tune.json") and rec["taken"] == ["precision", "batch_size"]
+    assert rec["choice"]["batch_size"] == choice["batch_size"] and rec["scale_lr"] == "none"
+    assert metrics["config"]["batch_size"] == choice["batch_size"]
+    assert metrics["precision"]["policy"] == choice["precision"]
+    assert metrics["peak_memory"]["bytes"] <= doc["budget_bytes"], metrics["peak_memory"]
+    assert f"tuned: precision {choice['precision']}, batch size {choice['batch_size']}" \
+        in proc.stdout
+
 
 def test_nothing_fits_is_one_line_naming_the_smallest_size_exit_2(tmp_path):
     out = tmp_path / "tune"
