@@ -1,7 +1,8 @@
 """``tfmp tune`` inside the image (TF 2.9.3 / Keras 2) as a batch job under a container memory
 limit (issue 16): ``--memory-budget auto`` reads the container's cgroup limit, the trials
 that pass it are stopped (by the tuner's watchdog or the kernel's OOM killer) and count as
-not fitting, and both float32 and mixed_bfloat16 report a boundary."""
+not fitting, and both float32 and mixed_bfloat16 report a boundary; `tfmp train --tuned`
+then trains the choice within the limit."""
 from __future__ import annotations
 
 import json
@@ -23,13 +24,19 @@ def test_tune_under_a_container_memory_limit(image, tmp_path):
     os.chown(tmp_path, HOST_UID, HOST_GID)
     shutil.copy(HEAVY, tmp_path / "heavy.py")
     os.chown(tmp_path / "heavy.py", HOST_UID, HOST_GID)
+    tune = ["tfmp", "tune", "--model", "./heavy.py:build", "--dataset", "synthetic",
+            "--input-shape", "64,64,3", "--max-train-samples", "256",
+            "--precision", "float32,mixed_bfloat16", "--margin", "0", "--steps", "1",
+            "--output", "/workspace/tune"]
+    # ...then the choice trained in the same container, under the same limit.
+    train = ["tfmp", "train", "--tuned", "/workspace/tune/tune.json", "--model", "./heavy.py:build",
+             "--dataset", "synthetic", "--input-shape", "64,64,3", "--epochs", "1",
+             "--max-train-samples", "64", "--max-val-samples", "16", "--no-save-model",
+             "--progress", "lines", "--output", "/workspace/run"]
     proc = docker_run(image, "--memory", f"{LIMIT_MIB}m", "--memory-swap", f"{LIMIT_MIB}m",
                       "-e", f"NB_UID={HOST_UID}", "-e", f"NB_GID={HOST_GID}",
-                      "-v", f"{tmp_path}:/workspace", "-w", "/workspace", command=[
-                          "python", "-m", "app", "tune", "--model", "./heavy.py:build",
-                          "--dataset", "synthetic", "--input-shape", "64,64,3",
-                          "--max-train-samples", "256", "--precision", "float32,mixed_bfloat16",
-                          "--margin", "0", "--steps", "1", "--output", "/workspace/tune"],
+                      "-v", f"{tmp_path}:/workspace", "-w", "/workspace",
+                      command=["bash", "-c", " ".join(tune) + " && " + " ".join(train)],
                       timeout=1200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     doc = json.loads((tmp_path / "tune" / "tune.json").read_text())
@@ -44,3 +51,9 @@ def test_tune_under_a_container_memory_limit(image, tmp_path):
     assert doc["verified"]["fits"] and doc["choice"]["batch_size"]
     assert (tmp_path / "tune" / "tune.png").exists()
     assert (tmp_path / "tune" / "tune.json").stat().st_uid == HOST_UID
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["status"] == "completed"
+    assert (metrics["precision"]["policy"], metrics["config"]["batch_size"]) == \
+        (doc["choice"]["precision"], doc["choice"]["batch_size"])
+    assert metrics["tuned"]["path"] == "/workspace/tune/tune.json"
+    assert metrics["peak_memory"]["bytes"] <= doc["budget_bytes"], metrics["peak_memory"]
