@@ -316,9 +316,7 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
     verify_steps = steps * VERIFY_FACTOR
     for batch in candidates[:MAX_STEP_DOWNS + 1]:
         bar.start(policy, batch, phase="verify")
-        v = search.judge(batch, runner(policy, batch, any_fit=True, phase="verify",
-                                       steps=verify_steps,
-                                       min_seconds=min_seconds * VERIFY_FACTOR), limit)
+        v = search.judge(batch, runner.verify(policy, batch, steps=verify_steps), limit)
         v.phase = "verify"
         out.verify_trials.setdefault(policy, []).append(v)
         bar.finish(policy, v)

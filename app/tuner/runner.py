@@ -127,14 +127,16 @@ class ChildEnd:
 
 
 def run_child(module: str, args: List[str], log_path: str, *, kill_above: Optional[int],
-              timeout: Optional[float], result_path: str) -> ChildEnd:
+              timeout: Optional[float], result_path: str,
+              env: Optional[Dict[str, str]] = None) -> ChildEnd:
     """Run ``module.main(args)``; its output goes to ``log_path``."""
     cmd = child_command(module, args)
     t0 = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=env or child_env())
         dog = _Watchdog(proc, kill_above) if kill_above else None
         if dog:
             dog.start()
@@ -235,6 +237,71 @@ class TrialRunner:
                         log, kill_above=self.kill_above, timeout=self.timeout,
                         result_path=result)
         return outcome_of(end, self.kill_above, any_fit)
+
+    def verify(self, policy: str, batch_size: int, steps: int) -> Outcome:
+        """The choice trained by a real ``tfmp train`` in a fresh process (see
+        ``verification_command``), under the same watchdog as the trials."""
+        self.count += 1
+        name = f"{self.count:02d}-{policy}-b{batch_size}-verify"
+        output = os.path.join(self.workdir, name)
+        req = dict(self.base, policy=policy, batch_size=batch_size, steps=steps)
+        env = {k: v for k, v in child_env().items() if k not in _NOT_FOR_VERIFICATION}
+        end = run_child("app", verification_command(req, output),
+                        os.path.join(self.workdir, name + ".log"), kill_above=self.kill_above,
+                        timeout=self.timeout, result_path=os.path.join(output, "metrics.json"),
+                        env=env)
+        return verification_outcome(end, self.kill_above)
+
+
+# The user's TFMP_ settings stay (a TFMP_LOOP or TFMP_STEPS_PER_EXECUTION changes what the real
+# run holds in memory); these would make the verification run something else.
+_NOT_FOR_VERIFICATION = ("TFMP_TUNED", "TFMP_SCALE_LR", "TFMP_RESUME", "TFMP_OUTPUT")
+
+
+def verification_command(req: Dict[str, Any], output: str) -> List[str]:
+    """``tfmp train`` arguments for one epoch of ``steps`` batches: the run a user will make
+    with ``--tuned``, so its peak (Keras fit or the custom loop, validation, the recorder,
+    checkpoints) is what a trial's bare training steps leave out."""
+    batch, steps = int(req["batch_size"]), int(req["steps"])
+    samples = batch * steps
+    if req.get("max_train_samples"):
+        samples = min(samples, int(req["max_train_samples"]))
+    args = ["train", "--model", req["model"], "--dataset", req["dataset"],
+            "--precision", req["policy"], "--batch-size", str(batch), "--epochs", "1",
+            "--max-train-samples", str(samples), "--max-val-samples", str(min(batch, 64)),
+            "--seed", str(req.get("seed") or 0),
+            "--learning-rate", str(req.get("learning_rate") or 1e-3),
+            "--image-size", str(req.get("image_size") or 32),
+            "--no-save-model", "--progress", "lines", "--log-every", "1000000",
+            "--output", output]
+    for key, flag in (("loss", "--loss"), ("metrics", "--metrics"),
+                      ("input_shape", "--input-shape"), ("num_classes", "--num-classes"),
+                      ("image_dir", "--image-dir")):
+        if req.get(key) is not None:
+            args += [flag, str(req[key])]
+    if req.get("data_dir_explicit"):
+        args += ["--data-dir", req["data_dir"]]
+    elif req.get("data_dir"):
+        args += ["--workspace", os.path.dirname(req["data_dir"])]
+    if req.get("offline"):
+        args.append("--offline")
+    if req.get("jit"):
+        args.append("--jit")
+    return args
+
+
+def verification_outcome(end: ChildEnd, kill_above: Optional[int]) -> Outcome:
+    """A verification run as the search's Outcome: completed only when ``train`` did."""
+    metrics = end.result or {}
+    seconds = round(end.seconds, 2)
+    if end.returncode == 0 and metrics.get("status") == "completed":
+        peak = (metrics.get("peak_memory") or {}).get("bytes")
+        epochs = metrics.get("epochs") or [{}]
+        return Outcome(True, peak, epochs[-1].get("samples_per_second"), "", seconds)
+    if end.watchdog_killed or end.timed_out or end.returncode < 0:
+        return Outcome(False, end.highest_rss or None, None, _died_of(end, kill_above), seconds)
+    return Outcome(False, None, None,
+                   f"tfmp train failed: {metrics.get('diagnosis') or _tail(end.log)}", seconds)
 
 
 def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:
