@@ -93,11 +93,15 @@ def _train(cfg) -> int:
     except Exception as exc:
         # MultiWorkerMirroredStrategy cannot go on with a worker missing: its collectives fail
         # once the peer stops sending heartbeats.  Say what to do instead of a traceback.
-        if cfg.output and os.environ.get("TF_CONFIG") and type(exc).__name__ in _PEER_ERRORS:
+        if os.environ.get("TF_CONFIG") and type(exc).__name__ in _PEER_ERRORS:
             first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            # Without --output the run folder is named by the start time: a restart would
+            # start a new one, so the backup can only be resumed with an --output.
+            where = (f"they resume from the last backup in {os.path.join(cfg.output, 'checkpoints')}"
+                     if cfg.output else "give them one --output so that a restart resumes "
+                     "from its backup")
             sys.stderr.write(f"error: multi-worker training lost a worker ({type(exc).__name__}: "
-                             f"{first}); restart every worker with the same command: they resume "
-                             f"from the last backup in {os.path.join(cfg.output, 'checkpoints')}\n")
+                             f"{first}); restart every worker with the same command: {where}\n")
             return EXIT_PEER_LOST
         raise
     status = metrics["status"]
