@@ -9,8 +9,11 @@ it when it loads them (after this package is imported).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 from typing import List
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,3 +25,21 @@ _BOOT = ("import runpy, sys; sys.path[0] = {root!r}; "
 def module_command(module: str, *args: str) -> List[str]:
     """The command that runs ``python -m <module> <args>`` with this package's ``app``."""
     return [sys.executable, "-c", _BOOT.format(root=PACKAGE_ROOT), module, *args]
+
+
+@contextlib.contextmanager
+def sigterm_as_exit():
+    """SIGTERM (``docker stop``, a scheduler's kill) unwinds like Ctrl-C in a parent that
+    runs children, so the running child is stopped instead of being left as an orphan."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

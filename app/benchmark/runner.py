@@ -7,12 +7,9 @@ TensorFlow, so it holds no GPU memory either.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
-import threading
 import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -20,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from app import settings as settings_table
 from app.benchmark import stats
 from app.exit_codes import EXIT_USAGE  # train rejected its input
-from app.launch import PACKAGE_ROOT, module_command
+from app.launch import PACKAGE_ROOT, module_command, sigterm_as_exit
 from app.reporting import utc_now_iso
 
 # Flags of ``tfmp train`` that the benchmark passes through unchanged when set (the
@@ -168,24 +165,6 @@ def used_policy(metrics: Mapping[str, Any]) -> Optional[str]:
     return cfg.get("precision")
 
 
-@contextlib.contextmanager
-def _sigterm_as_exit():
-    """SIGTERM (``docker stop``, a scheduler's kill) unwinds like Ctrl-C, so the launcher
-    stops the running training process instead of leaving it orphaned."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_schedule(schedule: Sequence[Mapping[str, Any]], settings: Mapping[str, Any],
                  runs_dir: str, warmup_epochs: int, *,
                  launcher: Launcher = subprocess_launcher,
@@ -194,7 +173,7 @@ def run_schedule(schedule: Sequence[Mapping[str, Any]], settings: Mapping[str, A
                  progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
                  ) -> List[Dict[str, Any]]:
     """Run every entry of ``schedule`` in order; one record per run, failures included."""
-    with _sigterm_as_exit():
+    with sigterm_as_exit():
         return _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout,
                              extra_flags, progress)
 
@@ -294,7 +273,7 @@ def measure_input_rate(settings: Mapping[str, Any], warmup_epochs: int, output: 
     # Never created: the child checks the path as train checks --output, and writes nothing.
     cmd = input_rate_command(settings, warmup_epochs, os.path.join(output, "input_pipeline"))
     progress("[benchmark] input pipeline alone (same batches, no model) ...")
-    with _sigterm_as_exit():
+    with sigterm_as_exit():
         rc = launcher(cmd, log_path, timeout, child_env())
     if rc == EXIT_USAGE:
         raise TrainRejectedInput(_error_line(log_path) or "the settings were rejected")

@@ -21,12 +21,13 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from app import registry
+from app import config, registry
 from app.errors import UsageError
 from app.tuner import budget as budget_mod
 from app.tuner import report, search
 from app.tuner.progress import Progress
-from app.tuner.runner import TrialRunner, collect_environment, sigterm_as_exit
+from app.launch import sigterm_as_exit
+from app.tuner.runner import TrialRunner, collect_environment
 
 PRECISION_CHOICES = registry.PRECISIONS
 DEFAULT_MARGIN = 0.1
@@ -117,30 +118,17 @@ def check_specs(model: str, dataset: str, image_dir: Optional[str]) -> None:
         raise UsageError(*problem)
 
 
-def _short(spec: str) -> str:
-    module, _, fn = spec.rpartition(":")
-    base = os.path.splitext(os.path.basename(module))[0].split(".")[-1] if module else spec
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[:40]
-
-
 def default_output(model: str, dataset: str, workspace: str) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return os.path.join(workspace, "tune", f"{stamp}-{_short(model)}-{_short(dataset)}")
+    """``<workspace>/tune/<UTC>-<model>-<dataset>``, named like train's run folders."""
+    return os.path.join(workspace, "tune",
+                        f"{config.utc_stamp()}-{config.short_name(model)}-{config.short_name(dataset)}")
 
 
 def check_output(path: str) -> None:
     if os.path.exists(os.path.join(path, "tune.json")):
         raise UsageError(f"output directory {path!r} already holds a tune",
                          "a new --output, or delete the old tune.json")
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"output directory {path!r} cannot be created or written "
-                         f"({probe!r})", "a writable directory path")
+    config.check_output_writable(path)
 
 
 # ---- the tune ------------------------------------------------------------------------------

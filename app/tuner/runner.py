@@ -15,7 +15,6 @@ that does not fit, never a crash of the tuner.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -43,24 +42,6 @@ class TrialFailed(Exception):
 
     def line(self) -> str:
         return f"error: a trial failed: {self.line_text} (log: {self.log})"
-
-
-@contextlib.contextmanager
-def sigterm_as_exit():
-    """SIGTERM (``docker stop``, a scheduler) unwinds like Ctrl-C, so the running trial is
-    killed (``run_child``) instead of being left behind as an orphan."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def child_command(module: str, args: List[str]) -> List[str]:
