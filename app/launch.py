@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from typing import List
+from typing import Dict, List, Mapping, Optional
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,3 +43,14 @@ def sigterm_as_exit():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The environment of such a child: this package first on PYTHONPATH (for the processes
+    the child starts in turn), unbuffered output, TensorFlow's C++ start-up chatter off."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"]
+                                        if env.get("PYTHONPATH") else "")
+    return env

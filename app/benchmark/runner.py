@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from app import settings as settings_table
 from app.benchmark import stats
 from app.exit_codes import EXIT_USAGE  # train rejected its input
-from app.launch import PACKAGE_ROOT, module_command, sigterm_as_exit
+from app import launch
+from app.launch import module_command, sigterm_as_exit
 from app.reporting import utc_now_iso
 
 # Flags of ``tfmp train`` that the benchmark passes through unchanged when set (the
@@ -90,12 +91,7 @@ def subprocess_launcher(cmd: List[str], log_path: str, timeout: Optional[float],
 
 
 def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    env = dict(os.environ if base is None else base)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # The child imports this very package (app.launch), and so do processes it starts.
-    root = PACKAGE_ROOT
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = launch.child_env(base)
     # Every run is a fresh one into its own folder, whatever the user's shell says.
     # ... and trains exactly the precision and batch size it is given (no tune.json).
     for name in ("resume", "tuned", "scale_lr"):

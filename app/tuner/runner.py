@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from app.errors import UsageError
 from app.exit_codes import EXIT_FAILED
-from app.launch import PACKAGE_ROOT, module_command
+from app.launch import child_env, module_command
 from app.tuner.search import Outcome
 
 WATCH_SECONDS = 0.01
@@ -47,16 +47,6 @@ class TrialFailed(Exception):
 def child_command(module: str, args: List[str]) -> List[str]:
     """``python -m <module> <args>`` with this package's ``app`` (``app.launch``)."""
     return module_command(module, *args)
-
-
-def child_env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    env = dict(os.environ if base is None else base)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # The child imports this very package, wherever the tune was started from.
-    root = PACKAGE_ROOT
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
 
 
 def rss_bytes(pid: int) -> Optional[int]:

@@ -234,6 +234,7 @@ def test_children_cannot_be_hijacked_by_an_app_module_in_the_cwd(tmp_path):
     import subprocess
     import sys
 
+    from app import launch
     from app.tuner import runner
 
     (tmp_path / "app.py").write_text("raise SystemExit('hijacked')\n", encoding="utf-8")
@@ -242,4 +243,4 @@ def test_children_cannot_be_hijacked_by_an_app_module_in_the_cwd(tmp_path):
                           env=runner.child_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "--request" in proc.stdout and "hijacked" not in proc.stderr
-    assert runner.child_env()["PYTHONPATH"].split(os.pathsep)[0] == runner.PACKAGE_ROOT
+    assert runner.child_env()["PYTHONPATH"].split(os.pathsep)[0] == launch.PACKAGE_ROOT
