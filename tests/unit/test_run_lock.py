@@ -117,6 +117,8 @@ def _snapshot(folder):
 
 
 @pytest.mark.slow
+@pytest.mark.host_only(reason="the same two runs are driven in real containers on TF 2.9 by "
+                               "tests/image/test_interrupt_image.py and test_stack.py")
 def test_second_train_into_a_live_runs_folder_exits_2_and_touches_nothing(tmp_path):
     from conftest import run_app
     from training_process import TrainingProcess
@@ -146,6 +148,8 @@ def test_second_train_into_a_live_runs_folder_exits_2_and_touches_nothing(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.host_only(reason="the same two runs are driven in real containers on TF 2.9 by "
+                               "tests/image/test_interrupt_image.py and test_stack.py")
 def test_a_run_killed_with_sigkill_leaves_the_folder_free_for_resume(tmp_path):
     from conftest import run_app
     from training_process import TrainingProcess

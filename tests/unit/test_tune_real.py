@@ -20,6 +20,8 @@ pytestmark = pytest.mark.slow
 MODEL = "tests.unit.user_models.activation_heavy:build"
 
 
+@pytest.mark.host_only(reason="tests/image/test_tune_image.py runs the same tune and train "
+                               "--tuned inside the image, under a container memory limit")
 def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_path):
     out = tmp_path / "tune"
     proc = run_app("tune", "--model", MODEL, "--dataset", "synthetic", "--input-shape", "64,64,3",
