@@ -32,7 +32,13 @@ from app.tuner.runner import TrialRunner, collect_environment
 PRECISION_CHOICES = registry.PRECISIONS
 DEFAULT_MARGIN = 0.1
 DEFAULT_STEPS, DEFAULT_WARMUP, DEFAULT_MIN_SECONDS = 4, 2, 1.5
-VERIFY_FACTOR = 2          # the verification runs this many times a trial's steps
+VERIFY_FACTOR = 2          # the verification runs this many times a trial's steps,
+VERIFY_MIN_STEPS = 10      # and at least this many: a process's memory still grows over its
+                           # first steps (on the host, 2 steps peaked ~170 MiB below 8 steps)
+
+
+def verify_steps_for(steps: int) -> int:
+    return max(steps * VERIFY_FACTOR, VERIFY_MIN_STEPS)
 MAX_STEP_DOWNS = 3
 
 
@@ -233,7 +239,7 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
         "batch_sizes": {"start": start, "cap": cap, "multiple_of": search.STEP},
         "time_budget_seconds": time_budget,
         "trial_settings": {"steps": steps, "warmup_steps": warmup_steps,
-                           "min_seconds": min_seconds, "verify_steps": steps * VERIFY_FACTOR,
+                           "min_seconds": min_seconds, "verify_steps": verify_steps_for(steps),
                            "speed_tie": search.SPEED_TIE},
         "precisions": precisions,
         "speedup_vs_float32": report.speedups(precisions),
@@ -301,7 +307,7 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
     # The chosen size first, then the smaller sizes that fitted, largest first.
     candidates = sorted({t.batch_size for t in results[policy].trials
                          if t.fits and t.batch_size <= trial.batch_size}, reverse=True)
-    verify_steps = steps * VERIFY_FACTOR
+    verify_steps = verify_steps_for(steps)
     for batch in candidates[:MAX_STEP_DOWNS + 1]:
         bar.start(policy, batch, phase="verify")
         v = search.judge(batch, runner.verify(policy, batch, steps=verify_steps), limit)

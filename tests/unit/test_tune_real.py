@@ -26,19 +26,21 @@ def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_pa
     out = tmp_path / "tune"
     proc = run_app("tune", "--model", MODEL, "--dataset", "synthetic", "--input-shape", "64,64,3",
                    "--max-train-samples", "64", "--precision", "float32,mixed_bfloat16",
-                   "--memory-budget", "1GiB", "--margin", "0", "--steps", "1",
+                   "--memory-budget", "1280MiB", "--steps", "1",
                    "--output", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((out / "tune.json").read_text(encoding="utf-8"))
     assert doc["schema"] == report.SCHEMA
-    assert doc["budget_bytes"] == 2**30 and doc["margin"] == 0.0
+    # The default margin (10%) is what absorbs a real run's memory beyond the verification's.
+    budget, limit = 1280 * 2**20, 1280 * 2**20 * 0.9
+    assert doc["budget_bytes"] == budget and doc["margin"] == 0.1
     assert doc["memory_kind"] == "cpu_rss"
     assert set(doc["precisions"]) == {"float32", "mixed_bfloat16"}
     for policy, entry in doc["precisions"].items():
         trials = [t for t in entry["trials"] if t["phase"] == "search"]
         assert entry["max_batch"] is not None and entry["max_batch"] % 8 == 0, (policy, entry)
         fitted = [t for t in trials if t["batch_size"] == entry["max_batch"]]
-        assert fitted and fitted[0]["fits"] and fitted[0]["peak_memory_bytes"] <= 2**30
+        assert fitted and fitted[0]["fits"] and fitted[0]["peak_memory_bytes"] <= limit
         beyond = [t for t in trials if t["batch_size"] > entry["max_batch"]]
         assert beyond and not any(t["fits"] for t in beyond), (policy, trials)
         assert all(t["reason"] for t in beyond)
@@ -46,7 +48,7 @@ def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_pa
         assert entry["best_batch"] in [t["batch_size"] for t in trials if t["fits"]]
     choice, verified = doc["choice"], doc["verified"]
     assert verified["fits"] and verified["batch_size"] == choice["batch_size"]
-    assert verified["peak_memory_bytes"] <= 2**30
+    assert verified["peak_memory_bytes"] <= limit
     assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
     assert os.listdir(out / "trials")
     # what `train --tuned` will read
