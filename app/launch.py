@@ -54,3 +54,14 @@ def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     env["PYTHONPATH"] = PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"]
                                         if env.get("PYTHONPATH") else "")
     return env
+
+
+def log_tail(path: str, n: int) -> str:
+    """The last ``n`` non-blank lines of a child's log, joined on one line ("" if unreadable):
+    what the parent says when a child failed without a result of its own."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = [ln.strip() for ln in fh.read().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])

@@ -18,7 +18,7 @@ from app import settings as settings_table
 from app.benchmark import stats
 from app.exit_codes import EXIT_USAGE  # train rejected its input
 from app import launch
-from app.launch import module_command, sigterm_as_exit
+from app.launch import log_tail, module_command, sigterm_as_exit
 from app.reporting import utc_now_iso
 
 # Flags of ``tfmp train`` that the benchmark passes through unchanged when set (the
@@ -98,14 +98,6 @@ def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
         env.pop(settings_table.BY_NAME[name].env, None)
     return env
 
-
-def _tail(path: str, n: int = 1) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            lines = [ln.strip() for ln in fh.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(lines[-n:])
 
 
 def _load_average() -> Optional[float]:
@@ -218,7 +210,7 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
         if rc == -9:
             rec["error"] = f"timed out after {timeout:g} s"
         elif rc != 0:
-            rec["error"] = rec["error"] or _tail(log_path) or f"exit status {rc}"
+            rec["error"] = rec["error"] or log_tail(log_path, 1) or f"exit status {rc}"
         elif metrics is None:
             rec["error"] = rec["error"] or "no metrics.json written"
         elif rec["policy_used"] not in (None, policy):
@@ -282,7 +274,7 @@ def measure_input_rate(settings: Mapping[str, Any], warmup_epochs: int, output: 
     except (OSError, ValueError):
         report = None
     if rc != 0 or not isinstance(report, dict):
-        why = "timed out" if rc == -9 else (_tail(log_path) or f"exit status {rc}")
+        why = "timed out" if rc == -9 else (log_tail(log_path, 1) or f"exit status {rc}")
         progress(f"[benchmark]   input pipeline not measured: {why}")
         return {"error": why, "samples_per_second": None, "command": cmd, "log": log_path}
     sps = report.get("samples_per_second")

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from app.errors import UsageError
 from app.exit_codes import EXIT_FAILED
-from app.launch import child_env, module_command
+from app.launch import child_env, log_tail, module_command
 from app.tuner.search import Outcome
 
 WATCH_SECONDS = 0.01
@@ -152,14 +152,6 @@ def _died_of(end: ChildEnd, kill_above: Optional[int]) -> str:
     return f"exit status {rc} without a result"
 
 
-def _tail(path: str, n: int = 3) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            lines = [ln.strip() for ln in fh.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(lines[-n:])
-
 
 def outcome_of(end: ChildEnd, kill_above: Optional[int], any_fit: bool) -> Outcome:
     """How a trial ended, as the search sees it.  Raises UsageError (the specs are wrong:
@@ -180,7 +172,7 @@ def outcome_of(end: ChildEnd, kill_above: Optional[int], any_fit: bool) -> Outco
         return Outcome(False, r.get("peak_memory_bytes") or end.highest_rss or None, None,
                        r.get("reason", "out of memory"), seconds)
     if status == "error" or (end.returncode == EXIT_FAILED and not end.watchdog_killed):
-        line = r.get("reason") or _tail(end.log) or "failed"
+        line = r.get("reason") or log_tail(end.log, 3) or "failed"
         if not any_fit:
             raise TrialFailed(line, end.log)
         return Outcome(False, None, None, f"failed: {line}", seconds)
@@ -274,7 +266,7 @@ def verification_outcome(end: ChildEnd, kill_above: Optional[int]) -> Outcome:
     if end.watchdog_killed or end.timed_out or end.returncode < 0:
         return Outcome(False, end.highest_rss or None, None, _died_of(end, kill_above), seconds)
     return Outcome(False, None, None,
-                   f"tfmp train failed: {metrics.get('diagnosis') or _tail(end.log)}", seconds)
+                   f"tfmp train failed: {metrics.get('diagnosis') or log_tail(end.log, 3)}", seconds)
 
 
 def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:
