@@ -33,6 +33,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The errors a command turns into one line on stderr, and the exit status of each.
+REPORTED = ((UsageError, EXIT_USAGE), (UserCodeError, EXIT_FAILED),
+            (MixedPrecisionClash, EXIT_FAILED),
+            # Disk full, read-only, quota: the last good checkpoint is intact.
+            (OutputFault, EXIT_OUTPUT_FAULT))
+
+
+def report(exc: Exception) -> int:
+    """Say what went wrong in one line (after the user's own traceback when it is their
+    code that raised: it names their line); return the exit status."""
+    if isinstance(exc, UserCodeError):
+        import traceback
+
+        traceback.print_exception(type(exc.original), exc.original, exc.original.__traceback__)
+    sys.stderr.write(exc.line() + "\n")
+    return next(status for kind, status in REPORTED if isinstance(exc, kind))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Quiet TensorFlow's C++ start-up chatter unless the user asked for it; must be set
     # before TensorFlow is imported (the commands import it lazily).
@@ -41,20 +59,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args._run(args))
-    except UsageError as exc:
-        sys.stderr.write(exc.line() + "\n")
-        return EXIT_USAGE
-    except UserCodeError as exc:
-        # Their bug: their traceback (it names their line), then one summary line.
-        import traceback
-
-        traceback.print_exception(type(exc.original), exc.original, exc.original.__traceback__)
-        sys.stderr.write(exc.line() + "\n")
-        return EXIT_FAILED
-    except MixedPrecisionClash as exc:
-        sys.stderr.write(exc.line() + "\n")
-        return EXIT_FAILED
-    except OutputFault as exc:
-        # Disk full, read-only, quota: the last good checkpoint is intact (app/output_faults.py).
-        sys.stderr.write(exc.line() + "\n")
-        return EXIT_OUTPUT_FAULT
+    except tuple(kind for kind, _ in REPORTED) as exc:
+        return report(exc)

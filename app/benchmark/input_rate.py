@@ -119,21 +119,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import os
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from app.cli import report
     from app.errors import UsageError, UserCodeError
-    from app.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+    from app.exit_codes import EXIT_OK
 
     args = build_parser().parse_args(argv)
     try:
         result = measure(args)
-    except UsageError as exc:
-        sys.stderr.write(exc.line() + "\n")
-        return EXIT_USAGE
-    except UserCodeError as exc:
-        import traceback
-
-        traceback.print_exception(type(exc.original), exc.original, exc.original.__traceback__)
-        sys.stderr.write(exc.line() + "\n")
-        return EXIT_FAILED
+    except (UsageError, UserCodeError) as exc:
+        return report(exc)
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     return EXIT_OK

@@ -28,8 +28,7 @@ examples:
 
 
 def add_parser(subparsers):
-    from app.commands.train import SPEC_HELP, add_task_flags
-    from app.config import MODELS
+    from app.commands.train import SPEC_HELP, add_task_flags, require
     from app.precision import CHOICES
 
     p = subparsers.add_parser(
@@ -40,12 +39,10 @@ def add_parser(subparsers):
         epilog=EPILOG + "\n" + SPEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=None)
     what = add_task_flags(p, show_env=False)   # check reads no TFMP_ variables
+    require(what, "model")
     # check's defaults differ from train's: say them here, not train's.
     for action in what._group_actions:
-        if action.dest == "model":
-            action.help = f"{', '.join(MODELS)} or MODULE:FUNCTION / file.py:FUNCTION (required)"
-            action.required = True
-        elif action.dest == "dataset":
+        if action.dest == "dataset":
             action.help = ("a built-in dataset (read from <workspace>/data, never downloaded) or "
                            "MODULE:FUNCTION / file.py:FUNCTION (default: synthetic data shaped "
                            "like the model's input)")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from app import settings
@@ -40,6 +41,15 @@ def add_task_flags(p, show_env: bool = True):
     """--model/--dataset/--loss/--metrics and their shapes; shared by train, benchmark, check
     (check reads no TFMP_ variables: ``show_env`` False)."""
     return add_setting_flags(p, TASK_FLAGS, show_env)["what"]
+
+
+def require(group, *dests: str) -> None:
+    """Make the flags ``dests`` of ``group`` required; their help then says so instead of
+    naming train's default."""
+    for action in group._group_actions:
+        if action.dest in dests:
+            action.required = True
+            action.help = re.sub(r"\s*\(default [^)]*\)$", "", action.help) + " (required)"
 
 
 def add_parser(subparsers):

@@ -28,7 +28,13 @@ examples:
 """
 
 
+# Training settings a trial honours besides the task flags (defaults: TrainConfig's).
+TUNE_SETTINGS = ("image_size", "image_dir", "data_dir", "max_train_samples", "offline",
+                 "learning_rate", "jit", "workspace")
+
+
 def add_parser(subparsers):
+    from app.commands.train import add_setting_flags, add_task_flags, require
     from app.tuner import api, search
 
     p = subparsers.add_parser(
@@ -37,26 +43,13 @@ def add_parser(subparsers):
                     "and the fastest one, on your model and hardware; write tune.json and "
                     "tune.png.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    what = p.add_argument_group("what to tune")
-    what.add_argument("--model", required=True, metavar="SPEC",
-                      help="mlp, cnn, resnet or MODULE:FUNCTION / file.py:FUNCTION")
-    what.add_argument("--dataset", required=True, metavar="SPEC",
-                      help="mnist, fashion_mnist, cifar10, synthetic, images or "
-                           "MODULE:FUNCTION / file.py:FUNCTION")
-    what.add_argument("--loss", metavar="SPEC", help="Keras loss name or MODULE:OBJECT")
-    what.add_argument("--metrics", metavar="LIST", help="comma-separated Keras metric names")
-    what.add_argument("--input-shape", metavar="D,D,...",
-                      help="sample shape for --dataset synthetic with your own model")
-    what.add_argument("--num-classes", type=int, metavar="N")
-    what.add_argument("--image-size", type=int, default=32, metavar="N")
-    what.add_argument("--data-dir", metavar="DIR", help="default <workspace>/data")
-    what.add_argument("--image-dir", metavar="DIR", help="for --dataset images")
-    what.add_argument("--workspace", metavar="DIR",
-                      help="default $TFMP_WORKSPACE, else ./workspace")
-    what.add_argument("--max-train-samples", type=int, metavar="N")
-    what.add_argument("--offline", action="store_true", help="never download datasets")
-    what.add_argument("--learning-rate", type=float, default=1e-3, metavar="LR")
-    what.add_argument("--jit", action="store_true", help="XLA-compile the train step")
+    # The same task and data flags as train (app.settings), read from the command line only:
+    # the tune's children get every value explicitly.
+    what = add_task_flags(p, show_env=False)
+    what.title = "what to tune"
+    add_setting_flags(p, TUNE_SETTINGS[:-1], show_env=False, group=what)
+    add_setting_flags(p, ("workspace",), group=what)     # TFMP_WORKSPACE, as train reads it
+    require(what, "model", "dataset")
     how = p.add_argument_group("how to tune")
     how.add_argument("--precision", metavar="P[,P...]",
                      help="policies to tune, from float32, mixed_float16, mixed_bfloat16, auto "
@@ -81,18 +74,21 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
+    from app.commands.train import TASK_FLAGS
+    from app.config import TrainConfig
     from app.tuner.api import tune
     from app.tuner.runner import TrialFailed
 
+    defaults = TrainConfig()
+    given = {name: getattr(args, name) for name in TASK_FLAGS + TUNE_SETTINGS}
+    for name in ("image_size", "learning_rate", "offline", "jit"):
+        if given[name] is None:
+            given[name] = getattr(defaults, name)
+    model, dataset = given.pop("model"), given.pop("dataset")
     try:
-        doc = tune(args.model, args.dataset, precision=args.precision,
-             memory_budget=args.memory_budget, margin=args.margin, max_batch=args.max_batch,
-             time_budget=args.time_budget, output=args.output, loss=args.loss,
-             metrics=args.metrics, input_shape=args.input_shape, num_classes=args.num_classes,
-             image_size=args.image_size, data_dir=args.data_dir, image_dir=args.image_dir,
-             max_train_samples=args.max_train_samples, offline=args.offline,
-             learning_rate=args.learning_rate, jit=args.jit, steps=args.steps,
-             workspace=args.workspace, progress=not args.quiet)
+        doc = tune(model, dataset, precision=args.precision, memory_budget=args.memory_budget,
+                   margin=args.margin, max_batch=args.max_batch, time_budget=args.time_budget,
+                   output=args.output, steps=args.steps, progress=not args.quiet, **given)
     except TrialFailed as exc:
         import sys
 

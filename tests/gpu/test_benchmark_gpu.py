@@ -23,17 +23,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _tensor_core_gpu() -> bool:
-    from app import hardware
-
-    hw = hardware.detect()
-    return bool(hw.gpus) and all(g.tensor_cores for g in hw.gpus)
-
-
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_mixed_float16_pays_on_the_residual_cnn(tmp_path):
-    if not _tensor_core_gpu():
+def test_mixed_float16_pays_on_the_residual_cnn(tmp_path, tensor_core_gpu):
+    if not tensor_core_gpu:
         pytest.skip("the GPU has no Tensor Cores: mixed_float16 is not expected to be faster "
                     "(the benchmark says so in its diagnoses)")
     out = tmp_path / "bench"

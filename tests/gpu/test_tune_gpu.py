@@ -12,17 +12,10 @@ from __future__ import annotations
 import pytest
 
 
-def _tensor_core_gpu() -> bool:
-    from app import hardware
-
-    hw = hardware.detect()
-    return bool(hw.gpus) and all(g.tensor_cores for g in hw.gpus)
-
-
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_mixed_float16_fits_at_least_one_and_a_half_times_the_batch(tmp_path):
-    if not _tensor_core_gpu():
+def test_mixed_float16_fits_at_least_one_and_a_half_times_the_batch(tmp_path, tensor_core_gpu):
+    if not tensor_core_gpu:
         pytest.skip("the GPU has no Tensor Cores: auto would not pick mixed_float16 here")
     import app
 

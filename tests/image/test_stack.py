@@ -294,16 +294,23 @@ def test_one_run_per_output_folder_over_ssh(stack):
     named); after `kill -9` of the first, `--resume` starts at once (no stale lock)."""
     out = "/workspace/runs/ssh-twin"
     args = ("tfmp train --dataset synthetic --model mlp --max-train-samples 20000 "
-            "--max-val-samples 128 --batch-size 32 --precision float32 --epochs 2 --offline "
+            "--max-val-samples 128 --batch-size 32 --precision float32 --epochs 3 --offline "
             f"--no-save-model --progress lines --log-every 50 --output {out}")
     client = ssh_client(stack)
     try:
         code, pid, err = ssh_run(client, f"nohup {args} >/tmp/first.log 2>&1 </dev/null & echo $!")
         assert code == 0, err
         pid = pid.strip()
-        # The lock is taken just before the first write: wait for the first epoch line.
-        wait_until(lambda: ssh_run(client, "grep -q '^epoch 1/' /tmp/first.log")[0] == 0, 240,
-                   what="the first run to finish its first epoch")
+        # Once epoch 1 has a checkpoint, the first run is frozen (SIGSTOP keeps its lock, as a
+        # slow run would): on a fast machine it could otherwise finish while the second
+        # process is still importing TensorFlow, and the premise would be gone.
+        code, _, err = ssh_run(client, "timeout 240 bash -c 'until grep -q \"^epoch 1/\" "
+                               f"/tmp/first.log; do sleep 0.05; done' && kill -STOP {pid}",
+                               timeout=300)
+        assert code == 0, "the first run did not finish its first epoch: " + \
+            ssh_run(client, "tail -c 2000 /tmp/first.log")[1]
+        assert ssh_run(client, "grep -q '^done:' /tmp/first.log")[0] != 0, \
+            "the first run ended before it could be frozen"
         code, _, err = ssh_run(client, args, timeout=300)
         assert code == 2, err
         [line] = [x for x in err.splitlines() if x.startswith("error:")]
@@ -313,6 +320,6 @@ def test_one_run_per_output_folder_over_ssh(stack):
         wait_until(lambda: ssh_run(client, f"kill -0 {pid}")[0] != 0, 30, what="the kill")
         code, stdout, err = ssh_run(client, f"{args} --resume", timeout=600)
         assert code == 0, err[-3000:]
-        assert "done: 2 epoch(s)" in stdout
+        assert "done: 3 epoch(s)" in stdout
     finally:
         client.close()

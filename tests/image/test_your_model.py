@@ -73,7 +73,13 @@ def test_user_model_is_benchmarked_over_ssh(user_files):
     assert status == 0, out[-2000:] + err[-3000:]
     report = json.loads((user_files.workspace / "bench/benchmark.json").read_text())
     assert report["settings"]["model"] == "mynet:build"
+    assert report["policies_run"] == ["float32", "mixed_bfloat16"]
+    assert all(report["results"][p]["runs_ok"] == 1 for p in report["policies_run"])
+    # the input-rate child timed the user's pipeline and built the user's model
+    assert report["input_pipeline"]["samples_per_second"] > 0
+    assert report["layer_widths"]["widths"] == [64]
     assert "| float32 |" in out and "| mixed_bfloat16 |" in out
+    assert "Input pipeline alone" in out
 
 
 def test_user_model_trains_from_a_jupyter_kernel(user_files):

@@ -7,6 +7,10 @@ import pytest
 
 from conftest import error_lines, run_app
 
+# The image's self-test leaves this to a real container: tests/image/test_interrupt_image.py
+# stops a training container (SIGTERM, SIGINT) on TF 2.9 and resumes it in a new one.
+IN_CONTAINERS = "signals to a training container are tested on TF 2.9 by test_interrupt_image.py"
+
 QUICK = ["--dataset", "synthetic", "--max-train-samples", "128", "--max-val-samples", "32",
          "--batch-size", "32", "--precision", "float32", "--progress", "lines", "--offline",
          "--no-save-model"]
@@ -127,6 +131,7 @@ def test_env_text_format_from_a_fake_report():
 
 
 @pytest.mark.slow
+@pytest.mark.host_only(reason=IN_CONTAINERS)
 def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
     from training_process import TrainingProcess
 

@@ -8,6 +8,10 @@ import pytest
 
 from conftest import error_lines, run_app
 
+# The image's self-test leaves this to a real container: tests/image/test_interrupt_image.py
+# stops a training container (SIGTERM, SIGINT) on TF 2.9 and resumes it in a new one.
+IN_CONTAINERS = "signals to a training container are tested on TF 2.9 by test_interrupt_image.py"
+
 SMALL = ["--dataset", "synthetic", "--max-train-samples", "256", "--max-val-samples", "64",
          "--batch-size", "32", "--precision", "float32", "--progress", "lines", "--offline",
          "--no-save-model"]
@@ -30,6 +34,7 @@ def test_a_diverging_run_exits_3_with_its_diagnosis(tmp_path, loop):
 
 
 @pytest.mark.slow
+@pytest.mark.host_only(reason=IN_CONTAINERS)
 def test_sigint_stops_with_130_and_a_checkpoint(tmp_path):
     from training_process import TrainingProcess
 
