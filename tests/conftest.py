@@ -135,3 +135,15 @@ class _SkipWatch:
 def pytest_configure(config):
     if config.getoption("--image-self-test"):
         config.pluginmanager.register(_SkipWatch(), "tfmp-skip-watch")
+
+
+# --- for the GPU tests -------------------------------------------------------------------------
+
+@pytest.fixture
+def tensor_core_gpu() -> bool:
+    """Every visible GPU has Tensor Cores (app.hardware's rule, itself checked against a table
+    of real GPUs in tests/gpu/test_gpu_precision.py)."""
+    from app import hardware
+
+    hw = hardware.detect()
+    return bool(hw.gpus) and all(g.tensor_cores for g in hw.gpus)
