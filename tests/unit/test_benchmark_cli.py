@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -121,6 +122,42 @@ def test_real_benchmark_on_cpu(tmp_path):
     table = (out / "benchmark.md").read_text()
     assert table.strip() in proc.stdout
     assert "| float32 |" in table and "Peak RSS of the CPU process (MiB)" in table
+
+
+@pytest.mark.slow
+@pytest.mark.host_only(reason=BENCHMARKED_IN_THE_IMAGE)
+def test_tuned_benchmark_really_trains_each_policy_at_its_tuned_batch(tmp_path):
+    """`benchmark --tuned`: after the equal-batch runs, real `tfmp train` runs at the tune's
+    best batch, recorded in their own metrics.json and in results_best_batch."""
+    from app.tuner import report
+
+    tune = {"schema": report.SCHEMA, "task": {"model": "mlp", "dataset": "synthetic"},
+            "budget_bytes": 2**30, "margin": 0.1,
+            "precisions": {"float32": {"max_batch": 96, "best_batch": 48,
+                                       "best_samples_per_second": 900.0, "trials": []}},
+            "choice": {"precision": "float32", "batch_size": 48, "samples_per_second": 900.0},
+            "verified": {"fits": True, "precision": "float32", "batch_size": 48}}
+    (tmp_path / "tune.json").write_text(json.dumps(tune))
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "app", "benchmark", "--model", "mlp", "--dataset", "synthetic",
+           "--policies", "float32", "--max-train-samples", "192", "--max-val-samples", "64",
+           "--batch-size", "32", "--epochs", "1", "--warmup-epochs", "0", "--repeats", "1",
+           "--tuned", str(tmp_path / "tune.json"), "--output", str(out),
+           "--workspace", str(tmp_path / "ws")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / "benchmark.json").read_text())
+    runs = {r["series"]: r for r in doc["runs"]}
+    assert set(runs) == {"equal_batch", "best_batch"}, doc["runs"]
+    for series, batch in (("equal_batch", 32), ("best_batch", 48)):
+        metrics = json.loads((Path(runs[series]["output_dir"]) / "metrics.json").read_text())
+        assert metrics["config"]["batch_size"] == batch, series
+        assert metrics["status"] == "completed"
+    best = doc["results_best_batch"]
+    assert best["source"] == str(tmp_path / "tune.json")
+    assert best["results"]["float32"]["batch_size"] == 48
+    assert best["results"]["float32"]["samples_per_second"]["median"] > 0
+    assert "Each at its own best batch" in proc.stdout and "| float32 | 48 |" in proc.stdout
 
 
 def test_settings_rejected_by_train_exit_2_and_remove_output(tmp_path, capsys):
