@@ -160,6 +160,10 @@ def test_home_survives_down_and_up_on_a_rebuilt_image_with_a_new_uid(own_stack, 
         text, errors = kernel_execute(st.base_url, st.token(),
                                       f"import {PROBE}; print({PROBE}.VALUE)")
         assert not errors and text.strip() == "probe-ok", (text, errors)
+        # A batch job of the compose file mounts the same home: the same user package.
+        job = st.compose("--profile", "batch", "run", "--rm", "-T", "train", "python3", "-c",
+                         f"import {PROBE}, os; print({PROBE}.VALUE, os.getuid())", timeout=240)
+        assert job.stdout.splitlines()[-1] == f"probe-ok {new_uid}", job.stdout[-2000:]
 
         # --- a user-site numpy 2 (as `--no-deps` would leave it): one WARN at the next start
         stub = f"{user_site}/numpy-2.0.0.dist-info"
