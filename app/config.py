@@ -188,7 +188,8 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.scale_lr != "none" and not cfg.tuned:
         raise UsageError(f"scale_lr {cfg.scale_lr!r} applies with --tuned only",
                          "--scale-lr linear together with --tuned DIR/tune.json")
-    for name in ("epochs", "batch_size", "log_every", "max_skipped_steps", "steps_per_execution"):
+    for name in ("epochs", "batch_size", "log_every", "max_skipped_steps", "steps_per_execution",
+                 "image_size"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 1:
             raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",

@@ -109,19 +109,10 @@ def spec_of(obj, what: str) -> str:
                      "'path/to/file.py:FUNCTION' (put a notebook's function in a .py file)")
 
 
-def check_specs(model: str, dataset: str, image_dir: Optional[str]) -> None:
-    for what, spec, builtins in (("model", model, registry.MODEL_NAMES),
-                                 ("dataset", dataset, registry.DATASET_NAMES)):
-        if ":" not in spec and spec not in builtins:
-            raise UsageError(f"{what} must be one of {', '.join(builtins)} or MODULE:FUNCTION. "
-                             f"Received: {what}={spec!r}",
-                             f"{', '.join(builtins)}, MODULE:FUNCTION or path/to/file.py:FUNCTION")
-    if dataset == "images" and not image_dir:
-        raise UsageError("dataset 'images' needs --image-dir",
-                         "a folder with one subfolder of images per class")
-    problem = registry.pairing_problem(model, dataset)   # built-in pairs that cannot work
-    if problem:
-        raise UsageError(*problem)
+def check_task(model: str, dataset: str, **settings) -> None:
+    """What the trials will train, checked by train's own rules (``config.validate``): a bad
+    value is one line before any trial starts, as it would be for ``tfmp train``."""
+    config.validate(config.TrainConfig(model=model, dataset=dataset, **settings))
 
 
 def default_output(model: str, dataset: str, workspace: str) -> str:
@@ -171,7 +162,10 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
         input_shape = ",".join(str(d) for d in input_shape)
     if isinstance(metrics, (list, tuple)):
         metrics = ",".join(str(m) for m in metrics)
-    check_specs(model, dataset, image_dir)
+    check_task(model, dataset, loss=loss, metrics=metrics, input_shape=input_shape,
+               num_classes=num_classes, image_size=image_size, data_dir=data_dir,
+               image_dir=image_dir, max_train_samples=max_train_samples, offline=offline,
+               seed=seed, learning_rate=learning_rate, jit=jit)
     workspace = workspace or os.environ.get("TFMP_WORKSPACE") or "workspace"
     output = output or default_output(model, dataset, workspace)
     check_output(output)

@@ -34,6 +34,7 @@ def assert_usage_error(proc, needle, *not_created):
     (["--loop", "manual"], "loop must be one of fit, custom"),
     (["--batch-size", "0"], "batch_size must be at least 1"),
     (["--epochs", "0"], "epochs must be at least 1"),
+    (["--image-size", "0"], "image_size must be at least 1"),
     (["--epochs", "two"], "invalid int value"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])

@@ -104,6 +104,12 @@ def test_precision_margin_cap_checks():
     (["--margin", "-0.1"], "margin must be in [0, 0.9)"),
     (["--max-batch", "4"], "max_batch must be an integer of at least 8"),
     (["--time-budget", "0"], "time_budget must be a positive"),
+    # what the trials train: train's own rules (config.validate), before any trial
+    (["--learning-rate", "-1"], "learning_rate must be positive"),
+    (["--image-size", "0"], "image_size must be at least 1"),
+    (["--max-train-samples", "0"], "max_train_samples must be at least 1"),
+    (["--num-classes", "0"], "num_classes must be at least 1"),
+    (["--input-shape", "a,b"], "input_shape must be positive integers"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, flags, needle):
     out = tmp_path / "tune"
