@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -202,6 +203,10 @@ def validate(cfg: TrainConfig) -> None:
     if not cfg.learning_rate > 0:
         raise UsageError(f"learning_rate must be positive. Received: learning_rate={cfg.learning_rate!r}",
                          "a number > 0")
+    if not (math.isfinite(cfg.initial_loss_scale) and cfg.initial_loss_scale > 0):
+        raise UsageError("initial_loss_scale must be a finite number > 0. Received: "
+                         f"initial_loss_scale={cfg.initial_loss_scale!r}",
+                         f"a number > 0, e.g. {registry.DEFAULT_INITIAL_LOSS_SCALE:g} (2**15)")
     if cfg.dataset == "images" and not cfg.image_dir:
         raise UsageError("dataset 'images' needs --image-dir",
                          "a folder with one subfolder of images per class")

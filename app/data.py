@@ -116,9 +116,11 @@ def _download(name: str, data_dir: str):
 def load_arrays(name: str, data_dir: str, offline: bool = False, data_dir_explicit: bool = True):
     """((x_train, y_train), (x_test, y_test)) as stored, or a UsageError."""
     if not os.path.isdir(data_dir):
-        if data_dir_explicit or offline:
+        if data_dir_explicit:
             raise UsageError(f"data directory {data_dir!r} does not exist",
                              "an existing folder holding the dataset files (or omit --data-dir)")
+        # The workspace's default folder, not there yet: offline, the line below names the
+        # file and the folder; online, the download creates it.
     else:
         for rel, reader in _STANDARD[name]:
             path = os.path.join(data_dir, rel)

@@ -35,6 +35,8 @@ def assert_usage_error(proc, needle, *not_created):
     (["--batch-size", "0"], "batch_size must be at least 1"),
     (["--epochs", "0"], "epochs must be at least 1"),
     (["--image-size", "0"], "image_size must be at least 1"),
+    (["--initial-loss-scale", "0"], "initial_loss_scale must be a finite number > 0"),
+    (["--initial-loss-scale", "nan"], "initial_loss_scale must be a finite number > 0"),
     (["--epochs", "two"], "invalid int value"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])

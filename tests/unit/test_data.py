@@ -87,3 +87,14 @@ def test_in_memory_batches_cover_every_row_once_in_a_new_order_each_epoch():
         [list(o) for o in orders]                      # the same orders for the same seed
     assert epochs(make_dataset(x, y, 16, shuffle=True, seed=4), 1)[0].tolist() != orders[0].tolist()
     assert epochs(make_dataset(x, y, 16, shuffle=False), 1)[0].tolist() == list(range(70))
+
+
+def test_missing_default_data_dir_offline_names_the_file_not_a_flag(tmp_path):
+    # The workspace's own data folder, not made yet: the user gave no --data-dir to omit.
+    folder = str(tmp_path / "ws" / "data")
+    with pytest.raises(UsageError) as info:
+        data.load("mnist", (784,), 8, folder, offline=True, data_dir_explicit=False)
+    line = info.value.line()
+    assert "mnist.npz" in line and folder in line and "downloads are off" in line
+    assert "--data-dir" not in line
+    assert not os.path.exists(folder)
