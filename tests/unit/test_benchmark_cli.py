@@ -168,7 +168,8 @@ def test_settings_rejected_by_train_exit_2_and_remove_output(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert err[-1].startswith("error: tfmp train rejected the settings: ")
-    assert "data directory" in err[-1] and err[-1].count("allowed:") == 1
+    assert "dataset 'mnist' not found: no mnist.npz in " in err[-1]
+    assert "downloads are off" in err[-1] and err[-1].count("allowed:") == 1
     assert not out.exists()
 
 
