@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Sequence
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,10 +45,17 @@ def sigterm_as_exit():
         signal.signal(signal.SIGTERM, previous)
 
 
-def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+def child_env(base: Optional[Mapping[str, str]] = None,
+              without: Sequence[str] = ()) -> Dict[str, str]:
     """The environment of such a child: this package first on PYTHONPATH (for the processes
-    the child starts in turn), unbuffered output, TensorFlow's C++ start-up chatter off."""
+    the child starts in turn), unbuffered output, TensorFlow's C++ start-up chatter off.
+    ``without``: training settings (``app.settings`` names) whose ``TFMP_`` variables the
+    child must not inherit, because they would make it run something other than asked."""
+    from app.settings import BY_NAME
+
     env = dict(os.environ if base is None else base)
+    for name in without:
+        env.pop(BY_NAME[name].env, None)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONPATH"] = PACKAGE_ROOT + (os.pathsep + env["PYTHONPATH"]

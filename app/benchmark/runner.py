@@ -91,13 +91,9 @@ def subprocess_launcher(cmd: List[str], log_path: str, timeout: Optional[float],
 
 
 def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    env = launch.child_env(base)
-    # Every run is a fresh one into its own folder, whatever the user's shell says.
-    # ... and trains exactly the precision and batch size it is given (no tune.json).
-    for name in ("resume", "tuned", "scale_lr"):
-        env.pop(settings_table.BY_NAME[name].env, None)
-    return env
-
+    # Every run is a fresh one into its own folder, whatever the user's shell says, and
+    # trains exactly the precision and batch size it is given (no tune.json).
+    return launch.child_env(base, without=("resume", "tuned", "scale_lr"))
 
 
 def _load_average() -> Optional[float]:

@@ -208,7 +208,7 @@ class TrialRunner:
         name = f"{self.count:02d}-{policy}-b{batch_size}-verify"
         output = os.path.join(self.workdir, name)
         req = dict(self.base, policy=policy, batch_size=batch_size, steps=steps)
-        env = {k: v for k, v in child_env().items() if k not in _NOT_FOR_VERIFICATION}
+        env = child_env(without=_NOT_FOR_VERIFICATION)
         end = run_child("app", verification_command(req, output),
                         os.path.join(self.workdir, name + ".log"), kill_above=self.kill_above,
                         timeout=self.timeout, result_path=os.path.join(output, "metrics.json"),
@@ -218,7 +218,7 @@ class TrialRunner:
 
 # The user's TFMP_ settings stay (a TFMP_LOOP or TFMP_STEPS_PER_EXECUTION changes what the real
 # run holds in memory); these would make the verification run something else.
-_NOT_FOR_VERIFICATION = ("TFMP_TUNED", "TFMP_SCALE_LR", "TFMP_RESUME", "TFMP_OUTPUT")
+_NOT_FOR_VERIFICATION = ("tuned", "scale_lr", "resume", "output")
 
 
 def verification_command(req: Dict[str, Any], output: str) -> List[str]:
