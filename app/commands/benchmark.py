@@ -172,18 +172,12 @@ def validate(args):
 def tune_first(settings: dict, policies, output: str) -> dict:
     """``--best-batch``: the tune of this job (every requested policy, or float32 and auto),
     into ``<output>/tune``; returns ``{policy: best batch}``."""
-    from app.tuner.api import tune
+    from app.tuner.api import trial_settings, tune
 
     doc = tune(settings["model"], settings["dataset"],
                precision=",".join(policies) if policies else None,
-               output=os.path.join(output, "tune"), loss=settings.get("loss"),
-               metrics=settings.get("metrics"), input_shape=settings.get("input_shape"),
-               num_classes=settings.get("num_classes"),
-               image_size=settings.get("image_size") or 32, data_dir=settings.get("data_dir"),
-               image_dir=settings.get("image_dir"),
-               max_train_samples=settings.get("max_train_samples"),
-               offline=bool(settings.get("offline")), learning_rate=settings["learning_rate"],
-               jit=bool(settings.get("jit")), workspace=settings.get("workspace"))
+               output=os.path.join(output, "tune"), workspace=settings.get("workspace"),
+               **trial_settings(settings))
     return {p: e["best_batch"] for p, e in doc["precisions"].items() if e.get("best_batch")}
 
 

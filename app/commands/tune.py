@@ -28,11 +28,6 @@ examples:
 """
 
 
-# Training settings a trial honours besides the task flags (defaults: TrainConfig's).
-TUNE_SETTINGS = ("image_size", "image_dir", "data_dir", "max_train_samples", "offline",
-                 "learning_rate", "jit", "workspace")
-
-
 def add_parser(subparsers):
     from app.commands.train import add_setting_flags, add_task_flags, require
     from app.tuner import api, search
@@ -47,7 +42,7 @@ def add_parser(subparsers):
     # the tune's children get every value explicitly.
     what = add_task_flags(p, show_env=False)
     what.title = "what to tune"
-    add_setting_flags(p, TUNE_SETTINGS[:-1], show_env=False, group=what)
+    add_setting_flags(p, api.TRAIN_SETTINGS, show_env=False, group=what)
     add_setting_flags(p, ("workspace",), group=what)     # TFMP_WORKSPACE, as train reads it
     require(what, "model", "dataset")
     how = p.add_argument_group("how to tune")
@@ -74,21 +69,15 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from app.commands.train import TASK_FLAGS
-    from app.config import TrainConfig
-    from app.tuner.api import tune
+    from app.tuner.api import trial_settings, tune
     from app.tuner.runner import TrialFailed
 
-    defaults = TrainConfig()
-    given = {name: getattr(args, name) for name in TASK_FLAGS + TUNE_SETTINGS}
-    for name in ("image_size", "learning_rate", "offline", "jit"):
-        if given[name] is None:
-            given[name] = getattr(defaults, name)
-    model, dataset = given.pop("model"), given.pop("dataset")
     try:
-        doc = tune(model, dataset, precision=args.precision, memory_budget=args.memory_budget,
-                   margin=args.margin, max_batch=args.max_batch, time_budget=args.time_budget,
-                   output=args.output, steps=args.steps, progress=not args.quiet, **given)
+        doc = tune(args.model, args.dataset, precision=args.precision,
+                   memory_budget=args.memory_budget, margin=args.margin,
+                   max_batch=args.max_batch, time_budget=args.time_budget, output=args.output,
+                   steps=args.steps, workspace=args.workspace, progress=not args.quiet,
+                   **trial_settings(vars(args)))
     except TrialFailed as exc:
         import sys
 

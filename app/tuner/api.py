@@ -19,9 +19,10 @@ import sys
 import tempfile
 import time
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from app import config, registry
+from app import settings as settings_table
 from app.errors import UsageError
 from app.tuner import budget as budget_mod
 from app.tuner import report, search
@@ -107,6 +108,23 @@ def spec_of(obj, what: str) -> str:
     raise UsageError(f"{what} {obj!r} cannot be imported by a trial process (each trial is a "
                      "fresh process)", f"a built-in name, 'MODULE:FUNCTION' or "
                      "'path/to/file.py:FUNCTION' (put a notebook's function in a .py file)")
+
+
+# What a trial trains besides the model and the dataset: the other task settings and these
+# training settings (``app.settings`` names), as ``tfmp tune`` and ``benchmark --best-batch``
+# pass them to ``tune()``.
+TRAIN_SETTINGS = ("image_size", "image_dir", "data_dir", "max_train_samples", "offline",
+                  "learning_rate", "jit")
+TRIAL_SETTINGS = tuple(s.name for s in settings_table.SETTINGS
+                       if s.task and s.name not in ("model", "dataset")) + TRAIN_SETTINGS
+
+
+def trial_settings(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """``tune()``'s keyword arguments for the trial settings in ``values`` (flags or a
+    benchmark's settings); one not given takes ``TrainConfig``'s default, as train would."""
+    defaults = config.TrainConfig()
+    return {name: getattr(defaults, name) if values.get(name) is None else values[name]
+            for name in TRIAL_SETTINGS}
 
 
 def check_task(model: str, dataset: str, **settings) -> None:
