@@ -9,8 +9,12 @@ exits.  The kernel drops the lock with the process, so ``kill -9``, an OOM kill 
 read to name the other run.
 
 ``flock`` works on local file systems, Docker's overlay and named volumes and bind mounts;
-on NFS, Linux emulates it with byte-range locks held by the server, which also work
-between hosts.
+on NFS, Linux emulates it with a byte-range (POSIX) lock held by the server, which also
+works between hosts, with two conditions: an exclusive byte-range lock needs a file open
+for writing (a read-only descriptor fails with EBADF there), so the lock file is always
+opened read-write; and NFSv3 locks need the lock daemon (``lockd``/``rpc.statd``) on both
+ends, while a ``nolock`` mount keeps locks local to each host (docs/distributed.md).  A
+file system that cannot lock at all is one line naming the folder and the file system.
 
     lock = RunLock(output)
     lock.check_free()        # before validation ends: refuses, creates nothing
@@ -32,6 +36,42 @@ from typing import Optional
 from app.errors import UsageError
 
 LOCK_NAME = ".tfmp-run.lock"
+
+
+class LockUnavailable(UsageError):
+    """The file system refused the lock itself (not another run): exit status 2, one line."""
+
+    def __init__(self, output: str, path: str, exc: OSError):
+        fs = filesystem_of(output)
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        super().__init__(f"cannot lock {path!r} to keep other runs out of {output!r}: "
+                         f"{why} (errno {errno.errorcode.get(exc.errno, exc.errno)}) on a "
+                         f"{fs} file system",
+                         "an --output on a file system with working locks: local, a Docker "
+                         "volume, or NFS with its lock service (NFSv4, or NFSv3 with lockd; "
+                         "not a `nolock` mount)")
+
+
+def filesystem_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The type of the file system holding ``path`` (``nfs4``, ``ext4``, ...), from the
+    longest mount point that contains it; "unknown" where /proc cannot tell."""
+    probe = os.path.realpath(path)
+    best, fstype = "", "unknown"
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return fstype
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right.split():
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = probe == point or probe.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, right.split()[0]
+    return fstype
 
 
 class OutputInUse(UsageError):
@@ -73,6 +113,8 @@ def _this_run(command: Optional[str]) -> dict:
 
 
 def _try_lock(fd: int) -> bool:
+    """True when locked, False when another open file holds the lock; any other failure
+    (ENOLCK: no lock service, EBADF, ...) is raised for the caller to name."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -114,15 +156,22 @@ class RunLock:
         return self.fd is not None
 
     def check_free(self) -> None:
-        """Raise ``OutputInUse`` if a live run holds the folder; create nothing."""
+        """Raise ``OutputInUse`` if a live run holds the folder; create nothing.
+
+        Opened read-write like ``acquire``: on NFS an exclusive lock on a read-only
+        descriptor fails (EBADF) whatever the folder holds."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDWR)
         except FileNotFoundError:
             return
         except OSError:
-            return  # unreadable: acquire() will say why, with the path
+            return  # not writable: acquire() will say why, with the path
         try:
-            if not _try_lock(fd):
+            try:
+                free = _try_lock(fd)
+            except OSError as exc:
+                raise LockUnavailable(self.output, self.path, exc) from None
+            if not free:
                 raise OutputInUse(self.output, _read_holder(self.path))
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
@@ -133,9 +182,16 @@ class RunLock:
         if self.fd is not None:
             return self
         os.makedirs(self.output, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if not _try_lock(fd):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LockUnavailable(self.output, self.path, exc) from None
+        try:
+            try:
+                free = _try_lock(fd)
+            except OSError as exc:
+                raise LockUnavailable(self.output, self.path, exc) from None
+            if not free:
                 raise OutputInUse(self.output, _read_holder(self.path))
             os.ftruncate(fd, 0)
             os.write(fd, (json.dumps(_this_run(self.command)) + "\n").encode("utf-8"))
@@ -155,6 +211,19 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def release_and_remove(self) -> None:
+        """Release after a run that wrote nothing else: the lock file goes too.  Unlinked while
+        still locked, so a process that opened it before is refused (every lock here is
+        non-blocking: nobody waits on the old file) and one that opens it after makes a new
+        one."""
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        self.release()
 
     def __enter__(self) -> "RunLock":
         return self.acquire()

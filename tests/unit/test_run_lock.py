@@ -165,3 +165,75 @@ def test_a_run_killed_with_sigkill_leaves_the_folder_free_for_resume(tmp_path):
     final = json.loads((out / "metrics.json").read_text())
     assert final["status"] == "completed"
     assert [e["epoch"] for e in final["epochs"]] == [1, 2, 3]
+
+
+# ---- file systems that lock differently (issue 24, item 7) -------------------------------------
+
+def _nfs_like_flock(real):
+    """flock as Linux emulates it on NFS: a byte-range lock, which an exclusive lock on a
+    descriptor opened read-only cannot take (EBADF)."""
+    import errno
+    import fcntl
+
+    def flock(fd, op):
+        if op & fcntl.LOCK_EX and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return real(fd, op)
+    return flock
+
+
+def test_the_lock_works_where_flock_is_a_byte_range_lock_as_on_nfs(tmp_path, monkeypatch):
+    import fcntl
+
+    from app import run_lock
+
+    monkeypatch.setattr(run_lock.fcntl, "flock", _nfs_like_flock(fcntl.flock))
+    out = tmp_path / "run"
+    RunLock(str(out)).check_free()                 # no file yet
+    with RunLock(str(out)):
+        with pytest.raises(OutputInUse):           # held: refused, not EBADF
+            RunLock(str(out)).check_free()
+    RunLock(str(out)).check_free()                 # --resume's check on a released lock file
+    with RunLock(str(out)) as again:
+        assert again.held
+
+
+def test_a_file_system_without_locks_is_one_line_naming_the_folder_and_the_fs(tmp_path,
+                                                                              monkeypatch):
+    import errno
+
+    from app import run_lock
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_NAME).write_text("")
+    monkeypatch.setattr(run_lock.fcntl, "flock", no_locks)
+    for call in (RunLock(str(out)).check_free, RunLock(str(out)).acquire):
+        with pytest.raises(run_lock.LockUnavailable) as err:
+            call()
+        line = err.value.line()
+        assert len(line.splitlines()) == 1 and str(out) in line and "ENOLCK" in line
+        assert f"on a {run_lock.filesystem_of(str(out))} file system" in line
+        assert "nolock" in line
+
+
+def test_filesystem_of_takes_the_longest_mount_point(tmp_path):
+    info = tmp_path / "mountinfo"
+    info.write_text("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+                    "40 22 0:50 / /mnt/shared rw - nfs4 srv:/export rw\n"
+                    "41 22 0:51 / /mnt/sharedx rw - tmpfs tmpfs rw\n")
+    from app.run_lock import filesystem_of
+
+    assert filesystem_of("/mnt/shared/runs/a", str(info)) == "nfs4"
+    assert filesystem_of("/mnt/sharedx", str(info)) == "tmpfs"
+    assert filesystem_of("/home/x", str(info)) == "ext4"
+    assert filesystem_of("/x", str(tmp_path / "missing")) == "unknown"
+
+
+def test_release_and_remove_leaves_no_lock_file(tmp_path):
+    lock = RunLock(str(tmp_path)).acquire()
+    lock.release_and_remove()
+    assert not (tmp_path / LOCK_NAME).exists() and not lock.held
