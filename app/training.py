@@ -94,9 +94,8 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     if resume and not checkpointing.has_checkpoint(output):
         raise UsageError(f"--resume found no checkpoint in {os.path.join(output, 'checkpoints')!r}",
                          "--resume with the --output of a run that saved a checkpoint")
-    if not resume and dist.is_chief and os.path.exists(os.path.join(output, "metrics.json")):
-        raise UsageError(f"output directory {output!r} already holds a run",
-                         "--resume to continue it, or a new --output")
+    if not resume and dist.is_chief:
+        check_holds_no_run(output)
     task = task or Task.from_config(cfg)
     previous = None
     if resume:
@@ -108,6 +107,15 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                             offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
     return Prepared(dataclasses.replace(cfg, output=output, resume=resume), hw, decision, task,
                     bundle, dist, previous)
+
+
+def check_holds_no_run(output: str) -> None:
+    """A new run never writes over a finished (or failed) one: checked in ``prepare`` to
+    refuse early, and again under the folder's lock, where no other run can finish in
+    between."""
+    if os.path.exists(os.path.join(output, "metrics.json")):
+        raise UsageError(f"output directory {output!r} already holds a run",
+                         "--resume to continue it, or a new --output")
 
 
 def read_previous_metrics(output: str) -> Optional[dict]:
@@ -239,6 +247,9 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         with _output_faults_described(recorder), contextlib.ExitStack() as held:
             if run.dist.is_chief:
                 held.enter_context(lock)
+                if not run.config.resume:
+                    # Another run may have finished here since prepare() looked.
+                    check_holds_no_run(run.output)
             recorder.open()
             _train_and_save(run, parts, recorder, monitor, loop, start)
     return metrics

@@ -151,3 +151,28 @@ def test_poisoned_weights_after_a_finite_loss_stop_the_run_at_the_epoch_end(tiny
                           batch_size=32, max_train_samples=32, log_every=100, input_shape="784"))
     assert m["status"] == "diverged" and m["epochs"] == []
     assert "non-finite" in m["diagnosis"]
+
+
+def test_a_run_that_finishes_between_the_check_and_the_lock_is_not_overwritten(tiny_config,
+                                                                              monkeypatch):
+    # prepare() finds the folder free; another run then finishes there before this one takes
+    # the lock (simulated, deterministically, just before the lock is taken).  The check
+    # under the lock must refuse instead of writing over the other run's metrics.json.
+    from app import run_lock, training
+    from app.errors import UsageError
+
+    cfg = tiny_config(epochs=1)
+    theirs = '{"status": "completed", "by": "the other run"}'
+
+    class FinishedMeanwhile(run_lock.RunLock):
+        def acquire(self):
+            os.makedirs(self.output, exist_ok=True)
+            with open(os.path.join(self.output, "metrics.json"), "w", encoding="utf-8") as fh:
+                fh.write(theirs)
+            return super().acquire()
+
+    monkeypatch.setattr(training, "RunLock", FinishedMeanwhile)
+    with pytest.raises(UsageError, match="already holds a run"):
+        training.train(cfg)
+    with open(os.path.join(cfg.output, "metrics.json"), encoding="utf-8") as fh:
+        assert fh.read() == theirs
