@@ -177,6 +177,7 @@ def tune_first(settings: dict, policies, output: str) -> dict:
     doc = tune(settings["model"], settings["dataset"],
                precision=",".join(policies) if policies else None,
                output=os.path.join(output, "tune"), workspace=settings.get("workspace"),
+               reference_batch_size=settings.get("batch_size"),
                **trial_settings(settings))
     return {p: e["best_batch"] for p, e in doc["precisions"].items() if e.get("best_batch")}
 

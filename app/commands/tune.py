@@ -61,6 +61,11 @@ def add_parser(subparsers):
     how.add_argument("--steps", type=int, default=api.DEFAULT_STEPS, metavar="N",
                      help=f"timed steps per trial, at least (default {api.DEFAULT_STEPS}; the "
                           f"verification runs {api.VERIFY_FACTOR}x as many)")
+    how.add_argument("--reference-batch-size", type=int, metavar="B",
+                     help="the batch size --learning-rate was set for, written into tune.json: "
+                          "`train --tuned --scale-lr linear` scales the learning rate from it "
+                          "(default: the train batch size setting, TFMP_BATCH_SIZE, else "
+                          "train's default 128)")
     how.add_argument("--output", metavar="DIR",
                      help="where tune.json, tune.png and the trials' logs go (default "
                           "<workspace>/tune/<UTC time>-<model>-<dataset>)")
@@ -77,6 +82,7 @@ def run(args) -> int:
                    memory_budget=args.memory_budget, margin=args.margin,
                    max_batch=args.max_batch, time_budget=args.time_budget, output=args.output,
                    steps=args.steps, workspace=args.workspace, progress=not args.quiet,
+                   reference_batch_size=args.reference_batch_size,
                    **trial_settings(vars(args)))
     except TrialFailed as exc:
         import sys

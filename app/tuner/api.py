@@ -10,6 +10,12 @@ Order of work (nothing is written into ``output`` before the last trial has ende
      process for more steps; over the budget, the tuner steps down to the next size that
      fitted and says so;
   5. tune.json, tune.png and the trials' logs into ``output``; the table on the console.
+
+One tune per folder, as one run per folder for train (``app.run_lock``): the tune holds the
+output folder's lock from the end of step 1 until it has written; a folder that holds a tune,
+a training run or a tune's file names from something else is refused (one line, exit 2); the
+tune deletes nothing it did not write, and a tune that ends without a result removes the
+lock file and the folder if it made it.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from app import config, registry
 from app import settings as settings_table
 from app.errors import UsageError
+from app.run_lock import RunLock
 from app.tuner import budget as budget_mod
 from app.tuner import report, search
 from app.tuner.progress import Progress
@@ -139,11 +146,46 @@ def default_output(model: str, dataset: str, workspace: str) -> str:
                         f"{config.utc_stamp()}-{config.short_name(model)}-{config.short_name(dataset)}")
 
 
+# What a tune writes into its folder, and what a training run's folder holds.
+TUNE_NAMES = ("tune.json", "tune.png", "trials")
+RUN_NAMES = ("metrics.json", "checkpoints")
+
+
 def check_output(path: str) -> None:
-    if os.path.exists(os.path.join(path, "tune.json")):
+    """Refuse a folder that holds a tune, a training run, or something else under the names a
+    tune writes (one line, exit 2, naming what is there); a folder that cannot be written."""
+    def there(names):
+        return [n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in names
+                if os.path.lexists(os.path.join(path, n))]
+
+    if there(("tune.json",)):
         raise UsageError(f"output directory {path!r} already holds a tune",
                          "a new --output, or delete the old tune.json")
+    run = there(RUN_NAMES)
+    if run:
+        raise UsageError(f"output directory {path!r} holds a training run ({', '.join(run)})",
+                         "a new --output (a tune writes tune.json, tune.png and trials/)")
+    other = there(TUNE_NAMES)
+    if other:
+        raise UsageError(f"output directory {path!r} already holds {', '.join(other)}, "
+                         "which are not from a finished tune",
+                         "a new --output, or move those away (a tune writes tune.json, "
+                         "tune.png and trials/ and deletes nothing)")
     config.check_output_writable(path)
+
+
+def check_reference_batch(value) -> int:
+    """The batch the learning rate was set for: ``reference_batch_size``, else the train
+    batch size setting (TFMP_BATCH_SIZE), else train's default."""
+    if value is None:
+        value = config.env_value("batch_size")
+    if value is None:
+        return config.TrainConfig().batch_size
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"reference_batch_size must be a positive integer. "
+                         f"Received: reference_batch_size={value!r}",
+                         "the batch size the learning rate was set for, e.g. 128")
+    return value
 
 
 # ---- the tune ------------------------------------------------------------------------------
@@ -158,9 +200,14 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
          learning_rate: float = 1e-3, jit: bool = False, steps: int = DEFAULT_STEPS,
          warmup_steps: int = DEFAULT_WARMUP, min_seconds: float = DEFAULT_MIN_SECONDS,
          start: int = search.DEFAULT_START, workspace: Optional[str] = None,
+         reference_batch_size: Optional[int] = None,
          progress: bool = True, stream=None) -> Dict[str, Any]:
     """Find, per precision, the largest batch that fits the memory budget and the fastest
     one; choose, verify, write ``output``/tune.json and tune.png; return tune.json's dict.
+
+    ``reference_batch_size``: the batch size ``learning_rate`` was set for (what
+    ``train --tuned --scale-lr linear`` scales from); default the train batch size setting
+    (TFMP_BATCH_SIZE), else train's default.
 
     Raises ``UsageError`` on bad input (nothing written) and ``NothingFits`` when no size
     fits under any precision."""
@@ -170,6 +217,7 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     margin = check_margin(margin)
     cap = check_max_batch(max_batch)
     time_budget = check_time_budget(time_budget)
+    reference_batch_size = check_reference_batch(reference_batch_size)
     if memory_budget is not None and str(memory_budget).strip().lower() != "auto":
         budget_mod.parse_size(memory_budget)        # a bad size fails before any process
     for name, value in (("steps", steps), ("warmup_steps", warmup_steps)):
@@ -187,7 +235,46 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     workspace = workspace or os.environ.get("TFMP_WORKSPACE") or "workspace"
     output = output or default_output(model, dataset, workspace)
     check_output(output)
+    lock = RunLock(output)
+    lock.check_free()
+    created = not os.path.exists(output)
+    lock.acquire()
+    try:
+        check_output(output)   # under the lock: a tune may have finished here meanwhile
+        doc = _tune_locked(
+            model, dataset, output, workspace, wanted, memory_budget, margin, cap, time_budget,
+            reference_batch_size, steps, warmup_steps, min_seconds, start, progress, stream,
+            dict(loss=loss, metrics=metrics, input_shape=input_shape, num_classes=num_classes,
+                 image_size=image_size, data_dir=data_dir, image_dir=image_dir,
+                 max_train_samples=max_train_samples, offline=offline, seed=seed,
+                 learning_rate=learning_rate, jit=jit))
+    except BaseException:
+        # Nothing of this tune's is in the folder: leave it as it was found.
+        lock.release_and_remove()
+        if created:
+            try:
+                os.rmdir(output)
+            except OSError:
+                pass
+        raise
+    lock.release()
+    if progress:
+        print(report.table(doc), file=stream, flush=True)
+        print(f"[tune] wrote {os.path.join(output, 'tune.json')} and tune.png; train with "
+              f"`tfmp train --tuned {os.path.join(output, 'tune.json')} ...`",
+              file=stream, flush=True)
+    return doc
 
+
+def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margin, cap,
+                 time_budget, reference_batch_size, steps, warmup_steps, min_seconds, start,
+                 progress, stream, task) -> Dict[str, Any]:
+    """Steps 2-5, with the output folder locked."""
+    loss, metrics, input_shape = task["loss"], task["metrics"], task["input_shape"]
+    num_classes, image_size, data_dir = task["num_classes"], task["image_size"], task["data_dir"]
+    image_dir, max_train_samples = task["image_dir"], task["max_train_samples"]
+    offline, seed, learning_rate, jit = (task["offline"], task["seed"], task["learning_rate"],
+                                         task["jit"])
     env = collect_environment()
     hardware = env.get("hardware") or {}
     gpus = hardware.get("gpus") or []
@@ -250,6 +337,9 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
         "limit_bytes": limit, "memory_kind": memory_kind,
         "batch_sizes": {"start": start, "cap": cap, "multiple_of": search.STEP},
         "time_budget_seconds": time_budget,
+        # The batch the learning rate was set for: train --tuned --scale-lr linear scales from it.
+        "reference_batch_size": reference_batch_size,
+        "learning_rate": learning_rate,
         "trial_settings": {"steps": steps, "warmup_steps": warmup_steps,
                            "min_seconds": min_seconds, "verify_steps": verify_steps_for(steps),
                            "speed_tie": search.SPEED_TIE},
@@ -264,11 +354,6 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     }
     _write_outputs(output, doc, workdir)
     doc["output"] = output
-    if progress:
-        print(report.table(doc), file=stream, flush=True)
-        print(f"[tune] wrote {os.path.join(output, 'tune.json')} and tune.png; train with "
-              f"`tfmp train --tuned {os.path.join(output, 'tune.json')} ...`",
-              file=stream, flush=True)
     return doc
 
 
@@ -365,7 +450,10 @@ def _write_outputs(output: str, doc: dict, workdir: str) -> None:
 
     os.makedirs(output, exist_ok=True)
     trials_dir = os.path.join(output, "trials")
-    shutil.rmtree(trials_dir, ignore_errors=True)
+    # check_output found no trials/ under the lock; never delete or merge into one.
+    if os.path.lexists(trials_dir):
+        raise UsageError(f"{trials_dir!r} appeared while the tune ran; the trials' logs stay "
+                         f"in {workdir!r}", "a new --output")
     shutil.move(workdir, trials_dir)
     try:
         write_atomic(os.path.join(output, "tune.png"), report.render_png(doc))

@@ -1,0 +1,180 @@
+"""``tune()``'s output folder and what it records, on fake trials (no TensorFlow, no child
+processes): one tune per folder under the run lock, nothing deleted that the tune did not
+write, a folder holding a tune or anything else under a tune's names refused (issue 24, item
+3); ``reference_batch_size`` written for ``train --tuned --scale-lr linear`` (item 11)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from app import cli
+from app.errors import UsageError
+from app.run_lock import LOCK_NAME, OutputInUse, RunLock
+from app.tuner import api, tuned
+from app.tuner.search import Outcome
+
+MIB = 2**20
+
+
+class FakeRunner:
+    """Stands in for ``runner.TrialRunner``: writes a log per trial into the tune's own
+    working folder, as the real one does; ``during`` runs inside the first trial."""
+    instances: list = []
+    fits_up_to = 16          # the fake memory boundary: 8 and 16 fit, 24 and up do not
+    during = None
+    verify_outcome = None
+
+    def __init__(self, base_request, workdir, *, kill_above, timeout=None):
+        self.base, self.workdir = base_request, workdir
+        self.calls = []
+        FakeRunner.instances.append(self)
+
+    def __call__(self, policy, batch_size, any_fit, phase="search", **overrides):
+        self.calls.append((policy, batch_size))
+        with open(os.path.join(self.workdir, f"{len(self.calls):02d}-{policy}-b{batch_size}.log"),
+                  "w", encoding="utf-8") as fh:
+            fh.write("fake trial\n")
+        if FakeRunner.during is not None:
+            during, FakeRunner.during = FakeRunner.during, None
+            during()
+        if batch_size <= FakeRunner.fits_up_to:
+            return Outcome(True, 100 * MIB + batch_size * MIB, 100.0 * batch_size, "", 0.1)
+        return Outcome(False, None, None, "resident memory passed the budget", 0.1)
+
+    def verify(self, policy, batch_size, steps):
+        self.calls.append((policy, batch_size, "verify"))
+        if FakeRunner.verify_outcome is not None:
+            return FakeRunner.verify_outcome
+        return Outcome(True, 100 * MIB + batch_size * MIB, 100.0 * batch_size, "", 0.1)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    FakeRunner.instances, FakeRunner.during, FakeRunner.verify_outcome = [], None, None
+    FakeRunner.fits_up_to = 16
+    monkeypatch.setattr(api, "TrialRunner", FakeRunner)
+    monkeypatch.setattr(api, "collect_environment",
+                        lambda: {"hardware": {"gpus": []},
+                                 "auto_precision": {"policy": "float32"}})
+    monkeypatch.delenv("TFMP_BATCH_SIZE", raising=False)
+    return FakeRunner
+
+
+def run_tune(output, **kw):
+    args = dict(precision="float32", memory_budget="1GiB", max_batch=64, progress=False,
+                output=str(output))
+    args.update(kw)
+    return api.tune("mlp", "synthetic", **args)
+
+
+def _trials_ran(fake) -> int:
+    return sum(len(r.calls) for r in fake.instances)
+
+
+def test_a_tune_writes_beside_other_files_and_deletes_nothing(tmp_path, fake):
+    out = tmp_path / "X"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    doc = run_tune(out)
+    assert (doc["choice"]["precision"], doc["choice"]["batch_size"]) == ("float32", 16)
+    assert (out / "notes.txt").read_text() == "mine"
+    logs = os.listdir(out / "trials")
+    assert len(logs) == _trials_ran(fake) - 1 and all(f.endswith(".log") for f in logs)
+    assert json.loads((out / "tune.json").read_text())["choice"]["batch_size"] == 16
+
+
+def test_a_folder_with_trials_of_its_own_is_refused_and_keeps_them(tmp_path, fake):
+    out = tmp_path / "X"
+    (out / "trials").mkdir(parents=True)
+    (out / "trials" / "keep.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(UsageError) as err:
+        run_tune(out)
+    line = err.value.line()
+    assert len(line.splitlines()) == 1 and "already holds trials/" in line and str(out) in line
+    assert (out / "trials" / "keep.csv").read_text() == "a,b\n1,2\n"
+    assert _trials_ran(fake) == 0 and sorted(os.listdir(out)) == ["trials"]
+
+
+def test_a_second_tune_into_a_tunes_folder_is_refused(tmp_path, fake):
+    out = tmp_path / "X"
+    run_tune(out)
+    before = (out / "tune.json").read_bytes()
+    ran = _trials_ran(fake)
+    with pytest.raises(UsageError, match="already holds a tune"):
+        run_tune(out)
+    assert (out / "tune.json").read_bytes() == before and _trials_ran(fake) == ran
+
+
+def test_a_training_runs_folder_is_refused(tmp_path, fake):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.json").write_text("{}")
+    with pytest.raises(UsageError, match=r"holds a training run \(metrics.json\)"):
+        run_tune(out)
+    assert os.listdir(out) == ["metrics.json"]
+
+
+def test_a_live_holder_of_the_lock_is_refused_before_any_trial(tmp_path, fake, capsys):
+    out = tmp_path / "X"
+    with RunLock(str(out), command="tfmp tune --output X"):
+        with pytest.raises(OutputInUse, match="tfmp tune --output X"):
+            run_tune(out)
+        # through the command line: one line, exit 2
+        rc = cli.main(["tune", "--model", "mlp", "--dataset", "synthetic", "--precision",
+                       "float32", "--memory-budget", "1GiB", "--output", str(out), "--quiet"])
+    assert rc == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("error: output directory") and "in use" in err[0]
+    assert _trials_ran(fake) == 0 and os.listdir(out) == [LOCK_NAME]
+
+
+def test_the_tune_holds_the_lock_while_it_searches(tmp_path, fake):
+    out = tmp_path / "X"
+    seen = {}
+
+    def second_tune_meanwhile():
+        with pytest.raises(OutputInUse) as err:
+            run_tune(out)
+        seen["refused"] = err.value.line()
+    fake.during = second_tune_meanwhile
+    run_tune(out)
+    assert "in use by another run" in seen["refused"]
+    assert (out / "tune.json").exists()
+    RunLock(str(out)).check_free()     # released at the end
+
+
+def test_a_tune_that_finds_nothing_leaves_the_folder_as_it_found_it(tmp_path, fake):
+    fake.fits_up_to = 0
+    with pytest.raises(api.NothingFits):
+        run_tune(tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()
+    with pytest.raises(api.NothingFits):
+        run_tune(tmp_path / "old")
+    assert os.listdir(tmp_path / "old") == []
+
+
+# ---- reference_batch_size (item 11) ---------------------------------------------------------
+
+def test_reference_batch_size_default_env_and_flag(tmp_path, fake, monkeypatch):
+    assert run_tune(tmp_path / "a")["reference_batch_size"] == 128
+    monkeypatch.setenv("TFMP_BATCH_SIZE", "64")
+    assert run_tune(tmp_path / "b")["reference_batch_size"] == 64
+    rc = cli.main(["tune", "--model", "mlp", "--dataset", "synthetic", "--precision", "float32",
+                   "--memory-budget", "1GiB", "--max-batch", "64", "--output",
+                   str(tmp_path / "c"), "--quiet", "--reference-batch-size", "256"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "c" / "tune.json").read_text())
+    assert doc["reference_batch_size"] == 256
+    # ...and train --tuned --scale-lr linear scales from it, not from 128.
+    applied = tuned.apply(str(tmp_path / "c"), model="mlp", dataset="synthetic",
+                          precision=None, batch_size=None, learning_rate=1e-3,
+                          scale_lr="linear", default_batch=128)
+    assert applied.batch_size == 16 and applied.learning_rate == pytest.approx(1e-3 * 16 / 256)
+    assert applied.record["reference_batch_size"] == 256
+    for bad in (0, -8, True, 2.5):
+        with pytest.raises(UsageError, match="reference_batch_size must be a positive"):
+            run_tune(tmp_path / "d", reference_batch_size=bad)
+    assert not (tmp_path / "d").exists()
