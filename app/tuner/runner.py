@@ -36,12 +36,12 @@ DEFAULT_TRIAL_TIMEOUT = 900.0
 class TrialFailed(Exception):
     """A trial failed for a reason that is not memory (the user's code raised, say)."""
 
-    def __init__(self, line: str, log: str):
-        self.line_text, self.log = line, log
+    def __init__(self, line: str, log: str, what: str = "a trial"):
+        self.line_text, self.log, self.what = line, log, what
         super().__init__(line)
 
     def line(self) -> str:
-        return f"error: a trial failed: {self.line_text} (log: {self.log})"
+        return f"error: {self.what} failed: {self.line_text} (log: {self.log})"
 
 
 def child_command(module: str, args: List[str]) -> List[str]:
@@ -208,17 +208,28 @@ class TrialRunner:
         name = f"{self.count:02d}-{policy}-b{batch_size}-verify"
         output = os.path.join(self.workdir, name)
         req = dict(self.base, policy=policy, batch_size=batch_size, steps=steps)
-        env = child_env(without=_NOT_FOR_VERIFICATION)
         end = run_child("app", verification_command(req, output),
                         os.path.join(self.workdir, name + ".log"), kill_above=self.kill_above,
                         timeout=self.timeout, result_path=os.path.join(output, "metrics.json"),
-                        env=env)
+                        env=verification_env())
         return verification_outcome(end, self.kill_above)
 
 
-# The user's TFMP_ settings stay (a TFMP_LOOP or TFMP_STEPS_PER_EXECUTION changes what the real
-# run holds in memory); these would make the verification run something else.
-_NOT_FOR_VERIFICATION = ("tuned", "scale_lr", "resume", "output")
+# Besides the settings' TFMP_ variables, these make a `tfmp train` run something other than
+# its flags say: TF_CONFIG a multi-worker job, TFMP_LOGICAL_CPUS a split CPU.
+_JOB_VARIABLES = ("TF_CONFIG", "TFMP_LOGICAL_CPUS")
+
+
+def verification_env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The verification's environment: no training setting inherited (every ``app.settings``
+    variable removed, and TF_CONFIG), so it trains exactly what its flags, the trials'
+    settings, say; anything else (PATH, CUDA's and TensorFlow's variables) as for a trial."""
+    from app.settings import SETTINGS
+
+    env = child_env(base, without=[s.name for s in SETTINGS])
+    for name in _JOB_VARIABLES:
+        env.pop(name, None)
+    return env
 
 
 def verification_command(req: Dict[str, Any], output: str) -> List[str]:
@@ -237,6 +248,8 @@ def verification_command(req: Dict[str, Any], output: str) -> List[str]:
             "--seed", str(req.get("seed") or 0),
             "--learning-rate", str(req.get("learning_rate") or 1e-3),
             "--image-size", str(req.get("image_size") or 32),
+            # One device, as the trials train: never a mirrored or multi-worker job.
+            "--strategy", "one",
             "--no-save-model", "--progress", "lines", "--log-every", "1000000",
             "--output", output]
     for key, flag in (("loss", "--loss"), ("metrics", "--metrics"),
@@ -255,8 +268,15 @@ def verification_command(req: Dict[str, Any], output: str) -> List[str]:
     return args
 
 
+# What a train that ran out of memory says (TensorFlow's allocator, Python, the C++ runtime).
+_OOM_WORDS = ("resourceexhaustederror", "out of memory", "memoryerror", "bad_alloc", "oom when")
+
+
 def verification_outcome(end: ChildEnd, kill_above: Optional[int]) -> Outcome:
-    """A verification run as the search's Outcome: completed only when ``train`` did."""
+    """A verification run as the search's Outcome: completed only when ``train`` did.  Killed
+    (watchdog, OOM killer), timed out or out of memory: the size did not fit.  Any other
+    failure raises ``TrialFailed`` with the child's last log lines: a size that does not fit
+    is not the question there, and stepping down would only repeat it."""
     metrics = end.result or {}
     seconds = round(end.seconds, 2)
     if end.returncode == 0 and metrics.get("status") == "completed":
@@ -265,8 +285,13 @@ def verification_outcome(end: ChildEnd, kill_above: Optional[int]) -> Outcome:
         return Outcome(True, peak, epochs[-1].get("samples_per_second"), "", seconds)
     if end.watchdog_killed or end.timed_out or end.returncode < 0:
         return Outcome(False, end.highest_rss or None, None, _died_of(end, kill_above), seconds)
-    return Outcome(False, None, None,
-                   f"tfmp train failed: {metrics.get('diagnosis') or log_tail(end.log, 3)}", seconds)
+    said = metrics.get("diagnosis") or ""
+    tail = log_tail(end.log, 3)
+    if any(w in (said + " " + tail).lower() for w in _OOM_WORDS):
+        return Outcome(False, end.highest_rss or None, None,
+                       f"out of memory in tfmp train ({(said or tail)[:200]})", seconds)
+    raise TrialFailed(f"exit status {end.returncode}: {tail or said or 'no output'}", end.log,
+                      what="the verification run (tfmp train)")
 
 
 def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:

@@ -178,3 +178,96 @@ def test_reference_batch_size_default_env_and_flag(tmp_path, fake, monkeypatch):
         with pytest.raises(UsageError, match="reference_batch_size must be a positive"):
             run_tune(tmp_path / "d", reference_batch_size=bad)
     assert not (tmp_path / "d").exists()
+
+
+# ---- the verification run (item 5) ----------------------------------------------------------
+
+def _hostile_environment():
+    """Every training setting's variable set to something the trials did not train, and the
+    multi-worker and CPU-split variables."""
+    from app.settings import SETTINGS
+
+    odd = {"int": "3", "float": "0.5", "text": "elsewhere"}
+    env = {"PATH": os.environ.get("PATH", ""), "TF_CONFIG": '{"cluster": {"worker": '
+           '["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}}',
+           "TFMP_LOGICAL_CPUS": "2"}
+    for s in SETTINGS:
+        if s.choices:
+            value = s.choices[-1]
+        elif s.switch:
+            value = "1"
+        else:
+            value = odd["int" if s.parse is int else "float" if s.parse is float else "text"]
+        env[s.env] = value
+    env.update(TFMP_STRATEGY="mirrored", TFMP_LOOP="custom", TFMP_INPUT_SHAPE="9,9,1",
+               TFMP_LOSS="mse", TFMP_PRECISION="mixed_float16")
+    return env
+
+
+def test_the_verification_trains_the_trials_settings_and_inherits_none(tmp_path):
+    from app import config
+    from app.tuner import runner
+
+    env = runner.verification_env(_hostile_environment())
+    assert env["PATH"] == os.environ.get("PATH", "")
+    leaked = sorted(k for k in env if k.startswith("TFMP_") or k == "TF_CONFIG")
+    assert leaked == [], leaked
+
+    req = {"model": "mlp", "dataset": "synthetic", "policy": "float32", "batch_size": 16,
+           "steps": 10, "loss": None, "metrics": None, "input_shape": None, "num_classes": None,
+           "image_size": 32, "data_dir": str(tmp_path / "ws" / "data"),
+           "data_dir_explicit": False, "image_dir": None, "max_train_samples": None,
+           "offline": True, "seed": 3, "learning_rate": 0.002, "jit": False}
+    args = cli.build_parser().parse_args(runner.verification_command(req, str(tmp_path / "v")))
+    flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
+    got = config.resolve_config(flags, environ=env)
+    # what the trial trained, setting by setting
+    for name in api.TRIAL_SETTINGS:
+        if name != "max_train_samples":   # the verification's own: `steps` batches and a half
+            assert getattr(got, name) == req[name], (name, getattr(got, name), req[name])
+    assert got.max_train_samples == 16 * 10 + 8 and got.epochs == 1
+    assert (got.precision, got.batch_size, got.strategy) == ("float32", 16, "one")
+    # everything else is train's default, whatever the tune's own environment held
+    clean = config.resolve_config(flags, environ={})
+    assert got == clean
+
+
+def _ended(tmp_path, rc, log_lines, metrics=None, **kw):
+    from app.tuner import runner
+
+    log = tmp_path / "v.log"
+    log.write_text("\n".join(log_lines) + "\n")
+    return runner.ChildEnd(rc, metrics, kw.get("killed", False), 0, 1.0, str(log),
+                           kw.get("timed_out", False))
+
+
+def test_a_verification_that_fails_for_another_reason_is_reported_as_that(tmp_path, fake,
+                                                                          capsys, monkeypatch):
+    from app.tuner import runner
+
+    end = _ended(tmp_path, 2, ["$ tfmp train ...",
+                               "error: dataset 'x.py:load' cannot be imported (ModuleNotFoundError)"])
+    with pytest.raises(runner.TrialFailed) as err:
+        runner.verification_outcome(end, None)
+    line = err.value.line()
+    assert line.startswith("error: the verification run (tfmp train) failed: exit status 2")
+    assert "cannot be imported" in line and str(tmp_path / "v.log") in line
+    # memory stays "did not fit"
+    oom = _ended(tmp_path, 1, ["tensorflow.python.framework.errors_impl.ResourceExhaustedError: "
+                               "OOM when allocating tensor"], {"status": "failed"})
+    assert not runner.verification_outcome(oom, None).completed
+    killed = _ended(tmp_path, -9, ["..."], killed=True)
+    assert not runner.verification_outcome(killed, 2**30).completed
+
+    # through tfmp tune: that one line, exit 1, not "no size held its budget"
+    def failing_verify(self, policy, batch_size, steps):
+        return runner.verification_outcome(end, None)
+    monkeypatch.setattr(fake, "verify", failing_verify)
+    out = tmp_path / "X"
+    rc = cli.main(["tune", "--model", "mlp", "--dataset", "synthetic", "--precision", "float32",
+                   "--memory-budget", "1GiB", "--max-batch", "64", "--output", str(out),
+                   "--quiet"])
+    err_lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 1 and len(err_lines) == 1, err_lines
+    assert err_lines[0].startswith("error: the verification run (tfmp train) failed")
+    assert "budget" not in err_lines[0] and not out.exists()
