@@ -98,17 +98,20 @@ def run(req: dict) -> dict:
                            parse_input_shape(req.get("input_shape")), req.get("num_classes"),
                            int(req.get("image_size") or 32))
     max_train = req.get("max_train_samples")
-    if req["dataset"] == "synthetic" and not max_train:
-        # Generated data: enough for two full batches at any size.
+    generated = req["dataset"] == "synthetic" and not max_train
+    if generated:
+        # Generated data has no size of its own: enough for two full batches at this size,
+        # and no size reported to the search, whose cap (--max-batch) is then the only limit
+        # (a real run's --max-train-samples decides how much it generates).
         max_train = max(SYNTHETIC_TRAIN, 2 * batch)
     bundle = task.load_data(batch, req.get("data_dir"), image_dir=req.get("image_dir"),
                             max_train_samples=max_train, max_val_samples=8,
                             seed=int(req.get("seed") or 0), offline=bool(req.get("offline")),
                             data_dir_explicit=bool(req.get("data_dir_explicit")))
     result = {"status": "ok", "batch_size": batch, "policy": req["policy"],
-              "train_samples": bundle.train_samples,
+              "train_samples": None if generated else bundle.train_samples,
               "memory_kind": "gpu" if on_gpu else "cpu_rss"}
-    if bundle.train_samples is not None and bundle.train_samples < batch:
+    if result["train_samples"] is not None and result["train_samples"] < batch:
         result.update(status="data", reason=f"the training set has only {bundle.train_samples} "
                                             "samples, fewer than one batch")
         return result

@@ -271,3 +271,25 @@ def test_a_verification_that_fails_for_another_reason_is_reported_as_that(tmp_pa
     assert rc == 1 and len(err_lines) == 1, err_lines
     assert err_lines[0].startswith("error: the verification run (tfmp train) failed")
     assert "budget" not in err_lines[0] and not out.exists()
+
+
+# ---- synthetic data in a trial (item 6) -----------------------------------------------------
+
+@pytest.mark.parametrize("max_train, limit", [(None, None), (40, 40)])
+def test_generated_data_does_not_cap_the_search(max_train, limit):
+    pytest.importorskip("tensorflow")
+    from app.tuner import search, trial
+
+    result = trial.run({"model": "mlp", "dataset": "synthetic", "policy": "float32",
+                        "batch_size": 8, "steps": 1, "warmup_steps": 0, "min_seconds": 0,
+                        "max_train_samples": max_train})
+    assert result["status"] == "ok" and result["train_samples"] == limit
+    # The search with every size fitting, as on a machine with plenty of memory: generated
+    # data lets it reach the cap; a --max-train-samples the user set still bounds the batch.
+    found = search.find_max_batch(
+        lambda b: Outcome(True, 100 * MIB, 1000.0 + b, "", 0.1, result["train_samples"]),
+        budget_bytes=64 * 2**30, margin=0.1, cap=8192)
+    if limit is None:
+        assert (found.max_batch, found.stopped) == (8192, "cap")
+    else:
+        assert (found.max_batch, found.stopped) == (40, "data")
