@@ -50,8 +50,9 @@ def add_parser(subparsers):
                      help="policies to tune, from float32, mixed_float16, mixed_bfloat16, auto "
                           "(default: float32 and what auto picks here)")
     how.add_argument("--memory-budget", default="auto", metavar="auto|SIZE",
-                     help="GPU: auto is the GPU's memory; CPU: the container's memory limit, "
-                          "else the memory available now; or a size (2GiB, 1500MiB)")
+                     help="GPU: auto is the GPU's memory; CPU: what is free under the "
+                          "container's memory limit (the limit less what the container uses "
+                          "now), else the memory available now; or a size (2GiB, 1500MiB)")
     how.add_argument("--margin", type=float, default=api.DEFAULT_MARGIN, metavar="F",
                      help="fraction of the budget kept free, in [0, 0.9) (default 0.1)")
     how.add_argument("--max-batch", type=int, metavar="N",

@@ -2,10 +2,16 @@
 
 ``parse_size`` reads ``2GiB``, ``1500MiB``, ``2g`` (Docker's binary units), ``2GB``
 (decimal) or plain bytes.  ``auto`` is, on a GPU, the memory TensorFlow can use on GPU 0;
-on a CPU, the memory limit of the container (cgroup v2 ``memory.max`` or cgroup v1
-``memory.limit_in_bytes``, the smallest along the path to the root) or else
-``MemAvailable`` when the tune starts.  The parsers are pure (tests give them text); the
-two ``read_*`` functions are the edge that reads ``/proc`` and ``/sys``.
+on a CPU, what is free for a trial when the tune starts: under a container's memory limit,
+the limit less what the container uses already (Jupyter, kernels, this tune's own process),
+at each level of the cgroup path that has a limit (cgroup v2 ``memory.max`` less
+``memory.current``, v1 ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``; page cache
+the kernel can drop, ``inactive_file`` in ``memory.stat``, counts as free, as the kubelet's
+working set does), and never more than ``MemAvailable``; without a limit, ``MemAvailable``.
+A budget of the bare limit would let a trial grow until the kernel's out-of-memory killer
+ends the biggest process in the container, which may be the user's notebook kernel, before
+the tuner's watchdog stops the trial.  The parsers are pure (tests give them text);
+``_read_text`` is the edge that reads ``/proc`` and ``/sys``.
 """
 from __future__ import annotations
 
@@ -109,6 +115,65 @@ def parse_limit(text: Optional[str], version: int) -> Optional[int]:
     return value
 
 
+def parse_counter(text: Optional[str]) -> Optional[int]:
+    """A ``memory.current`` / ``memory.usage_in_bytes`` value; None when unreadable."""
+    try:
+        return int((text or "").strip())
+    except ValueError:
+        return None
+
+
+def parse_stat(text: Optional[str], key: str) -> int:
+    """One field of a ``memory.stat`` (0 when missing)."""
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key and parts[1].isdigit():
+            return int(parts[1])
+    return 0
+
+
+@dataclass(frozen=True)
+class CgroupFree:
+    free: int          # limit - in use, at the level where that is smallest
+    limit: int
+    used: int          # usage less the page cache the kernel can drop (the working set)
+    path: str          # the limit's file
+
+
+def _levels(proc_self_cgroup: str, root: str):
+    """(version, folder) of every cgroup level on this process' path, deepest first."""
+    v2, v1 = cgroup_paths(proc_self_cgroup)
+    if v2 is not None:
+        for rel in _ancestors(v2):
+            yield 2, os.path.join(root, rel.lstrip("/"))
+    if v1 is not None:
+        for rel in _ancestors(v1):
+            yield 1, os.path.join(root, "memory", rel.lstrip("/"))
+
+
+_FILES = {2: ("memory.max", "memory.current", "inactive_file"),
+          1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
+
+
+def cgroup_free(proc_self_cgroup: str, read: Callable[[str], Optional[str]],
+                root: str = "/sys/fs/cgroup") -> Optional[CgroupFree]:
+    """What is left under the memory limits on this process' cgroup path: at each level with a
+    limit, the limit less its working set; the smallest.  None when no level has a limit.  A
+    level whose usage cannot be read counts as using nothing (its limit is the answer)."""
+    found: List[CgroupFree] = []
+    for version, folder in _levels(proc_self_cgroup, root):
+        limit_name, usage_name, cache_key = _FILES[version]
+        path = os.path.join(folder, limit_name)
+        limit = parse_limit(read(path), version)
+        if limit is None:
+            continue
+        usage = parse_counter(read(os.path.join(folder, usage_name))) or 0
+        cache = parse_stat(read(os.path.join(folder, "memory.stat")), cache_key)
+        used = max(0, usage - min(cache, usage))
+        found.append(CgroupFree(max(0, limit - used), limit, used, path))
+    return min(found, key=lambda f: f.free) if found else None
+
+
 def cgroup_limit(proc_self_cgroup: str, read: Callable[[str], Optional[str]],
                  root: str = "/sys/fs/cgroup") -> Optional[Tuple[int, str]]:
     """The tightest memory limit on this process' cgroup and its ancestors, with the file
@@ -117,21 +182,12 @@ def cgroup_limit(proc_self_cgroup: str, read: Callable[[str], Optional[str]],
     Inside a container the cgroup file system is usually mounted at the container's own
     cgroup, so the path from /proc/self/cgroup may not exist below ``root``: the mount's top
     is tried as well."""
-    v2, v1 = cgroup_paths(proc_self_cgroup)
     found: List[Tuple[int, str]] = []
-    if v2 is not None:
-        for rel in _ancestors(v2):
-            path = os.path.join(root, rel.lstrip("/"), "memory.max")
-            limit = parse_limit(read(path), 2)
-            if limit is not None:
-                found.append((limit, path))
-    if v1 is not None:
-        base = os.path.join(root, "memory")
-        for rel in _ancestors(v1):
-            path = os.path.join(base, rel.lstrip("/"), "memory.limit_in_bytes")
-            limit = parse_limit(read(path), 1)
-            if limit is not None:
-                found.append((limit, path))
+    for version, folder in _levels(proc_self_cgroup, root):
+        path = os.path.join(folder, _FILES[version][0])
+        limit = parse_limit(read(path), version)
+        if limit is not None:
+            found.append((limit, path))
     return min(found) if found else None
 
 
@@ -146,11 +202,24 @@ def _read_text(path: str) -> Optional[str]:
 
 
 def cpu_auto_budget(read: Callable[[str], Optional[str]] = _read_text) -> Budget:
-    """The container's memory limit, else the memory available now."""
-    limit = cgroup_limit(read("/proc/self/cgroup") or "", read)
+    """What is free now: under the container's memory limit (its limit less what it uses),
+    capped by the machine's available memory; without a limit, the memory available."""
+    free = cgroup_free(read("/proc/self/cgroup") or "", read)
     available = parse_meminfo_available(read("/proc/meminfo") or "")
-    if limit is not None:
-        return Budget(limit[0], f"container memory limit ({limit[1]})")
+    if free is not None:
+        under = (f"container memory limit {format_size(free.limit)} less "
+                 f"{format_size(free.used)} in use ({free.path})")
+        if available is not None and available < free.free:
+            return Budget(available, f"memory available when the tune started (/proc/meminfo), "
+                                     f"less than the {under}")
+        if free.free < MIN_BUDGET:
+            raise UsageError(f"--memory-budget auto: the container has "
+                             f"{format_size(free.free)} free (memory limit "
+                             f"{format_size(free.limit)}, {format_size(free.used)} in use), "
+                             "too little to run TensorFlow",
+                             "free memory in the container (stop idle notebook kernels), or "
+                             "--memory-budget SIZE")
+        return Budget(free.free, under)
     if available is not None:
         return Budget(available, "memory available when the tune started (/proc/meminfo)")
     raise UsageError("--memory-budget auto found no container limit and cannot read "

@@ -250,3 +250,55 @@ def test_children_cannot_be_hijacked_by_an_app_module_in_the_cwd(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "--request" in proc.stdout and "hijacked" not in proc.stderr
     assert runner.child_env()["PYTHONPATH"].split(os.pathsep)[0] == launch.PACKAGE_ROOT
+
+
+# ---- auto in a container is what is free, not the bare limit (issue 24, item 8) -------------
+
+MEMINFO_PLENTY = "MemTotal: 64000000 kB\nMemAvailable:   60000000 kB\n"
+
+
+def test_cgroup_v2_auto_is_the_limit_less_what_the_container_uses():
+    # A 4 GiB container where Jupyter and a kernel use 1.5 GiB, 0.5 GiB of it droppable cache.
+    files = {"/proc/self/cgroup": "0::/\n", "/proc/meminfo": MEMINFO_PLENTY,
+             "/sys/fs/cgroup/memory.max": str(4 * GIB),
+             "/sys/fs/cgroup/memory.current": str(3 * GIB // 2),
+             "/sys/fs/cgroup/memory.stat": f"anon 1000\nfile 900\ninactive_file {GIB // 2}\n"}
+    b = budget.cpu_auto_budget(_reader(files))
+    assert b.bytes == 3 * GIB
+    assert b.source.startswith("container memory limit 4.00 GiB less 1.00 GiB in use")
+    assert "/sys/fs/cgroup/memory.max" in b.source
+
+
+def test_cgroup_v1_auto_is_the_limit_less_usage_at_the_tightest_level():
+    proc = "4:memory:/docker/abc\n"
+    base = "/sys/fs/cgroup/memory"
+    files = {"/proc/self/cgroup": proc, "/proc/meminfo": MEMINFO_PLENTY,
+             # the container: 3 GiB limit, 1 GiB used
+             f"{base}/docker/abc/memory.limit_in_bytes": str(3 * GIB),
+             f"{base}/docker/abc/memory.usage_in_bytes": str(GIB),
+             f"{base}/docker/abc/memory.stat": "total_inactive_file 0\n",
+             # its parent: 8 GiB limit with 7.5 GiB used by its other containers
+             f"{base}/docker/memory.limit_in_bytes": str(8 * GIB),
+             f"{base}/docker/memory.usage_in_bytes": str(15 * GIB // 2),
+             f"{base}/memory.limit_in_bytes": "9223372036854771712"}
+    free = budget.cgroup_free(proc, _reader(files))
+    assert (free.free, free.limit, free.path) == (GIB // 2, 8 * GIB,
+                                                  f"{base}/docker/memory.limit_in_bytes")
+    assert budget.cpu_auto_budget(_reader(files)).bytes == GIB // 2
+
+
+def test_auto_never_exceeds_mem_available_and_says_so():
+    files = {"/proc/self/cgroup": "0::/\n", "/proc/meminfo": "MemAvailable: 1048576 kB\n",
+             "/sys/fs/cgroup/memory.max": str(16 * GIB), "/sys/fs/cgroup/memory.current": "0"}
+    b = budget.cpu_auto_budget(_reader(files))
+    assert b.bytes == GIB and b.source.startswith("memory available when the tune started")
+    assert "container memory limit 16.00 GiB" in b.source
+
+
+def test_a_container_with_almost_nothing_free_is_one_line():
+    files = {"/proc/self/cgroup": "0::/\n", "/proc/meminfo": MEMINFO_PLENTY,
+             "/sys/fs/cgroup/memory.max": str(GIB),
+             "/sys/fs/cgroup/memory.current": str(GIB - 10 * 2**20)}
+    with pytest.raises(UsageError) as err:
+        budget.cpu_auto_budget(_reader(files))
+    assert "10 MiB free" in err.value.line() and "--memory-budget SIZE" in err.value.line()
