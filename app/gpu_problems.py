@@ -50,6 +50,15 @@ PROBLEM_IDS = (
 #  * APIs that need driver support added in a later minor release return
 #    cudaErrorCallRequiresNewerDriver.
 #  * It never crosses a major version: a CUDA 10.x driver cannot run CUDA 11 at all.
+# Forward compatibility ("Forward Compatibility Support Across Major Toolkit Versions"): on
+# data centre GPUs an older kernel module (R418, R440, R450, ...) runs a newer CUDA through
+# the cuda-compat package's user-space libcuda (/usr/local/cuda/compat), which the NVIDIA
+# Container Toolkit puts on the library path when the image's NVIDIA_REQUIRE_CUDA asks for
+# more than the host driver has.  Then the kernel module's version says nothing about what
+# CUDA runs: the libcuda this process loads, initialised (cuInit CUDA_SUCCESS) and reporting
+# the toolkit's CUDA version or newer (cuDriverGetVersion), is the proof.  On a GPU that
+# forward compatibility does not support, cuInit fails with
+# CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE (804), a no_driver_libraries problem.
 MINOR_VERSION_COMPAT_MINIMUM = {11: (450, 80, 2), 12: (525, 60, 13)}
 TOOLKIT_DRIVER_11_2 = "460.32.03"  # CUDA 11.2.1/11.2.2's driver (11.2.0: 460.27.03)
 DEFAULT_CUDA = (11, 2)  # what the image's TensorFlow 2.9 is built with
@@ -243,6 +252,8 @@ def _rule_driver_too_old(p: GpuProbe) -> Problem | None:
     else:
         fix = f"update the host's NVIDIA driver to one that supports {need}"
     driver = p.driver_cuda_version
+    if _cuda_context_runs(p):
+        return None   # a working libcuda for this CUDA or newer: no version rule applies
     if driver is not None and driver // 1000 < req_major:
         return Problem("driver_too_old",
                        f"the driver supports CUDA {cuda_version_text(driver)}; this TensorFlow "
@@ -272,10 +283,27 @@ def _rule_driver_too_old(p: GpuProbe) -> Problem | None:
     return None
 
 
+def _cuda_context_runs(p: GpuProbe) -> bool:
+    """The libcuda this process loads starts (cuInit CUDA_SUCCESS) and supports the CUDA
+    this TensorFlow is built with, or newer: whatever the kernel module's version (forward
+    compatibility, see above), the driver is new enough."""
+    req_major, req_minor = _required_cuda(p)
+    driver = p.driver_cuda_version
+    return (p.libcuda_error is None and p.cuinit_status == 0 and driver is not None
+            and driver >= req_major * 1000 + req_minor * 10)
+
+
 def _hidden_by(p: GpuProbe) -> str | None:
+    """The variable that hides every GPU, or None.  GPUs the driver lists in this process
+    are not hidden (CUDA_VISIBLE_DEVICES is applied by the driver before it lists them), and
+    NVIDIA_VISIBLE_DEVICES is read only by the NVIDIA Container Toolkit when the container is
+    created: where the container has GPU device nodes (`--gpus` passed them in) its value,
+    "" included, did not hide them."""
+    if p.gpus:
+        return None
     nodes = [n for n in _gpu_nodes(p) if n != "dxg"]
     return visible_devices_hide_all(p.env.get("CUDA_VISIBLE_DEVICES"),
-                                    p.env.get("NVIDIA_VISIBLE_DEVICES"),
+                                    None if nodes else p.env.get("NVIDIA_VISIBLE_DEVICES"),
                                     len(nodes) if nodes else None)
 
 

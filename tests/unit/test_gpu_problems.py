@@ -385,3 +385,48 @@ def test_a_newer_major_driver_runs_cuda_11_2_by_backward_compatibility():
     probe = replace(HEALTHY, driver_cuda_version=12020, kernel_driver_version="535.54.03",
                     gpus=(A100,))
     assert gp.find_problems(probe) == []
+
+
+# ---- forward compatibility and NVIDIA_VISIBLE_DEVICES (issue 24, item 10) -------------------
+
+@pytest.mark.parametrize("kernel, driver_cuda, gpu", [
+    ("450.51.06", 11020, T4),     # R450 below the minor-version minimum, cuda-compat 11.2
+    ("418.226.00", 11040, A100),  # R418 with a CUDA 11.4 compat libcuda: PTX compiles too
+    ("470.82.01", 12020, A100),
+])
+def test_forward_compatibility_a_working_cuda_context_is_trusted_over_the_kernel_version(
+        kernel, driver_cuda, gpu):
+    probe = replace(HEALTHY, kernel_driver_version=kernel, driver_cuda_version=driver_cuda,
+                    gpus=(gpu,))
+    assert gp.find_problems(probe) == []
+    # the same kernel module with its own libcuda (below 11.2) is still judged by the rules
+    if kernel.startswith("450.51"):
+        assert ids(replace(probe, driver_cuda_version=11000)) == ["driver_too_old"]
+    # a compat libcuda that cannot start proves nothing
+    assert "driver_too_old" in ids(replace(probe, cuinit_status=35, gpus=()))
+
+
+@needs_gcc
+def test_forward_compatibility_through_the_ctypes_probe(tmp_path):
+    # What the container sees on an A100 with an R450 kernel module and cuda-compat 11.2:
+    # the compat libcuda initialises and reports 11.2.
+    lib = build_stub(tmp_path, CUDA_VERSION=11020, DEVICES=1, CC_MAJOR=8, CC_MINOR=0,
+                     NAME='"NVIDIA A100-SXM4-40GB"')
+    reading = probe_mod.read_driver(str(lib))
+    assert (reading.cuinit_status, reading.cuda_version) == (0, 11020)
+    probe = replace(HEALTHY, driver_cuda_version=reading.cuda_version,
+                    kernel_driver_version="450.51.06", gpus=reading.gpus, gpus_seen_by="driver")
+    assert ids(probe) == []
+
+
+@pytest.mark.parametrize("value", ["", "void", "none"])
+def test_nvidia_visible_devices_does_not_hide_gpus_the_container_was_given(value):
+    # `--gpus all` passed the devices in: the toolkit's variable, whatever it says now, did
+    # not hide them, and the driver lists them.
+    given = replace(HEALTHY, gpus_seen_by="driver", env={"NVIDIA_VISIBLE_DEVICES": value})
+    assert gp.find_problems(given) == []
+    # device nodes but the driver finds none: the cause is the driver or the host, not this
+    none_found = replace(given, cuinit_status=100, gpus=())
+    problems = gp.find_problems(none_found)
+    assert [p.id for p in problems] == ["no_gpu_devices"]
+    assert "CUDA_ERROR_NO_DEVICE" in problems[0].line
