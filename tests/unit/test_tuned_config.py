@@ -118,3 +118,35 @@ def test_cli_bad_tune_input_is_one_line_exit_2_nothing_written(tmp_path, args, e
     assert not out.exists() and not (tmp_path / "ws").exists()
     if "invalid choice" not in needle:
         assert len(error_lines(proc.stderr)) == 1
+
+
+def test_the_multiworker_compose_file_leaves_a_tune_in_charge(tmp_path):
+    # docker-compose.multiworker.yml passes its variables to both workers; with only
+    # TFMP_TUNED given, precision and batch size must come from the tune (issue 24, item 11),
+    # not from values the file sets itself.
+    import os
+    import re
+
+    yaml = pytest.importorskip("yaml")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docker-compose.multiworker.yml"), encoding="utf-8") as fh:
+        compose = yaml.safe_load(fh)
+    user = {"TFMP_TUNED": _tune_json(tmp_path), "TFMP_SCALE_LR": "linear"}
+
+    def interpolate(value):   # Compose's ${VAR:-default}
+        return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: user.get(m.group(1)) or m.group(2),
+                      str(value))
+
+    for name in ("worker0", "worker1"):
+        env = {k: interpolate(v) for k, v in compose["services"][name]["environment"].items()
+               if k.startswith("TFMP_") and k != "TFMP_STRATEGY"}
+        cfg = _resolve({}, env)
+        assert (cfg.precision, cfg.batch_size) == ("mixed_bfloat16", 256), env
+        assert cfg.tuning["taken"] == ["precision", "batch_size"]
+        assert cfg.tuning["notes"] == [] and cfg.tuning["scale_lr"] == "linear"
+    # a value the user sets still wins, as the note says
+    user["TFMP_BATCH_SIZE"] = "32"
+    env = {k: interpolate(v) for k, v in compose["services"]["worker0"]["environment"].items()
+           if k.startswith("TFMP_") and k != "TFMP_STRATEGY"}
+    cfg = _resolve({}, env)
+    assert cfg.batch_size == 32 and "--batch-size 32 overrides the tuned 256" in cfg.tuning["notes"]
