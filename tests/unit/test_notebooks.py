@@ -173,13 +173,15 @@ def test_cli_installs_the_real_notebooks_and_rejects_a_file(tmp_path):
 
 # ---- execution -----------------------------------------------------------------------------------
 
-def execute(name: str, params: dict, tmp_path: Path, monkeypatch, timeout: int = 600):
-    """Run notebook ``name`` with ``params`` injected; return (executed notebook, summary)."""
+def execute(name: str, params: dict, tmp_path: Path, monkeypatch, timeout: int = 600,
+            prelude: str = ""):
+    """Run notebook ``name`` with ``params`` injected (and ``prelude``, code run right after
+    them); return (executed notebook, summary)."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = _read(name)
     at = _parameters_index(nb) + 1
-    injected = "\n".join(f"{k} = {v!r}" for k, v in params.items())
+    injected = "\n".join(f"{k} = {v!r}" for k, v in params.items()) + "\n" + prelude
     nb.cells.insert(at, nbformat.v4.new_code_cell(injected, metadata={"tags": ["injected-parameters"]}))
     nb.cells.append(nbformat.v4.new_code_cell(
         f"import json as _json\nprint({SUMMARY_MARK!r} + _json.dumps(summary))"))
@@ -375,3 +377,42 @@ def test_05_tune_then_train_with_the_result(tmp_path, monkeypatch):
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if "image/png" in o.get("data", {})]
     assert images, "the curves were not shown"
+
+
+# Trials stood in for (no TensorFlow, no child processes): sizes up to 16 fit in the search,
+# and the longer verification run of every one of them goes over the budget.
+FAILED_VERIFICATION = """
+from app.tuner import api as _api
+from app.tuner.search import Outcome as _Outcome
+
+
+class _Runner:
+    def __init__(self, base, workdir, **kw):
+        pass
+
+    def __call__(self, policy, batch, any_fit, phase="search", **kw):
+        if batch <= 16:
+            return _Outcome(True, (100 + batch) * 2**20, 100.0 * batch, "", 0.1)
+        return _Outcome(False, None, None, "resident memory passed the budget", 0.1)
+
+    def verify(self, policy, batch, steps):
+        return _Outcome(False, None, None, "killed by SIGKILL (the kernel's out-of-memory killer)", 0.1)
+
+
+_api.TrialRunner = _Runner
+_api.collect_environment = lambda: {"hardware": {"gpus": []}, "auto_precision": {"policy": "float32"}}
+"""
+
+
+def test_05_a_failed_verification_is_reported_in_words(tmp_path, monkeypatch):
+    params = dict(model_name="mlp", dataset="synthetic", precisions="float32",
+                  memory_budget="1GiB", max_batch=32, steps=1, epochs=1,
+                  max_train_samples=512, workspace=str(tmp_path / "ws"))
+    nb, s = execute(NAMES[4], params, tmp_path, monkeypatch, timeout=300,
+                    prelude=FAILED_VERIFICATION)
+    assert s["choice"] is None and s["verified"] is False and s["trained_policy"] is None
+    text = _all_text(nb)
+    assert "verification failed: no float32 size held the budget" in text
+    assert "did not hold over" in text and "not training" in text
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
