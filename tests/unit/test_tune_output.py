@@ -275,6 +275,7 @@ def test_a_verification_that_fails_for_another_reason_is_reported_as_that(tmp_pa
 
 # ---- synthetic data in a trial (item 6) -----------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_train, limit", [(None, None), (40, 40)])
 def test_generated_data_does_not_cap_the_search(max_train, limit):
     pytest.importorskip("tensorflow")
