@@ -5,9 +5,10 @@
 on a CPU, what is free for a trial when the tune starts: under a container's memory limit,
 the limit less what the container uses already (Jupyter, kernels, this tune's own process),
 at each level of the cgroup path that has a limit (cgroup v2 ``memory.max`` less
-``memory.current``, v1 ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``; page cache
-the kernel can drop, ``inactive_file`` in ``memory.stat``, counts as free, as the kubelet's
-working set does), and never more than ``MemAvailable``; without a limit, ``MemAvailable``.
+``memory.current``, v1 ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``; the page
+cache, ``active_file`` and ``inactive_file`` in ``memory.stat``, counts as free: the kernel
+reclaims it before its out-of-memory killer acts, as ``MemAvailable`` counts it), and never
+more than ``MemAvailable``; without a limit, ``MemAvailable``.
 A budget of the bare limit would let a trial grow until the kernel's out-of-memory killer
 ends the biggest process in the container, which may be the user's notebook kernel, before
 the tuner's watchdog stops the trial.  The parsers are pure (tests give them text);
@@ -136,7 +137,7 @@ def parse_stat(text: Optional[str], key: str) -> int:
 class CgroupFree:
     free: int          # limit - in use, at the level where that is smallest
     limit: int
-    used: int          # usage less the page cache the kernel can drop (the working set)
+    used: int          # usage less the page cache the kernel can reclaim
     path: str          # the limit's file
 
 
@@ -151,8 +152,10 @@ def _levels(proc_self_cgroup: str, root: str):
             yield 1, os.path.join(root, "memory", rel.lstrip("/"))
 
 
-_FILES = {2: ("memory.max", "memory.current", "inactive_file"),
-          1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
+# (limit, usage, the memory.stat fields of page cache the kernel reclaims before it kills)
+_FILES = {2: ("memory.max", "memory.current", ("active_file", "inactive_file")),
+          1: ("memory.limit_in_bytes", "memory.usage_in_bytes",
+              ("total_active_file", "total_inactive_file"))}
 
 
 def cgroup_free(proc_self_cgroup: str, read: Callable[[str], Optional[str]],
@@ -162,13 +165,14 @@ def cgroup_free(proc_self_cgroup: str, read: Callable[[str], Optional[str]],
     level whose usage cannot be read counts as using nothing (its limit is the answer)."""
     found: List[CgroupFree] = []
     for version, folder in _levels(proc_self_cgroup, root):
-        limit_name, usage_name, cache_key = _FILES[version]
+        limit_name, usage_name, cache_keys = _FILES[version]
         path = os.path.join(folder, limit_name)
         limit = parse_limit(read(path), version)
         if limit is None:
             continue
         usage = parse_counter(read(os.path.join(folder, usage_name))) or 0
-        cache = parse_stat(read(os.path.join(folder, "memory.stat")), cache_key)
+        stat = read(os.path.join(folder, "memory.stat"))
+        cache = sum(parse_stat(stat, key) for key in cache_keys)
         used = max(0, usage - min(cache, usage))
         found.append(CgroupFree(max(0, limit - used), limit, used, path))
     return min(found, key=lambda f: f.free) if found else None

@@ -258,11 +258,12 @@ MEMINFO_PLENTY = "MemTotal: 64000000 kB\nMemAvailable:   60000000 kB\n"
 
 
 def test_cgroup_v2_auto_is_the_limit_less_what_the_container_uses():
-    # A 4 GiB container where Jupyter and a kernel use 1.5 GiB, 0.5 GiB of it droppable cache.
+    # A 4 GiB container where Jupyter and a kernel use 1.5 GiB, 0.5 GiB of it page cache.
     files = {"/proc/self/cgroup": "0::/\n", "/proc/meminfo": MEMINFO_PLENTY,
              "/sys/fs/cgroup/memory.max": str(4 * GIB),
              "/sys/fs/cgroup/memory.current": str(3 * GIB // 2),
-             "/sys/fs/cgroup/memory.stat": f"anon 1000\nfile 900\ninactive_file {GIB // 2}\n"}
+             "/sys/fs/cgroup/memory.stat": f"anon {GIB}\nfile {GIB // 2}\nactive_file "
+                                           f"{GIB // 8}\ninactive_file {3 * GIB // 8}\n"}
     b = budget.cpu_auto_budget(_reader(files))
     assert b.bytes == 3 * GIB
     assert b.source.startswith("container memory limit 4.00 GiB less 1.00 GiB in use")
@@ -276,7 +277,7 @@ def test_cgroup_v1_auto_is_the_limit_less_usage_at_the_tightest_level():
              # the container: 3 GiB limit, 1 GiB used
              f"{base}/docker/abc/memory.limit_in_bytes": str(3 * GIB),
              f"{base}/docker/abc/memory.usage_in_bytes": str(GIB),
-             f"{base}/docker/abc/memory.stat": "total_inactive_file 0\n",
+             f"{base}/docker/abc/memory.stat": "total_active_file 0\ntotal_inactive_file 0\n",
              # its parent: 8 GiB limit with 7.5 GiB used by its other containers
              f"{base}/docker/memory.limit_in_bytes": str(8 * GIB),
              f"{base}/docker/memory.usage_in_bytes": str(15 * GIB // 2),
