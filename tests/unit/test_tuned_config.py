@@ -120,6 +120,8 @@ def test_cli_bad_tune_input_is_one_line_exit_2_nothing_written(tmp_path, args, e
         assert len(error_lines(proc.stderr)) == 1
 
 
+@pytest.mark.host_only(reason="reads docker-compose.multiworker.yml, which the image does not "
+                               "ship")
 def test_the_multiworker_compose_file_leaves_a_tune_in_charge(tmp_path):
     # docker-compose.multiworker.yml passes its variables to both workers; with only
     # TFMP_TUNED given, precision and batch size must come from the tune (issue 24, item 11),
