@@ -236,10 +236,9 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     output = output or default_output(model, dataset, workspace)
     check_output(output)
     lock = RunLock(output)
-    lock.check_free()
     created = not os.path.exists(output)
-    lock.acquire()
     try:
+        lock.acquire()     # a live tune (or run) there: OutputInUse, one line
         check_output(output)   # under the lock: a tune may have finished here meanwhile
         doc = _tune_locked(
             model, dataset, output, workspace, wanted, memory_budget, margin, cap, time_budget,
@@ -249,9 +248,11 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
                  max_train_samples=max_train_samples, offline=offline, seed=seed,
                  learning_rate=learning_rate, jit=jit))
     except BaseException:
-        # Nothing of this tune's is in the folder: leave it as it was found.
+        # Nothing of this tune's is in the folder: leave it as it was found.  A lock file
+        # still there is another run's (it holds the folder); rmdir leaves a folder that
+        # something else has written into meanwhile.
         lock.release_and_remove()
-        if created:
+        if created and not os.path.lexists(lock.path):
             try:
                 os.rmdir(output)
             except OSError:
