@@ -8,9 +8,9 @@ import sys
 from typing import Sequence
 
 from app.commands import COMMANDS
-from app.errors import MixedPrecisionClash, UsageError, UserCodeError
-from app.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_OUTPUT_FAULT, EXIT_USAGE  # noqa: F401
-from app.output_faults import OutputFault
+from app.core.errors import MixedPrecisionClash, UsageError, UserCodeError
+from app.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_OUTPUT_FAULT, EXIT_USAGE  # noqa: F401
+from app.run_folder.write_faults import OutputFault
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from app.hardware import HardwareInfo
-from app.registry import has_fast_path
+from app.machine.hardware import HardwareInfo
+from app.core.catalog import has_fast_path
 
 # A mixed policy "pays" from this median speed-up on; below it we look for a reason.
 PAYS = 1.10

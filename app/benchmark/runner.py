@@ -14,15 +14,15 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from app import settings as settings_table
+from app.core import settings as settings_table
 from app.benchmark import stats
-from app.exit_codes import EXIT_USAGE  # train rejected its input
-from app import launch
-from app.launch import log_tail, module_command, sigterm_as_exit
-from app.reporting import utc_now_iso
+from app.core.exit_codes import EXIT_USAGE  # train rejected its input
+from app.core import launch
+from app.core.launch import log_tail, module_command, sigterm_as_exit
+from app.core.files import utc_now_iso
 
 # Flags of ``tfmp train`` that the benchmark passes through unchanged when set (the
-# ``passed`` column of app.settings): (setting, flag) pairs, values and switches apart.
+# ``passed`` column of app.core.settings): (setting, flag) pairs, values and switches apart.
 PASS_THROUGH = tuple((s.name, s.flag) for s in settings_table.PASSED if not s.switch)
 BOOL_PASS_THROUGH = tuple((s.name, s.flag) for s in settings_table.PASSED if s.switch)
 # Always: no model file (its saving time and disk are not what is measured), and plain

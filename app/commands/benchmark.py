@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import sys
 
-from app import settings as settings_table
-from app.errors import UsageError
-from app.exit_codes import EXIT_FAILED
-from app.registry import POLICIES
+from app.core import settings as settings_table
+from app.core.errors import UsageError
+from app.core.exit_codes import EXIT_FAILED
+from app.core.catalog import POLICIES
 
-# The training settings the benchmark passes to its runs (app.settings' ``passed``
+# The training settings the benchmark passes to its runs (app.core.settings' ``passed``
 # column), apart from the task flags and --epochs (its own, below) and the two speed
 # settings, which get their own --help group.
 _SPEED = ("steps_per_execution", "jit")
@@ -89,7 +89,7 @@ def precheck_spec(spec, what: str) -> None:
     process, which exits 2 with its own one-line error."""
     import importlib.util
 
-    from app import specs
+    from app.task import user_code as specs
 
     if not specs.is_user_spec(spec):
         return
@@ -114,7 +114,7 @@ def precheck_spec(spec, what: str) -> None:
 
 def validate(args):
     """Every check that can fail, before anything is created.  Returns (settings, policies)."""
-    from app import config
+    from app.training import config
 
     policies = parse_policies(args.policies)
     if args.repeats < 1:
@@ -172,7 +172,7 @@ def validate(args):
 def tune_first(settings: dict, policies, output: str) -> dict:
     """``--best-batch``: the tune of this job (every requested policy, or float32 and auto),
     into ``<output>/tune``; returns ``{policy: best batch}``."""
-    from app.tuner.api import trial_settings, tune
+    from app.tuner.tuning import trial_settings, tune
 
     doc = tune(settings["model"], settings["dataset"],
                precision=",".join(policies) if policies else None,

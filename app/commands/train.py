@@ -6,9 +6,9 @@ import os
 import re
 import sys
 
-from app import settings
-from app.config import DATASETS, LOOPS, MODELS, PRECISIONS, STRATEGIES, TrainConfig
-from app.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, interrupted
+from app.core import settings
+from app.training.config import DATASETS, LOOPS, MODELS, PRECISIONS, STRATEGIES, TrainConfig
+from app.core.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, interrupted
 
 _PEER_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError")
 
@@ -32,7 +32,7 @@ TASK_FLAGS = tuple(s.name for s in settings.SETTINGS if s.task)
 
 
 def add_setting_flags(p, names, show_env: bool = True, group=None) -> dict:
-    """argparse flags for training settings (``app.settings``), defaults None: resolved
+    """argparse flags for training settings (``app.core.settings``), defaults None: resolved
     later, flag > TFMP_ variable > default."""
     return settings.add_flags(p, names, TrainConfig(), HELP_CONTEXT, show_env, group)
 
@@ -66,11 +66,11 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from app.config import resolve_config
+    from app.training.config import resolve_config
 
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     cfg = resolve_config(flags)  # UsageError -> exit 2 (before TensorFlow is even imported)
-    from app.distribute import parse_logical_cpus, parse_tf_config
+    from app.training.distribute import parse_logical_cpus, parse_tf_config
 
     cluster = parse_tf_config(os.environ.get("TF_CONFIG"))  # malformed: exit 2, no TF import
     parse_logical_cpus(os.environ)
@@ -96,7 +96,7 @@ def _exit_without_teardown(code: int) -> None:
 
 
 def _train(cfg) -> int:
-    from app.training import train
+    from app.training.job import train
 
     try:
         metrics = train(cfg)

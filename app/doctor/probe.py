@@ -17,7 +17,7 @@ import contextlib
 from typing import Dict, List, Optional
 
 from app.doctor.layers import dtype_name
-from app.registry import DEFAULT_INITIAL_LOSS_SCALE
+from app.core.catalog import DEFAULT_INITIAL_LOSS_SCALE
 
 INITIAL_SCALE = DEFAULT_INITIAL_LOSS_SCALE   # what train's LossScaleOptimizer starts with
 MAX_HALVINGS = 10

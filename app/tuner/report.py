@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 from typing import Any, Dict, List, Mapping, Optional
 
-from app.registry import BASELINE_POLICY
+from app.core.catalog import BASELINE_POLICY
 from app.tuner import search
 from app.tuner.budget import format_size
 

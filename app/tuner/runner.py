@@ -3,10 +3,10 @@
 The parent (this process) never imports TensorFlow: it holds no GPU memory and its own
 resident memory stays small, so a trial's peak is the trial's alone.
 
-Children start through ``app.launch`` (the one launcher of this package's own processes):
+Children start through ``app.core.launch`` (the one launcher of this package's own processes):
 a user's own ``app.py`` or ``app/`` folder in the current directory cannot stand in for
 this package.  The user's ``MODULE:FUNCTION`` specs still import from the current directory
-(``app.specs`` adds it when it loads them, after this package is imported).
+(``app.task.user_code`` adds it when it loads them, after this package is imported).
 
 On a CPU the child runs under the budget: a watchdog thread reads the child's resident
 memory (``/proc/<pid>/status``) every few milliseconds and kills it past the budget; the
@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from app.errors import UsageError
-from app.exit_codes import EXIT_FAILED
-from app.launch import child_env, log_tail, module_command
+from app.core.errors import UsageError
+from app.core.exit_codes import EXIT_FAILED
+from app.core.launch import child_env, log_tail, module_command
 from app.tuner.search import Outcome
 
 WATCH_SECONDS = 0.01
@@ -45,7 +45,7 @@ class TrialFailed(Exception):
 
 
 def child_command(module: str, args: List[str]) -> List[str]:
-    """``python -m <module> <args>`` with this package's ``app`` (``app.launch``)."""
+    """``python -m <module> <args>`` with this package's ``app`` (``app.core.launch``)."""
     return module_command(module, *args)
 
 

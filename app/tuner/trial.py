@@ -10,7 +10,7 @@ exits: a size measured after a larger one would otherwise see the larger one's p
 trial that ran out of memory would leave the allocator in a state no real run starts from.
 
 The steps are the project's custom training step (per-example loss averaged over the batch,
-loss scaling through ``app.loss_scale`` for mixed_float16), fed by the task's own input
+loss scaling through ``app.precision.loss_scale`` for mixed_float16), fed by the task's own input
 pipeline, so the peak counts what a real run holds: runtime, data, weights, optimizer
 slots, activations and gradients.  Warm-up steps (tracing, first allocations) are left out
 of the speed, not of the peak.
@@ -83,9 +83,10 @@ def run(req: dict) -> dict:
     """Build, warm up, time; the measurements as a dict (status ok/data)."""
     import tensorflow as tf
 
-    from app import loss_scale, precision
-    from app.data import SYNTHETIC_TRAIN
-    from app.tasks import Task, parse_input_shape
+    from app.precision import loss_scale
+    from app.precision import policy as precision
+    from app.task.data import SYNTHETIC_TRAIN
+    from app.task.task import Task, parse_input_shape
 
     started = time.perf_counter()
     batch = int(req["batch_size"])
@@ -180,7 +181,7 @@ def _peak_so_far():
 
 
 def _write(path: str, doc: dict) -> None:
-    from app.reporting import write_json_atomic
+    from app.core.files import write_json_atomic
 
     write_json_atomic(path, doc)
 
@@ -192,8 +193,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     req = json.loads(args.request)
-    from app.errors import UsageError, UserCodeError
-    from app.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+    from app.core.errors import UsageError, UserCodeError
+    from app.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
     try:
         doc = run(req)

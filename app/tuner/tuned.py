@@ -16,12 +16,12 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional
 
-from app.errors import UsageError
-from app.registry import POLICIES
-from app.settings import BY_NAME
+from app.core.errors import UsageError
+from app.core.catalog import POLICIES
+from app.core.settings import BY_NAME
 from app.tuner.report import SCHEMA
 
-SCALE_LR_CHOICES = BY_NAME["scale_lr"].choices   # app.settings: the one list
+SCALE_LR_CHOICES = BY_NAME["scale_lr"].choices   # app.core.settings: the one list
 TUNED_FORMS = "the tune.json that `tfmp tune` wrote for this --model and --dataset"
 
 

@@ -42,7 +42,7 @@ def error_lines(stderr: str):
 @pytest.fixture
 def tiny_config(tmp_path):
     """A TrainConfig for quick real runs on learnable synthetic data."""
-    from app.config import TrainConfig
+    from app.training.config import TrainConfig
 
     def make(**kw):
         base = dict(model="mlp", dataset="synthetic", precision="float32", loop="fit", epochs=2,

@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from app import loss_scale, precision
-from app.models import build_model
+from app.precision import loss_scale
+from app.precision import policy as precision
+from app.task.models import build_model
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])

@@ -1,4 +1,4 @@
-"""One run per output folder (app/run_lock.py): a real flock, real processes."""
+"""One run per output folder (app/run_folder/lock.py): a real flock, real processes."""
 from __future__ import annotations
 
 import json
@@ -11,15 +11,15 @@ import time
 
 import pytest
 
-from app.errors import UsageError
-from app.run_lock import LOCK_NAME, OutputInUse, RunLock
+from app.core.errors import UsageError
+from app.run_folder.lock import LOCK_NAME, OutputInUse, RunLock
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # A child that takes the lock, says so, and sleeps until killed.
 HOLDER = textwrap.dedent("""
     import sys, time
-    from app.run_lock import RunLock
+    from app.run_folder.lock import RunLock
     lock = RunLock(sys.argv[1], command="tfmp train --output twin").acquire()
     print("locked", flush=True)
     time.sleep(120)

@@ -1,4 +1,4 @@
-"""The settings table (app/settings.py): every training setting has one flag and one TFMP_
+"""The settings table (app/core/settings.py): every training setting has one flag and one TFMP_
 variable, argparse and the environment resolver read it, and the benchmark passes on
 exactly its ``passed`` column.  No TensorFlow."""
 import argparse
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from app import settings
-from app.config import TrainConfig, resolve_config
+from app.core import settings
+from app.training.config import TrainConfig, resolve_config
 
 
 def _train_parser():
