@@ -119,8 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import os
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from app.cli import report
-    from app.core.errors import UsageError, UserCodeError
+    from app.core.errors import UsageError, UserCodeError, report
     from app.core.exit_codes import EXIT_OK
 
     args = build_parser().parse_args(argv)

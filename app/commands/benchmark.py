@@ -26,7 +26,7 @@ _WHAT = tuple(s.name for s in settings_table.PASSED
 def add_parser(subparsers):
     import argparse
 
-    from app.commands.train import SPEC_HELP, add_setting_flags, add_task_flags
+    from app.commands.flags import SPEC_HELP, add_setting_flags, add_task_flags
 
     p = subparsers.add_parser(
         "benchmark", help="measure float32 against mixed precision on this machine",

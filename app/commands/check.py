@@ -28,7 +28,7 @@ examples:
 
 
 def add_parser(subparsers):
-    from app.commands.train import SPEC_HELP, add_task_flags, require
+    from app.commands.flags import SPEC_HELP, add_task_flags, require
     from app.precision.policy import CHOICES
 
     p = subparsers.add_parser(

@@ -29,7 +29,7 @@ examples:
 
 
 def add_parser(subparsers):
-    from app.commands.train import add_setting_flags, add_task_flags, require
+    from app.commands.flags import add_setting_flags, add_task_flags, require
     from app.tuner import search
     from app.tuner import tuning as api
 

@@ -398,9 +398,9 @@ def format_problems(problems: Sequence[dict], indent: str = "  ") -> list:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from app.cli import _OneLineParser  # the package's one-line usage errors (exit 2)
+    from app.core.args import OneLineParser  # the package's one-line usage errors (exit 2)
 
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog="python -m app.machine.gpu_problems",
         description="Why TensorFlow sees no GPU here (without importing TensorFlow).")
     mode = parser.add_mutually_exclusive_group()

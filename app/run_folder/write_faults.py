@@ -17,7 +17,8 @@ import re
 import shutil
 from typing import Optional
 
-from app.core.exit_codes import EXIT_OUTPUT_FAULT  # noqa: F401  (re-exported)
+from app.core.errors import ReportedError
+from app.core.exit_codes import EXIT_OUTPUT_FAULT
 
 # errno -> (what the user reads, what to do)
 _CAUSES = {
@@ -42,8 +43,10 @@ _TEXTS = (
 _PATH_IN_TEXT = re.compile(r"(/[^\s:;'\"]+)")
 
 
-class OutputFault(Exception):
+class OutputFault(ReportedError):
     """Writing ``path`` failed for ``cause``; see ``line()``."""
+
+    exit_status = EXIT_OUTPUT_FAULT
 
     def __init__(self, path: str, code: int, detail: str = "", resume_hint: str = ""):
         self.path, self.code, self.detail, self.resume_hint = path, code, detail, resume_hint
