@@ -159,7 +159,7 @@ def validate(args):
     config.check_output_writable(output)
     best = None
     if args.tuned is not None:
-        from app.tuner.tuned import best_batches
+        from app.training.tuned import best_batches
 
         best = best_batches(args.tuned, cfg.model, cfg.dataset)
     settings = {s.name: getattr(cfg, s.name) for s in settings_table.PASSED}

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from app.core.errors import UsageError
-from app.machine.hardware import HardwareInfo
 from app.core.catalog import POLICIES, PRECISIONS as CHOICES, fast_policy  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:  # the precision rules read a description; app.machine makes it
+    from app.machine.hardware import HardwareInfo
 
 # Measured on the development CPU with TF 2.9.3 (MLP, batch 128): float32 ~27k samples/s,
 # mixed_bfloat16 ~31k, mixed_float16 ~0.4k.  CPUs have no fast float16 kernels.

@@ -115,7 +115,7 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
 def _with_tune(cfg: TrainConfig, given: Mapping[str, Any]) -> TrainConfig:
     """``cfg`` with the tune's precision and batch size where none was given explicitly,
     the learning rate scaled as ``scale_lr`` says, and the record of it in ``tuning``."""
-    from app.tuner import tuned
+    from app.training import tuned
 
     applied = tuned.apply(cfg.tuned, model=cfg.model, dataset=cfg.dataset,
                           precision=given.get("precision"), batch_size=given.get("batch_size"),

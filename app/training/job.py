@@ -226,7 +226,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     if announce:
         prec.announce(run.decision)
         if run.config.tuning:
-            from app.tuner.tuned import console_line
+            from app.training.tuned import console_line
 
             print(console_line(run.config.tuning), flush=True)
         print(run.dist.describe(), flush=True)

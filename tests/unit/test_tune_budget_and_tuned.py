@@ -10,7 +10,8 @@ import os
 import pytest
 
 from app.core.errors import UsageError
-from app.tuner import budget, report, search, tuned
+from app.tuner import budget, report, search
+from app.training import tuned
 from app.tuner.tuning import check_margin, check_max_batch, parse_precisions
 from conftest import error_lines, run_app
 

@@ -19,7 +19,9 @@ from typing import List, Optional
 from app.core.errors import UsageError
 from app.core.catalog import POLICIES
 from app.core.settings import BY_NAME
-from app.tuner.report import SCHEMA
+
+# The tune.json format: written by the tuner (app/tuner/report.py), read here.
+SCHEMA = "tfmp-tune/1"
 
 SCALE_LR_CHOICES = BY_NAME["scale_lr"].choices   # app.core.settings: the one list
 TUNED_FORMS = "the tune.json that `tfmp tune` wrote for this --model and --dataset"
