@@ -72,14 +72,9 @@ def add_parser(subparsers):
 
 def parse_policies(text):
     """``"float32, mixed_bfloat16"`` -> list; None for the default; UsageError otherwise."""
-    if text is None:
-        return None
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in POLICIES]
-    if bad or not names:
-        raise UsageError(f"policies must be a comma-separated list of {', '.join(POLICIES)}. "
-                         f"Received: policies={text!r}", ", ".join(POLICIES))
-    return names
+    from app.precision.policy import parse_names
+
+    return parse_names(text, "policies", POLICIES)
 
 
 def precheck_spec(spec, what: str) -> None:

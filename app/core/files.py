@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import tempfile
 from datetime import datetime, timezone
 
@@ -54,19 +53,6 @@ def _jsonable(obj):
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)
     return str(obj)
-
-
-def peak_memory() -> dict:
-    """Peak device memory on a GPU (TensorFlow's allocator), else the process' peak RSS."""
-    import tensorflow as tf
-
-    if tf.config.list_physical_devices("GPU"):
-        try:
-            return {"kind": "gpu", "bytes": int(tf.config.experimental.get_memory_info("GPU:0")["peak"])}
-        except Exception:  # pragma: no cover - GPU only
-            pass
-    # ru_maxrss is in KiB on Linux
-    return {"kind": "cpu_rss", "bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 
 
 def finite_or_none(v):

@@ -10,11 +10,13 @@ it when it loads them (after this package is imported).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,3 +74,24 @@ def log_tail(path: str, n: int) -> str:
     except OSError:
         return ""
     return " | ".join(lines[-n:])
+
+
+class ChildFailed(Exception):
+    """A child of this package did not give what it was asked for; the message says why."""
+
+
+def environment_report(timeout: float = 300.0) -> Dict[str, Any]:
+    """``tfmp env --json`` in a child, so the caller (the benchmark's and the tuner's parent
+    processes) keeps TensorFlow out of its own memory; ``ChildFailed`` says why not."""
+    try:
+        proc = subprocess.run(module_command("app", "env", "--json"), capture_output=True,
+                              text=True, timeout=timeout, env=child_env())
+    except subprocess.TimeoutExpired:
+        raise ChildFailed("`tfmp env --json` timed out") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise ChildFailed(f"`tfmp env --json` failed: {last}")
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise ChildFailed("`tfmp env --json` printed no JSON") from None

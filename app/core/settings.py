@@ -136,8 +136,8 @@ SETTINGS: Tuple[Setting, ...] = (
     # output
     Setting("log_every", "output", "log loss, gradient norm and loss scale every N steps "
             "({default})", int),
-    Setting("verbose", "output", "progress bar, plain lines, or auto (bar on a terminal)",
-            flag_name="--progress", choices=("auto", "bar", "lines")),
+    Setting("progress", "output", "progress bar, plain lines, or auto (bar on a terminal)",
+            choices=("auto", "bar", "lines")),
 )
 BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
 _METAVARS = {"image_dir": "DIR", "workspace": "DIR", "data_dir": "DIR", "output": "DIR",

@@ -20,6 +20,22 @@ if TYPE_CHECKING:  # the precision rules read a description; app.machine makes i
 CPU_FP16_SLOWDOWN = "about 60 times slower than float32"
 
 
+# cuBLAS and cuDNN run 16-bit matrix math on Tensor Cores in tiles of 8: a width or batch
+# size that is not a multiple falls back to slower kernels or is padded.
+TENSOR_CORE_MULTIPLE = 8
+
+
+def off_tensor_core_tiles(n) -> bool:
+    """``n`` (a width, a filter count, a batch size) is not a multiple of the tile."""
+    return n is not None and int(n) % TENSOR_CORE_MULTIPLE != 0
+
+
+def round_to_tiles(n: int) -> int:
+    """The nearest multiple of the tile (at least one tile)."""
+    m = TENSOR_CORE_MULTIPLE
+    return max(m, int(round(int(n) / m)) * m)
+
+
 @dataclass(frozen=True)
 class PrecisionDecision:
     policy: str
@@ -76,6 +92,20 @@ def validate_name(requested: str) -> str:
                          f"Received: precision={requested!r}",
                          ", ".join(CHOICES))
     return requested
+
+
+def parse_names(value, name: str, choices=CHOICES):
+    """A comma-separated list (or a sequence) of policy names from ``choices``, as
+    ``tfmp tune --precision`` and ``tfmp benchmark --policies`` take them; None stays None
+    (the command's default)."""
+    if value is None:
+        return None
+    names = [str(n).strip() for n in (value.split(",") if isinstance(value, str) else value)
+             if str(n).strip()]
+    if not names or any(n not in choices for n in names):
+        raise UsageError(f"{name} must be a comma-separated list of {', '.join(choices)}. "
+                         f"Received: {name}={value!r}", ", ".join(choices))
+    return names
 
 
 def resolve(requested: str, hw: HardwareInfo) -> PrecisionDecision:

@@ -14,13 +14,13 @@ from typing import Any, Mapping
 from app.core import catalog as registry
 from app.core import settings
 from app.core.errors import UsageError
+from app.training.distribute import STRATEGIES  # noqa: F401  (re-exported for the flags)
 
 # Re-exported for the flags' help texts and choices (app.core.catalog holds the names).
 MODELS = registry.MODEL_NAMES              # built-ins; MODULE:FUNCTION names the user's own
 DATASETS = registry.DATASET_NAMES
 PRECISIONS = registry.PRECISIONS
 LOOPS = ("fit", "custom")
-STRATEGIES = ("auto", "one", "mirrored", "multi-worker")  # see app/training/distribute.py
 SCALE_LR = settings.BY_NAME["scale_lr"].choices
 ENV_PREFIX = settings.ENV_PREFIX
 
@@ -48,7 +48,7 @@ class TrainConfig:
     offline: bool = False
     save_model: bool = True
     image_size: int = 32
-    verbose: str = "auto"             # auto: progress bar on a TTY, plain lines otherwise
+    progress: str = "auto"            # auto: progress bar on a TTY, plain lines otherwise
     steps_per_execution: int = 1      # fit only: steps per tf.function call
     jit: bool = False                 # XLA-compile the train step
     strategy: str = "auto"            # tf.distribute: auto | one | mirrored | multi-worker

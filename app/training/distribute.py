@@ -252,10 +252,16 @@ def setup(requested: str, per_replica_batch: int, gpu_count: int,
 def distribute_dataset(dist: Distribution, dataset):
     """Split each global batch between the replicas (and, multi-worker, between workers:
     the in-memory datasets here have no files to shard, so shard by data)."""
-    import tensorflow as tf
-
     if dist.replicas == 1 and not dist.multi_worker:
         return dataset
+    return dist.strategy.experimental_distribute_dataset(shard_by_data(dataset))
+
+
+def shard_by_data(dataset):
+    """In-memory datasets have no files to shard by: shard by data, and say so once here
+    instead of TensorFlow's warning per run."""
+    import tensorflow as tf
+
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dist.strategy.experimental_distribute_dataset(dataset.with_options(options))
+    return dataset.with_options(options)

@@ -29,7 +29,8 @@ from app.training import distribute
 from app.machine import envreport
 from app.machine import hardware as hw_mod
 from app.training import loops
-from app.precision import loss_scale
+from app.precision import keras_version, loss_scale
+from app.training import step_stats
 from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
 from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,
@@ -158,7 +159,7 @@ class TrainingParts:
     optimizer: Any                    # a LossScaleOptimizer under mixed_float16
     strategy: tf.distribute.Strategy
     built: BuiltModel                 # the task's loss and metrics factory
-    stats: loss_scale.StepStats
+    stats: step_stats.StepStats
     checkpointer: checkpointing.Checkpointer
 
     @property
@@ -190,7 +191,7 @@ def build_parts(run: Prepared, stop: StopFlag | None = None) -> TrainingParts:
     if stop is not None:
         stop.model = built.model
     return TrainingParts(built.model, opt, strategy, built,
-                         loss_scale.StepStats(log_every=cfg.log_every), ckpt)
+                         step_stats.StepStats(log_every=cfg.log_every), ckpt)
 
 
 def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
@@ -199,7 +200,7 @@ def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
     """The run's recorder (``open()`` it: its first write into the output folder)."""
     return Recorder(run.output, metrics, parts, epochs=run.config.epochs,
                     train_samples=run.bundle.train_samples, is_chief=run.dist.is_chief,
-                    plain=plain_lines(run.config.verbose), on_step=on_step,
+                    plain=plain_lines(run.config.progress), on_step=on_step,
                     previous_steps=previous_steps)
 
 
@@ -250,7 +251,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
 
 
 def _loop(run: Prepared) -> str:
-    if run.dist.multi_worker and loss_scale.IS_KERAS3 and run.config.loop == "fit":
+    if run.dist.multi_worker and keras_version.IS_KERAS3 and run.config.loop == "fit":
         # Keras 3's fit has no multi-worker-aware BackupAndRestore (it neither syncs nor uses
         # worker temp folders); the custom loop's checkpoints are the backup.  docs/distributed.md
         print("note: multi-worker training on Keras 3 runs the custom loop (--loop custom); "

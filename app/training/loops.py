@@ -26,7 +26,8 @@ def run_fit(run, parts, recorder, monitor, start_epoch: int):
         # BackupAndRestore saves after every epoch (non-chief workers into temporary
         # folders) and a restarted job continues from there.
         callbacks.append(_backup_and_restore(os.path.join(cfg.output, "backup")))
-        train_ds, val_ds = (_shard_by_data(train_ds), _shard_by_data(val_ds))
+        train_ds, val_ds = (distribute.shard_by_data(train_ds),
+                          distribute.shard_by_data(val_ds))
     with monitor.polling(parts.model):
         parts.model.fit(train_ds, validation_data=val_ds, epochs=cfg.epochs,
                         initial_epoch=start_epoch, verbose=0 if recorder.plain else 1,
@@ -104,10 +105,3 @@ def _backup_and_restore(backup_dir: str):
     if cb is None:  # before TF 2.8 it lived under experimental
         cb = tf.keras.callbacks.experimental.BackupAndRestore
     return cb(backup_dir=backup_dir)
-
-
-def _shard_by_data(dataset):
-    # In-memory datasets have no files to shard by; say so, instead of a warning per run.
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dataset.with_options(options)

@@ -20,6 +20,7 @@ from typing import Callable
 import tensorflow as tf
 
 from app.precision import loss_scale
+from app.training import step_stats
 from app.precision import policy as prec
 from app.core.errors import TrainingDiverged, TrainingInterrupted
 from app.training.interrupts import StopFlag
@@ -30,7 +31,7 @@ class StepMonitor:
     poll_seconds = 0.25
 
     def __init__(self, log_every: int, max_skipped_steps: int, loss_scaled: bool, optimizer,
-                 stats: loss_scale.StepStats, stop: StopFlag, emit: Callable[[dict], None]):
+                 stats: step_stats.StepStats, stop: StopFlag, emit: Callable[[dict], None]):
         self.log_every, self.max_skipped_steps = log_every, max_skipped_steps
         self.loss_scaled, self.opt, self.stats, self.stop, self.emit = (
             loss_scaled, optimizer, stats, stop, emit)

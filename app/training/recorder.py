@@ -11,7 +11,8 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from app.precision import loss_scale
-from app.core.files import finite_or_none, fmt, peak_memory, utc_now_iso, write_json_atomic
+from app.core.files import finite_or_none, fmt, utc_now_iso, write_json_atomic
+from app.machine.memory import peak_memory
 
 StepCallback = Callable[[dict], None]
 

@@ -1,12 +1,50 @@
-"""The train and eval steps, built from the task's model, loss and metrics and the
-optimizer: compiled into the model for ``--loop fit``, or as ``tf.function``s for
-``--loop custom``.  Both record the step statistics (``loss_scale.StepStats``) inside the
-train step, so neither loop runs Python per step to log."""
+"""The one training step, and the train and eval steps built from it.
+
+``forward_backward`` and ``train_step`` are the step every path runs: the custom loop
+(``CustomSteps``), the tuner's trials (their memory and speed are this step's) and
+``tfmp check``'s probe (with scales of its own).  ``--loop fit`` runs Keras' own step,
+compiled here with the same loss and metrics.  Both loops record the step statistics
+(``app.training.step_stats``) inside the train step, so neither runs Python per step to log."""
 from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
 
 import tensorflow as tf
 
 from app.precision import loss_scale
+from app.training import step_stats
+
+
+class ForwardBackward(NamedTuple):
+    predictions: Any
+    per_example: Any      # the task's per-example loss, float32
+    loss: Any             # averaged over the global batch, plus regularization
+    grads: list           # of the scaled loss, for model.trainable_variables
+
+
+def forward_backward(model, loss_fn, x, y,
+                     scale: Optional[Callable[[Any], Any]] = None) -> ForwardBackward:
+    """Forward, the loss, and the gradients of ``scale(loss)`` (the loss itself when
+    ``scale`` is None).  Per-example losses are averaged over the *global* batch
+    (``compute_average_loss``) and regularization is split over the replicas, as Keras' fit
+    does: the replicas' gradients are summed by the all-reduce."""
+    with tf.GradientTape() as tape:
+        preds = model(x, training=True)
+        per_example = loss_fn(y, preds)          # float32 (cast inside if needed)
+        loss = tf.nn.compute_average_loss(per_example)
+        if model.losses:
+            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        scaled = loss if scale is None else scale(loss)
+    return ForwardBackward(preds, per_example, loss,
+                           tape.gradient(scaled, model.trainable_variables))
+
+
+def train_step(model, loss_fn, opt, x, y):
+    """One optimizer step: forward, loss, loss scaling (the optimizer's), gradients, apply
+    (skipped, and the scale lowered, when a scaled gradient is not finite).  Returns the
+    ``ForwardBackward`` and ``loss_scale.Applied``."""
+    out = forward_backward(model, loss_fn, x, y, lambda loss: loss_scale.scale_loss(opt, loss))
+    return out, loss_scale.unscale_and_apply(opt, out.grads, model.trainable_variables)
 
 
 class _LossMetric:
@@ -18,7 +56,7 @@ class _LossMetric:
     def result(self):
         for m in self.model.metrics:
             if m.name == "loss":
-                return loss_scale.metric_mean(m)
+                return step_stats.metric_mean(m)
         return float("nan")
 
 
@@ -35,10 +73,8 @@ def compile_for_fit(parts, jit: bool, steps_per_execution: int) -> None:
 
 
 class CustomSteps:
-    """``train_step(x, y)`` and ``eval_step(x, y)`` for the custom loop, with their running
-    loss and metrics.  Per-example losses (the task's, on float32 predictions) are averaged
-    over the *global* batch (``compute_average_loss``): the replicas' gradients are summed
-    by the all-reduce."""
+    """``train_step(x, y)`` and ``eval_step(x, y)`` for the custom loop (``train_step`` above
+    on every replica), with their running loss and metrics."""
 
     def __init__(self, parts, jit: bool):
         self.parts = parts
@@ -59,24 +95,15 @@ class CustomSteps:
         return run
 
     def _train_fn(self, x, y):
-        model, opt, loss_fn = self.parts.model, self.parts.optimizer, self.parts.built.loss
-        train_loss = self.train_loss
-        with tf.GradientTape() as tape:
-            preds = model(x, training=True)
-            per_example = loss_fn(y, preds)          # float32 (cast inside if needed)
-            loss = tf.nn.compute_average_loss(per_example)
-            if model.losses:  # regularization, split over the replicas like fit does
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-            scaled = loss_scale.scale_loss(opt, loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        applied = loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
-        train_loss.update_state(tf.reduce_mean(per_example))
+        opt, train_loss = self.parts.optimizer, self.train_loss
+        out, applied = train_step(self.parts.model, self.parts.built.loss, opt, x, y)
+        train_loss.update_state(tf.reduce_mean(out.per_example))
         # the log row reads the running loss
         self.parts.stats.record(applied.grads, applied.skipped, applied.divide_by,
-                                loss=lambda: loss_scale.metric_mean(train_loss),
+                                loss=lambda: step_stats.metric_mean(train_loss),
                                 loss_scale=lambda: loss_scale.current_loss_scale(opt))
         for m in self.train_metrics:
-            m.update_state(y, preds)
+            m.update_state(y, out.predictions)
 
     def _eval_fn(self, x, y):
         preds = self.parts.model(x, training=False)

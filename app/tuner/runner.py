@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from app.core.errors import UsageError
 from app.core.exit_codes import EXIT_FAILED
-from app.core.launch import child_env, log_tail, module_command
+from app.core.launch import ChildFailed, child_env, environment_report, log_tail, module_command
 from app.tuner.search import Outcome
 
 WATCH_SECONDS = 0.01
@@ -270,17 +270,8 @@ def verification_outcome(end: ChildEnd, kill_above: Optional[int]) -> Outcome:
 
 
 def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:
-    """``tfmp env --json`` in a child (this process keeps TensorFlow out)."""
-    cmd = module_command("app", "env", "--json")
+    """``tfmp env --json`` from a child; a failure ends the tune (``TrialFailed``)."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=child_env())
-    except subprocess.TimeoutExpired:
-        raise TrialFailed("`tfmp env --json` timed out", "-") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        raise TrialFailed(f"`tfmp env --json` failed: {last}", "-")
-    try:
-        return json.loads(proc.stdout)
-    except ValueError:
-        raise TrialFailed("`tfmp env --json` printed no JSON", "-") from None
+        return environment_report(timeout)
+    except ChildFailed as exc:
+        raise TrialFailed(str(exc), "-") from None

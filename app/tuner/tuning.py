@@ -25,6 +25,7 @@ from app.training import config
 from app.core import catalog as registry
 from app.core import settings as settings_table
 from app.core.errors import UsageError
+from app.precision.policy import parse_names
 from app.tuner import budget as budget_mod
 from app.tuner import report, search
 from app.tuner.progress import Progress
@@ -51,17 +52,7 @@ class NothingFits(UsageError):
 # ---- checking the input (no TensorFlow) ---------------------------------------------------
 
 def parse_precisions(value: Union[None, str, Sequence[str]]) -> Optional[List[str]]:
-    if value is None:
-        return None
-    names = [p.strip() for p in (value.split(",") if isinstance(value, str) else value)
-             if str(p).strip()]
-    if not names:
-        raise UsageError("precision list is empty", ", ".join(PRECISION_CHOICES))
-    for name in names:
-        if name not in PRECISION_CHOICES:
-            raise UsageError(f"precision must be one of {', '.join(PRECISION_CHOICES)}. "
-                             f"Received: precision={name!r}", ", ".join(PRECISION_CHOICES))
-    return names
+    return parse_names(value, "precision", PRECISION_CHOICES)
 
 
 def check_margin(margin) -> float:
@@ -102,12 +93,14 @@ def spec_of(obj, what: str) -> str:
     A function defined in a notebook or a script's ``__main__`` cannot cross into a trial."""
     if isinstance(obj, str):
         return obj
-    module = getattr(obj, "__module__", None)
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    if callable(obj) and module and name and module != "__main__" and "<" not in name:
-        return f"{module}:{name}"
+    from app.task.entries import object_spec
+
+    spec = object_spec(obj)
+    module, _, name = spec.partition(":")
+    if callable(obj) and module not in ("__main__", "python") and "<" not in name:
+        return spec
     raise UsageError(f"{what} {obj!r} cannot be imported by a trial process (each trial is a "
-                     "fresh process)", f"a built-in name, 'MODULE:FUNCTION' or "
+                     "fresh process)", "a built-in name, 'MODULE:FUNCTION' or "
                      "'path/to/file.py:FUNCTION' (put a notebook's function in a .py file)")
 
 

@@ -61,7 +61,7 @@ class AppSide:
         cfg = TrainConfig(model=model, dataset="synthetic", precision=args.policy, loop="fit",
                           epochs=1, batch_size=args.batch_size,
                           max_train_samples=args.samples, max_val_samples=256,
-                          output=os.path.join(work, name), offline=True, verbose="bar",  # no step lines
+                          output=os.path.join(work, name), offline=True, progress="bar",  # no step lines
                           save_model=False, input_shape=None if model == "mlp" else "784")
         run = training.prepare(cfg)
         self.parts = training.build_parts(run)

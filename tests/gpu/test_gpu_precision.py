@@ -97,7 +97,7 @@ def test_mixed_float16_trains_on_the_gpu(tmp_path):
         m = train(TrainConfig(model="mlp", dataset="synthetic", precision="mixed_float16",
                               loop=loop, epochs=2, batch_size=128, max_train_samples=4096,
                               max_val_samples=512, workspace=str(tmp_path),
-                              output=str(tmp_path / loop), verbose="lines", save_model=False))
+                              output=str(tmp_path / loop), progress="lines", save_model=False))
         assert m["status"] == "completed"
         assert m["epochs"][-1]["val_accuracy"] >= 0.9
         assert m["peak_memory"]["kind"] == "gpu" and m["peak_memory"]["bytes"] > 0

@@ -34,7 +34,7 @@ def test_train_help_names_each_flags_variable():
 
 @pytest.mark.parametrize("name,raw,expected", [
     ("resume", "1", True), ("max_skipped_steps", "7", 7), ("initial_loss_scale", "1024", 1024.0),
-    ("save_model", "1", False), ("image_size", "48", 48), ("verbose", "lines", "lines"),
+    ("save_model", "1", False), ("image_size", "48", 48), ("progress", "lines", "lines"),
 ])
 def test_the_flags_that_had_no_variable_now_have_one(name, raw, expected, tmp_path):
     env = {settings.BY_NAME[name].env: raw, "TFMP_WORKSPACE": str(tmp_path)}

@@ -111,12 +111,12 @@ def test_python_api_with_functions_arrays_and_datasets(tmp_path):
         sys.path.remove(USER)
     m = app.train(model=policy_aware.build, data=user_datasets.arrays(), precision="float32",
                   epochs=3, output=str(tmp_path / "a"), batch_size=32, learning_rate=3e-3,
-                  save_model=False, verbose="lines")
+                  save_model=False, progress="lines")
     assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
     assert m["task"]["model"].endswith(":build") and m["task"]["dataset"] == "python:arrays"
     m = app.train(model=policy_aware.build, data=user_datasets.unknown_size, loop="custom",
                   precision="mixed_bfloat16", epochs=3, output=str(tmp_path / "b"),
-                  batch_size=32, learning_rate=3e-3, save_model=False, verbose="lines")
+                  batch_size=32, learning_rate=3e-3, save_model=False, progress="lines")
     assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
     from app.core.errors import UsageError
     with pytest.raises(UsageError, match="unknown setting"):
