@@ -72,9 +72,9 @@ class Summaries:
             self.writer.close()
 
 
-def plain_lines(verbose: str) -> bool:
+def plain_lines(progress: str) -> bool:
     """Plain ``step``/``epoch`` lines instead of Keras' progress bar (logs, pipes)."""
-    return verbose == "lines" or (verbose == "auto" and not sys.stdout.isatty())
+    return progress == "lines" or (progress == "auto" and not sys.stdout.isatty())
 
 
 def new_metrics(run, env: dict, loop: str) -> dict:
