@@ -17,7 +17,7 @@ def __getattr__(name):
     # Lazy: `tfmp --help` and the benchmark's parent process never import
     # TensorFlow; `app.train` imports it on first use.
     if name == "tune":
-        from app.tuner.api import tune
+        from app.tuner.tuning import tune
 
         return tune
     if name in __all__:

@@ -9,19 +9,19 @@
 or directly what a dataset function returns: ``((x_train, y_train), (x_val, y_val))``
 arrays or a ``(train, val)`` pair of unbatched ``tf.data`` datasets.  Every other
 ``tfmp train`` setting is a keyword (``batch_size=64``, ``loop="custom"``,
-``strategy="mirrored"``, ``resume=True``, ...).  Bad input raises ``app.errors.UsageError``
+``strategy="mirrored"``, ``resume=True``, ...).  Bad input raises ``app.core.errors.UsageError``
 before anything is written.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from app.errors import UsageError
+from app.core.errors import UsageError
 
 
 def _config(model, data, settings: dict):
-    from app.config import TrainConfig, resolve_config
-    from app.tasks import Task
+    from app.training.config import TrainConfig, resolve_config
+    from app.task.task import Task
 
     unknown = sorted(set(settings) - set(TrainConfig.__dataclass_fields__))
     if unknown:
@@ -48,7 +48,7 @@ def train(model: Any = "mlp", data: Any = "mnist", *, precision: Optional[str] =
     ``TFMP_WORKSPACE=/workspace`` puts runs where TensorBoard looks).  ``precision`` None:
     ``TFMP_PRECISION``, else the ``tuned=`` tune's choice, else ``auto``.
     """
-    from app.training import train as run_training
+    from app.training.job import train as run_training
 
     cfg, task = _config(model, data, dict(settings, precision=precision, loop=loop,
                                           epochs=epochs, output=output))
@@ -57,6 +57,6 @@ def train(model: Any = "mlp", data: Any = "mnist", *, precision: Optional[str] =
 
 def check(model: Any, data: Any = None, **settings) -> dict:
     """The mixed-precision doctor (``tfmp check``): the report as a dict."""
-    from app.doctor.api import check as run_check
+    from app.doctor.check import check as run_check
 
     return run_check(model=model, data=data, **settings)

@@ -5,7 +5,7 @@
 # sys.path, so a user's own app.py or app/ (a common name) there would run instead
 # of the package.  A script's sys.path starts with its own folder (/usr/local/bin);
 # the package comes from /opt/tfmp/src (tfmp-app.pth), whatever the current folder.
-# Users' --model/--dataset modules are still found in the current folder: app/specs.py
+# Users' --model/--dataset modules are still found in the current folder: app/task/user_code.py
 # adds it for them.
 import sys
 

@@ -45,9 +45,9 @@ def _docker_problem() -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def _gpu_problem_lines() -> tuple:
-    """Why no GPU here (app/gpu_problems.py, no TensorFlow import): the ids and the text."""
+    """Why no GPU here (app/machine/gpu_problems.py, no TensorFlow import): the ids and the text."""
     try:
-        from app.gpu_problems import format_problems, problems_here
+        from app.machine.gpu_problems import format_problems, problems_here
     except ImportError:  # an app from before gpu_problems on the path
         return (), ()
     problems = problems_here()
@@ -141,9 +141,9 @@ def pytest_configure(config):
 
 @pytest.fixture
 def tensor_core_gpu() -> bool:
-    """Every visible GPU has Tensor Cores (app.hardware's rule, itself checked against a table
+    """Every visible GPU has Tensor Cores (app.machine.hardware's rule, itself checked against a table
     of real GPUs in tests/gpu/test_gpu_precision.py)."""
-    from app import hardware
+    from app.machine import hardware
 
     hw = hardware.detect()
     return bool(hw.gpus) and all(g.tensor_cores for g in hw.gpus)

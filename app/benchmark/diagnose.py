@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from app.hardware import HardwareInfo
-from app.registry import has_fast_path
+from app.machine.hardware import HardwareInfo
+from app.core.catalog import has_fast_path
+from app.precision.policy import off_tensor_core_tiles
 
 # A mixed policy "pays" from this median speed-up on; below it we look for a reason.
 PAYS = 1.10
@@ -248,9 +249,9 @@ def _multiples_of_8(summary, settings, layer_widths):
         return []
     bad = []
     bs = settings.get("batch_size")
-    if isinstance(bs, int) and bs % 8:
+    if isinstance(bs, int) and off_tensor_core_tiles(bs):
         bad.append(f"batch size {bs}")
-    odd = sorted({int(w) for w in (layer_widths or ()) if int(w) % 8})
+    odd = sorted({int(w) for w in (layer_widths or ()) if off_tensor_core_tiles(w)})
     if odd:
         bad.append("layer widths " + ", ".join(str(w) for w in odd))
     if not bad:

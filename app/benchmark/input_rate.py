@@ -3,7 +3,7 @@
     python -m app.benchmark.input_rate --model SPEC --dataset SPEC [train flags] \
         --epochs N --warmup-epochs W --output DIR
 
-Loads the data exactly as ``tfmp train`` does (``app.training.prepare``: the same
+Loads the data exactly as ``tfmp train`` does (``app.training.job.prepare``: the same
 task, batch size, sample limits, seed, shuffling and prefetching), then iterates the
 training batches for ``--epochs`` epochs with no model, inside one ``tf.function`` per
 epoch (``Dataset.reduce``, so no Python runs per batch), and prints one JSON object on
@@ -27,7 +27,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 def build_parser() -> argparse.ArgumentParser:
-    from app import settings
+    from app.core import settings
 
     p = argparse.ArgumentParser(prog="input_rate (a child process of tfmp benchmark)",
                                 description=__doc__.splitlines()[0])
@@ -77,9 +77,9 @@ def _epoch_counter(dataset):
 
 
 def measure(args) -> Dict[str, Any]:
-    from app import precision as prec
-    from app.config import resolve_config
-    from app.training import prepare
+    from app.precision import policy as prec
+    from app.training.config import resolve_config
+    from app.training.job import prepare
 
     flags = {k: v for k, v in vars(args).items() if k not in ("warmup_epochs",)}
     flags["precision"] = "float32"
@@ -119,9 +119,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import os
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from app.cli import report
-    from app.errors import UsageError, UserCodeError
-    from app.exit_codes import EXIT_OK
+    from app.core.errors import UsageError, UserCodeError, report
+    from app.core.exit_codes import EXIT_OK
 
     args = build_parser().parse_args(argv)
     try:

@@ -1,10 +1,10 @@
 """What the diagnoses need to know about the built-in models without building them:
-their hidden layer widths, from ``app.registry``."""
+their hidden layer widths, from ``app.core.catalog``."""
 from __future__ import annotations
 
 from typing import List, Optional
 
-from app.registry import MODELS
+from app.core.catalog import MODELS
 
 HIDDEN_WIDTHS = {name: list(m.hidden_widths) for name, m in MODELS.items()}
 

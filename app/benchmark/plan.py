@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from app.hardware import HardwareInfo
-from app.registry import BASELINE_POLICY as BASELINE, POLICIES, has_fast_path
+from app.machine.hardware import HardwareInfo
+from app.core.catalog import BASELINE_POLICY as BASELINE, POLICIES, has_fast_path
 
 
 def describe(hw: HardwareInfo) -> str:

@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any, List, Mapping, Optional
 
-from app.reporting import write_atomic  # noqa: F401  (re-exported for the suite)
+from app.core.files import write_atomic  # noqa: F401  (re-exported for the suite)
 
 SCHEMA = "tfmp.benchmark/1"
 MIB = 1024.0 * 1024.0

@@ -14,15 +14,15 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from app import settings as settings_table
+from app.core import settings as settings_table
 from app.benchmark import stats
-from app.exit_codes import EXIT_USAGE  # train rejected its input
-from app import launch
-from app.launch import log_tail, module_command, sigterm_as_exit
-from app.reporting import utc_now_iso
+from app.core.exit_codes import EXIT_USAGE  # train rejected its input
+from app.core import launch
+from app.core.launch import ChildFailed, environment_report, log_tail, module_command, sigterm_as_exit
+from app.core.files import utc_now_iso
 
 # Flags of ``tfmp train`` that the benchmark passes through unchanged when set (the
-# ``passed`` column of app.settings): (setting, flag) pairs, values and switches apart.
+# ``passed`` column of app.core.settings): (setting, flag) pairs, values and switches apart.
 PASS_THROUGH = tuple((s.name, s.flag) for s in settings_table.PASSED if not s.switch)
 BOOL_PASS_THROUGH = tuple((s.name, s.flag) for s in settings_table.PASSED if s.switch)
 # Always: no model file (its saving time and disk are not what is measured), and plain
@@ -228,19 +228,11 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
 
 
 def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:
-    """``tfmp env --json`` in a child process (keeps TensorFlow out of this one)."""
-    cmd = module_command("app", "env", "--json")
+    """``tfmp env --json`` from a child; ``{"error": ...}`` in benchmark.json when it failed."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
-    except subprocess.TimeoutExpired:
-        return {"error": "`tfmp env --json` timed out"}
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": f"`tfmp env --json` failed: {last}"}
-    try:
-        return json.loads(proc.stdout)
-    except ValueError:
-        return {"error": "`tfmp env --json` printed no JSON"}
+        return environment_report(timeout)
+    except ChildFailed as exc:
+        return {"error": str(exc)}
 
 
 def measure_input_rate(settings: Mapping[str, Any], warmup_epochs: int, output: str, *,

@@ -8,9 +8,9 @@ import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from app.benchmark import chart, diagnose, layout, plan, report, runner, stats
-from app.errors import UsageError
-from app.hardware import HardwareInfo, read_cpu_flags
-from app.reporting import utc_now_iso
+from app.core.errors import UsageError
+from app.machine.hardware import HardwareInfo, read_cpu_flags
+from app.core.files import utc_now_iso
 
 OUTPUT_FILES = ("benchmark.json", "benchmark.md", "benchmark.png", "env.json", "env.txt")
 
@@ -179,7 +179,7 @@ def _layer_widths(model: str, pipeline: Optional[Mapping[str, Any]]):
 
 def _env_text(env: Mapping[str, Any]) -> str:
     try:
-        from app import envreport
+        from app.machine import envreport
 
         return envreport.format_text(dict(env)) + "\n"
     except Exception:

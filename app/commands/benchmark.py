@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import sys
 
-from app import settings as settings_table
-from app.errors import UsageError
-from app.exit_codes import EXIT_FAILED
-from app.registry import POLICIES
+from app.core import settings as settings_table
+from app.core.errors import UsageError
+from app.core.exit_codes import EXIT_FAILED
+from app.core.catalog import POLICIES
 
-# The training settings the benchmark passes to its runs (app.settings' ``passed``
+# The training settings the benchmark passes to its runs (app.core.settings' ``passed``
 # column), apart from the task flags and --epochs (its own, below) and the two speed
 # settings, which get their own --help group.
 _SPEED = ("steps_per_execution", "jit")
@@ -26,7 +26,7 @@ _WHAT = tuple(s.name for s in settings_table.PASSED
 def add_parser(subparsers):
     import argparse
 
-    from app.commands.train import SPEC_HELP, add_setting_flags, add_task_flags
+    from app.commands.flags import SPEC_HELP, add_setting_flags, add_task_flags
 
     p = subparsers.add_parser(
         "benchmark", help="measure float32 against mixed precision on this machine",
@@ -72,14 +72,9 @@ def add_parser(subparsers):
 
 def parse_policies(text):
     """``"float32, mixed_bfloat16"`` -> list; None for the default; UsageError otherwise."""
-    if text is None:
-        return None
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in POLICIES]
-    if bad or not names:
-        raise UsageError(f"policies must be a comma-separated list of {', '.join(POLICIES)}. "
-                         f"Received: policies={text!r}", ", ".join(POLICIES))
-    return names
+    from app.precision.policy import parse_names
+
+    return parse_names(text, "policies", POLICIES)
 
 
 def precheck_spec(spec, what: str) -> None:
@@ -89,7 +84,7 @@ def precheck_spec(spec, what: str) -> None:
     process, which exits 2 with its own one-line error."""
     import importlib.util
 
-    from app import specs
+    from app.task import user_code as specs
 
     if not specs.is_user_spec(spec):
         return
@@ -114,7 +109,7 @@ def precheck_spec(spec, what: str) -> None:
 
 def validate(args):
     """Every check that can fail, before anything is created.  Returns (settings, policies)."""
-    from app import config
+    from app.training import config
 
     policies = parse_policies(args.policies)
     if args.repeats < 1:
@@ -159,7 +154,7 @@ def validate(args):
     config.check_output_writable(output)
     best = None
     if args.tuned is not None:
-        from app.tuner.tuned import best_batches
+        from app.training.tuned import best_batches
 
         best = best_batches(args.tuned, cfg.model, cfg.dataset)
     settings = {s.name: getattr(cfg, s.name) for s in settings_table.PASSED}
@@ -172,7 +167,7 @@ def validate(args):
 def tune_first(settings: dict, policies, output: str) -> dict:
     """``--best-batch``: the tune of this job (every requested policy, or float32 and auto),
     into ``<output>/tune``; returns ``{policy: best batch}``."""
-    from app.tuner.api import trial_settings, tune
+    from app.tuner.tuning import trial_settings, tune
 
     doc = tune(settings["model"], settings["dataset"],
                precision=",".join(policies) if policies else None,

@@ -28,8 +28,8 @@ examples:
 
 
 def add_parser(subparsers):
-    from app.commands.train import SPEC_HELP, add_task_flags, require
-    from app.precision import CHOICES
+    from app.commands.flags import SPEC_HELP, add_task_flags, require
+    from app.precision.policy import CHOICES
 
     p = subparsers.add_parser(
         "check", help="check a model for mixed-precision problems (the doctor)",
@@ -67,8 +67,8 @@ def add_parser(subparsers):
 def run(args) -> int:
     from app.doctor.report import exit_code, to_text
     from app.doctor.run import check_args
-    from app.errors import UsageError
-    from app.precision import validate_name
+    from app.core.errors import UsageError
+    from app.precision.policy import validate_name
 
     # Bad flags are one line and exit 2 before TensorFlow is imported.
     validate_name(args.precision)
@@ -78,8 +78,8 @@ def run(args) -> int:
         if os.path.isdir(args.json) or not os.path.isdir(folder):
             raise UsageError(f"--json {args.json!r}: not a file in an existing folder",
                              "a file path whose folder exists")
-    from app.specs import parse_input_shape
-    from app.tasks import Task
+    from app.task.user_code import parse_input_shape
+    from app.task.task import Task
 
     task = Task.from_specs(args.model, args.dataset or "synthetic", args.loss, args.metrics,
                            parse_input_shape(args.input_shape), args.num_classes)
@@ -88,7 +88,7 @@ def run(args) -> int:
     report = run_check(task, args.precision, args.batch_size, args.steps, seed=args.seed)
     print(to_text(report), flush=True)
     if args.json:
-        from app.reporting import write_json_atomic
+        from app.core.files import write_json_atomic
 
         write_json_atomic(args.json, report)
     return exit_code(report)

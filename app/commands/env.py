@@ -11,7 +11,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from app import envreport
+    from app.machine import envreport
 
     report = envreport.collect()
     if args.json:

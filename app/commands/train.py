@@ -3,53 +3,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
-from app import settings
-from app.config import DATASETS, LOOPS, MODELS, PRECISIONS, STRATEGIES, TrainConfig
-from app.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, interrupted
+from app.commands.flags import SPEC_HELP, add_setting_flags, add_task_flags
+from app.core import settings
+from app.core.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, interrupted
 
 _PEER_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError")
-
-
-SPEC_HELP = """\
-your own model and data (docs/your-model.md):
-  --model nets.small:build        a function in a module importable from the current
-                                  directory or PYTHONPATH
-  --model ./nets/small.py:build   a function in a .py file
-  The model function is called as build(input_shape, num_classes) (declare only the
-  parameters you need) after the precision policy is set; it returns a keras.Model,
-  compiled or not.  The dataset function returns ((x_train, y_train), (x_val, y_val))
-  arrays or (train, val) unbatched tf.data datasets; it may declare data_dir and seed.
-"""
-
-
-HELP_CONTEXT = {"models": ", ".join(MODELS), "datasets": ", ".join(DATASETS),
-                "precisions": ", ".join(PRECISIONS), "loops": ", ".join(LOOPS),
-                "strategies": ", ".join(STRATEGIES)}
-TASK_FLAGS = tuple(s.name for s in settings.SETTINGS if s.task)
-
-
-def add_setting_flags(p, names, show_env: bool = True, group=None) -> dict:
-    """argparse flags for training settings (``app.settings``), defaults None: resolved
-    later, flag > TFMP_ variable > default."""
-    return settings.add_flags(p, names, TrainConfig(), HELP_CONTEXT, show_env, group)
-
-
-def add_task_flags(p, show_env: bool = True):
-    """--model/--dataset/--loss/--metrics and their shapes; shared by train, benchmark, check
-    (check reads no TFMP_ variables: ``show_env`` False)."""
-    return add_setting_flags(p, TASK_FLAGS, show_env)["what"]
-
-
-def require(group, *dests: str) -> None:
-    """Make the flags ``dests`` of ``group`` required; their help then says so instead of
-    naming train's default."""
-    for action in group._group_actions:
-        if action.dest in dests:
-            action.required = True
-            action.help = re.sub(r"\s*\(default [^)]*\)$", "", action.help) + " (required)"
 
 
 def add_parser(subparsers):
@@ -66,11 +26,11 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from app.config import resolve_config
+    from app.training.config import resolve_config
 
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     cfg = resolve_config(flags)  # UsageError -> exit 2 (before TensorFlow is even imported)
-    from app.distribute import parse_logical_cpus, parse_tf_config
+    from app.training.distribute import parse_logical_cpus, parse_tf_config
 
     cluster = parse_tf_config(os.environ.get("TF_CONFIG"))  # malformed: exit 2, no TF import
     parse_logical_cpus(os.environ)
@@ -96,7 +56,7 @@ def _exit_without_teardown(code: int) -> None:
 
 
 def _train(cfg) -> int:
-    from app.training import train
+    from app.training.job import train
 
     try:
         metrics = train(cfg)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.exit_codes import EXIT_FAILED, EXIT_OK
+from app.core.exit_codes import EXIT_FAILED, EXIT_OK
 
 EPILOG = """\
 how it searches (each trial is its own process; warm-up steps excluded):
@@ -29,8 +29,9 @@ examples:
 
 
 def add_parser(subparsers):
-    from app.commands.train import add_setting_flags, add_task_flags, require
-    from app.tuner import api, search
+    from app.commands.flags import add_setting_flags, add_task_flags, require
+    from app.tuner import search
+    from app.tuner import tuning as api
 
     p = subparsers.add_parser(
         "tune", help="find the largest and the fastest batch size per precision",
@@ -38,7 +39,7 @@ def add_parser(subparsers):
                     "and the fastest one, on your model and hardware; write tune.json and "
                     "tune.png.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # The same task and data flags as train (app.settings), read from the command line only:
+    # The same task and data flags as train (app.core.settings), read from the command line only:
     # the tune's children get every value explicitly.
     what = add_task_flags(p, show_env=False)
     what.title = "what to tune"
@@ -75,7 +76,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from app.tuner.api import trial_settings, tune
+    from app.tuner.tuning import trial_settings, tune
     from app.tuner.runner import TrialFailed
 
     try:

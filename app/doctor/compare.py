@@ -1,7 +1,7 @@
 """A few training steps from the same weights under float32 and under the policy.
 
 Each run: the loss on a fixed batch (inference mode) before the steps, ``steps`` optimizer
-steps (loss scaling through ``app.loss_scale`` under mixed_float16, exactly as ``train``
+steps (loss scaling through ``app.precision.loss_scale`` under mixed_float16, exactly as ``train``
 does), then the loss on the same batch again.  The difference at the start is the
 precision of the forward pass; the difference at the end adds what the steps drifted apart.
 """
@@ -24,7 +24,7 @@ def eval_loss(model, loss_fn, x, y) -> Optional[float]:
 
 def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y_eval) -> dict:
     """Run ``len(batches)`` steps; ``step(x, y, scale)`` -> (loss, gradients of loss*scale)."""
-    from app import loss_scale
+    from app.precision import loss_scale
 
     if not loss_scale.is_loss_scaled(optimizer):
         optimizer = loss_scale.wrap_optimizer(optimizer, policy)

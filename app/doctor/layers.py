@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding
+from app.precision.policy import TENSOR_CORE_MULTIPLE, off_tensor_core_tiles, round_to_tiles
 
 SIXTEEN = ("float16", "bfloat16")
 OUTPUT_FIX = ("make the last layer float32: dtype='float32' on it (e.g. Dense(n, "
@@ -20,7 +21,6 @@ OUTPUT_FIX = ("make the last layer float32: dtype='float32' on it (e.g. Dense(n,
 AWARE_FIX = ("make every tensor the layer creates itself in call() follow the policy: "
              "tf.cast(t, self.compute_dtype) for constants, tf.ones/zeros and float32 "
              "variables, or create weights with self.add_weight()")
-TC_MULTIPLE = 8
 
 
 def dtype_name(d) -> Optional[str]:
@@ -248,10 +248,8 @@ def tensor_core_findings(entries, rows, batch_size: int, num_classes: Optional[i
     """Sizes that keep float16 matrix math off Tensor Cores (cuDNN/cuBLAS want multiples of 8)."""
     by_path = {r["name"]: r for r in rows}
     findings: List[Finding] = []
-    m = TC_MULTIPLE
-
-    def off(v) -> bool:
-        return v is not None and int(v) % m != 0
+    m = TENSOR_CORE_MULTIPLE
+    off = off_tensor_core_tiles
 
     sixteen = [(p, l) for p, l, _ in entries
                if not _is_model(l) and by_path[p]["compute_dtype"] in SIXTEEN]
@@ -274,7 +272,7 @@ def tensor_core_findings(entries, rows, batch_size: int, num_classes: Optional[i
                         WARNING, "tensor_cores", path,
                         f"{cls} has {layer.units} units, not a multiple of {m}: float16 "
                         "matrix math cannot use Tensor Cores fully",
-                        f"use a multiple of {m} (e.g. {_round(layer.units)})"))
+                        f"use a multiple of {m} (e.g. {round_to_tiles(layer.units)})"))
         elif hasattr(layer, "filters") and _kernel_shape(layer):
             kshape = _kernel_shape(layer)
             transpose = "Transpose" in cls
@@ -283,7 +281,7 @@ def tensor_core_findings(entries, rows, batch_size: int, num_classes: Optional[i
                 findings.append(Finding(
                     WARNING, "tensor_cores", path,
                     f"{cls} has {layer.filters} filters, not a multiple of {m}",
-                    f"use a multiple of {m} (e.g. {_round(layer.filters)})"))
+                    f"use a multiple of {m} (e.g. {round_to_tiles(layer.filters)})"))
             if off(channels):
                 if first_conv and input_channels is not None and channels == input_channels:
                     findings.append(Finding(
@@ -302,20 +300,16 @@ def tensor_core_findings(entries, rows, batch_size: int, num_classes: Optional[i
                     WARNING, "tensor_cores", path,
                     f"{cls} has output_dim {layer.output_dim}, not a multiple of {m}: the "
                     "layers after it multiply by a size that misses Tensor Cores",
-                    f"use a multiple of {m} (e.g. {_round(layer.output_dim)})"))
+                    f"use a multiple of {m} (e.g. {round_to_tiles(layer.output_dim)})"))
             if off(layer.input_dim):
                 findings.append(Finding(
                     INFO, "tensor_cores", path,
                     f"{cls} vocabulary size {layer.input_dim} is not a multiple of {m}",
-                    f"pad it to {_round(layer.input_dim)} if the embedding matrix is also "
+                    f"pad it to {round_to_tiles(layer.input_dim)} if the embedding matrix is also "
                     "used as the output projection"))
     if off(batch_size):
         findings.append(Finding(
             WARNING, "tensor_cores", None,
             f"batch size {batch_size} is not a multiple of {m}",
-            f"use a multiple of {m} (e.g. {_round(batch_size)})"))
+            f"use a multiple of {m} (e.g. {round_to_tiles(batch_size)})"))
     return findings
-
-
-def _round(v: int) -> int:
-    return max(TC_MULTIPLE, int(round(int(v) / TC_MULTIPLE)) * TC_MULTIPLE)

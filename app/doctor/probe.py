@@ -17,9 +17,8 @@ import contextlib
 from typing import Dict, List, Optional
 
 from app.doctor.layers import dtype_name
-from app.registry import DEFAULT_INITIAL_LOSS_SCALE
+from app.core.catalog import DEFAULT_INITIAL_LOSS_SCALE
 
-INITIAL_SCALE = DEFAULT_INITIAL_LOSS_SCALE   # what train's LossScaleOptimizer starts with
 MAX_HALVINGS = 10
 
 
@@ -96,15 +95,15 @@ def first_nonfinite(captured) -> Optional[str]:
 
 
 def gradient_fn(model, loss_fn, jit: bool):
-    """(x, y, scale) -> (mean loss, gradients of loss*scale) for the trainable variables."""
+    """(x, y, scale) -> (loss, gradients of loss*scale) for the trainable variables: training's
+    own forward and backward (``app.training.step``) at a scale the probe chooses."""
     import tensorflow as tf
 
+    from app.training.step import forward_backward
+
     def grads(x, y, scale):
-        with tf.GradientTape() as tape:
-            pred = model(x, training=True)
-            loss = tf.reduce_mean(loss_fn(y, pred))
-            scaled = loss * scale
-        return loss, tape.gradient(scaled, model.trainable_variables)
+        out = forward_backward(model, loss_fn, x, y, lambda loss: loss * tf.cast(scale, loss.dtype))
+        return out.loss, out.grads
     if not jit:
         return grads
     compiled = tf.function(grads, jit_compile=True)
@@ -176,7 +175,7 @@ def probe_gradients(step, x, y, policy: str) -> dict:
         out["gradients_finite"] = out["unscaled_finite"]
         return out
     out["zero_share_unscaled"] = zero_share(g1)
-    scale = INITIAL_SCALE
+    scale = DEFAULT_INITIAL_LOSS_SCALE   # what train's LossScaleOptimizer starts with
     for _ in range(MAX_HALVINGS + 1):
         _, gs = step(x, y, tf.constant(scale))
         if grads_are_finite(gs):

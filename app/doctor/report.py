@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from app.exit_codes import EXIT_FAILED, EXIT_OK
+from app.core.exit_codes import EXIT_FAILED, EXIT_OK
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 SEVERITIES = (BLOCKER, WARNING, INFO)

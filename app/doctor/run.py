@@ -9,7 +9,7 @@ from app.doctor import compare as compare_mod
 from app.doctor import layers as layers_mod
 from app.doctor import probe as probe_mod
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding, counts, sort_findings, verdict
-from app.errors import UsageError, UserCodeError
+from app.core.errors import UsageError, UserCodeError
 
 SCHEMA_VERSION = 1
 DEFAULT_PRECISION = "mixed_float16"
@@ -41,7 +41,7 @@ def load_bundle(task, batch_size: int, steps: int, seed: int, data_dir: Optional
     """Only as many samples as the steps need; built-in datasets are read, never downloaded."""
     import os
 
-    from app.config import TrainConfig, default_data_dir, env_value
+    from app.training.config import TrainConfig, default_data_dir, env_value
 
     if task.dataset.builtin and task.dataset.spec == "synthetic" and not task.model.builtin:
         synthetic_shape(task)
@@ -85,12 +85,12 @@ def run_check(task, precision: str = DEFAULT_PRECISION, batch_size: int = DEFAUL
               hardware=None) -> dict:
     """The report dict.  Raises UsageError (bad input) or UserCodeError (their code raised
     something that is not a mixed-precision clash); restores the global dtype policy."""
-    from app import precision as prec
+    from app.precision import policy as prec
 
     check_args(batch_size, steps)
     prec.validate_name(precision)
     t0 = time.perf_counter()
-    from app import hardware as hw_mod
+    from app.machine import hardware as hw_mod
 
     hw = hardware or hw_mod.detect()
     decision = prec.resolve(precision, hw)
@@ -107,7 +107,7 @@ def run_check(task, precision: str = DEFAULT_PRECISION, batch_size: int = DEFAUL
 def _build(task, bundle, policy, seed, sample):
     import tensorflow as tf
 
-    from app import precision as prec
+    from app.precision import policy as prec
 
     prec.apply_policy(policy)
     tf.keras.utils.set_random_seed(seed)
@@ -150,7 +150,7 @@ def _policy_findings(policy: str, hw) -> list:
 def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     import tensorflow as tf
 
-    from app import dtype_clash
+    from app.precision import dtype_clash
 
     policy = decision.policy
     mixed = policy.startswith("mixed_")
@@ -198,7 +198,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     # float16 on a CPU is ~60x slower without XLA.  Not on TF 2.9 (Keras 2): its XLA CPU
     # backend aborts the whole process on CPUs with AVX512-FP16 (LLVM "Cannot select: f16 =
     # fexp"), which no fallback can catch.
-    from app.loss_scale import IS_KERAS3
+    from app.precision.policy.keras_version import IS_KERAS3
 
     jit = policy == "mixed_float16" and not hw.gpus and IS_KERAS3
     step = probe_mod.gradient_fn(model, built.loss, jit)
@@ -244,7 +244,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
             f"{100 * grads['zero_share_scaled']:.2f}% with a loss scale of "
             f"{grads['loss_scale']:g})",
             "keep loss scaling on: train does it; in your own loop wrap the optimizer in a "
-            "LossScaleOptimizer and scale the loss (app.loss_scale)"))
+            "LossScaleOptimizer and scale the loss (app.precision.loss_scale)"))
     if not grads["gradients_finite"] or loss is None:
         return _finish(report, findings)
 
@@ -317,7 +317,7 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
 
 
 def _clash_finding(exc, policy, task) -> Finding:
-    from app import dtype_clash
+    from app.precision import dtype_clash
 
     layer = dtype_clash.failing_layer(exc)
     line = dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from app.errors import UsageError
-from app.reporting import write_atomic
+from app.core.errors import UsageError
+from app.core.files import write_atomic
 
 SOURCE_DIR = Path(__file__).resolve().parent
 MANIFEST = ".tfmp-notebooks.json"

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
-from app.errors import UsageError
+from app.core.errors import UsageError
 
 SIZE_FORMS = "auto, or a size such as 2GiB, 1500MiB, 2g (binary units), 2GB (decimal) or bytes"
 MIN_BUDGET = 64 * 2**20

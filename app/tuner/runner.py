@@ -3,10 +3,10 @@
 The parent (this process) never imports TensorFlow: it holds no GPU memory and its own
 resident memory stays small, so a trial's peak is the trial's alone.
 
-Children start through ``app.launch`` (the one launcher of this package's own processes):
+Children start through ``app.core.launch`` (the one launcher of this package's own processes):
 a user's own ``app.py`` or ``app/`` folder in the current directory cannot stand in for
 this package.  The user's ``MODULE:FUNCTION`` specs still import from the current directory
-(``app.specs`` adds it when it loads them, after this package is imported).
+(``app.task.user_code`` adds it when it loads them, after this package is imported).
 
 On a CPU the child runs under the budget: a watchdog thread reads the child's resident
 memory (``/proc/<pid>/status``) every few milliseconds and kills it past the budget; the
@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from app.errors import UsageError
-from app.exit_codes import EXIT_FAILED
-from app.launch import child_env, log_tail, module_command
+from app.core.errors import UsageError
+from app.core.exit_codes import EXIT_FAILED
+from app.core.launch import ChildFailed, child_env, environment_report, log_tail, module_command
 from app.tuner.search import Outcome
 
 WATCH_SECONDS = 0.01
@@ -45,7 +45,7 @@ class TrialFailed(Exception):
 
 
 def child_command(module: str, args: List[str]) -> List[str]:
-    """``python -m <module> <args>`` with this package's ``app`` (``app.launch``)."""
+    """``python -m <module> <args>`` with this package's ``app`` (``app.core.launch``)."""
     return module_command(module, *args)
 
 
@@ -221,10 +221,10 @@ _JOB_VARIABLES = ("TF_CONFIG", "TFMP_LOGICAL_CPUS")
 
 
 def verification_env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The verification's environment: no training setting inherited (every ``app.settings``
+    """The verification's environment: no training setting inherited (every ``app.core.settings``
     variable removed, and TF_CONFIG), so it trains exactly what its flags, the trials'
     settings, say; anything else (PATH, CUDA's and TensorFlow's variables) as for a trial."""
-    from app.settings import SETTINGS
+    from app.core.settings import SETTINGS
 
     env = child_env(base, without=[s.name for s in SETTINGS])
     for name in _JOB_VARIABLES:
@@ -295,17 +295,8 @@ def verification_outcome(end: ChildEnd, kill_above: Optional[int]) -> Outcome:
 
 
 def collect_environment(timeout: float = 300.0) -> Dict[str, Any]:
-    """``tfmp env --json`` in a child (this process keeps TensorFlow out)."""
-    cmd = module_command("app", "env", "--json")
+    """``tfmp env --json`` from a child; a failure ends the tune (``TrialFailed``)."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=child_env())
-    except subprocess.TimeoutExpired:
-        raise TrialFailed("`tfmp env --json` timed out", "-") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        raise TrialFailed(f"`tfmp env --json` failed: {last}", "-")
-    try:
-        return json.loads(proc.stdout)
-    except ValueError:
-        raise TrialFailed("`tfmp env --json` printed no JSON", "-") from None
+        return environment_report(timeout)
+    except ChildFailed as exc:
+        raise TrialFailed(str(exc), "-") from None

@@ -9,8 +9,8 @@ A process per trial because TensorFlow keeps the memory it allocated until the p
 exits: a size measured after a larger one would otherwise see the larger one's peak, and a
 trial that ran out of memory would leave the allocator in a state no real run starts from.
 
-The steps are the project's custom training step (per-example loss averaged over the batch,
-loss scaling through ``app.loss_scale`` for mixed_float16), fed by the task's own input
+The steps are training's own step (``app.training.step.train_step``, what ``--loop custom``
+runs: the same loss, regularization, loss scaling and apply), fed by the task's own input
 pipeline, so the peak counts what a real run holds: runtime, data, weights, optimizer
 slots, activations and gradients.  Warm-up steps (tracing, first allocations) are left out
 of the speed, not of the peak.
@@ -30,23 +30,7 @@ import sys
 import time
 import traceback
 
-# Peak memory on a CPU: the process' high-water mark of resident memory.
-_PROC_STATUS = "/proc/self/status"
-
-
-def cpu_peak_bytes() -> int:
-    """VmHWM (peak resident set) of this process; ru_maxrss where /proc is missing."""
-    try:
-        with open(_PROC_STATUS, encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
+from app.machine.memory import cpu_peak_bytes, peak_memory
 
 def _is_oom(exc: BaseException) -> bool:
     import tensorflow as tf
@@ -83,9 +67,11 @@ def run(req: dict) -> dict:
     """Build, warm up, time; the measurements as a dict (status ok/data)."""
     import tensorflow as tf
 
-    from app import loss_scale, precision
-    from app.data import SYNTHETIC_TRAIN
-    from app.tasks import Task, parse_input_shape
+    from app.precision import loss_scale
+    from app.precision import policy as precision
+    from app.training import step
+    from app.task.data import SYNTHETIC_TRAIN
+    from app.task.task import Task, parse_input_shape
 
     started = time.perf_counter()
     batch = int(req["batch_size"])
@@ -126,15 +112,7 @@ def run(req: dict) -> dict:
 
     @tf.function(jit_compile=bool(req.get("jit")) or None)
     def train_step(x, y):
-        with tf.GradientTape() as tape:
-            preds = model(x, training=True)
-            loss = tf.reduce_mean(loss_fn(y, preds))
-            if model.losses:
-                loss += tf.add_n(model.losses)
-            scaled = loss_scale.scale_loss(opt, loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        loss_scale.unscale_and_apply(opt, grads, model.trainable_variables)
-        return loss
+        return step.train_step(model, loss_fn, opt, x, y)[0].loss
 
     # Only full batches: a short last batch would be a second shape (another trace) and
     # a smaller step in the timing.
@@ -157,10 +135,7 @@ def run(req: dict) -> dict:
     # The median step, not the mean: on a shared machine a step that lost the CPU to
     # another process for a moment says nothing about this batch size.
     median = sorted(step_times)[len(step_times) // 2]
-    if on_gpu:
-        peak = int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
-    else:
-        peak = cpu_peak_bytes()
+    peak = peak_memory()["bytes"]
     result.update(steps=done, timed_seconds=round(timed, 4),
                   median_step_seconds=round(median, 5),
                   mean_samples_per_second=round(done * batch / max(timed, 1e-9), 2),
@@ -171,19 +146,15 @@ def run(req: dict) -> dict:
 
 
 def _peak_so_far():
-    """The peak up to a failure: TensorFlow's GPU peak, else the resident high-water mark."""
+    """The peak up to a failure (None when even that cannot be read)."""
     try:
-        import tensorflow as tf
-
-        if tf.config.list_physical_devices("GPU"):
-            return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
+        return peak_memory()["bytes"]
     except Exception:  # pragma: no cover - GPU only
         return None
-    return cpu_peak_bytes()
 
 
 def _write(path: str, doc: dict) -> None:
-    from app.reporting import write_json_atomic
+    from app.core.files import write_json_atomic
 
     write_json_atomic(path, doc)
 
@@ -195,8 +166,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     req = json.loads(args.request)
-    from app.errors import UsageError, UserCodeError
-    from app.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+    from app.core.errors import UsageError, UserCodeError
+    from app.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
     try:
         doc = run(req)

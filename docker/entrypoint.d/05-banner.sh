@@ -34,12 +34,12 @@ PY
     while IFS= read -r line; do info "GPU: $line"; done <<<"$gpus"
   fi
   # Why no GPU (or no fast one): one WARN line per problem and one per fix, without
-  # importing TensorFlow (app/gpu_problems.py; docs/image.md, "No GPU?").  Run from /
+  # importing TensorFlow (app/machine/gpu_problems.py; docs/image.md, "No GPU?").  Run from /
   # so a user's app.py or app/ in the working folder cannot stand in for the package.
   local problems
   problems=$(
     cd / || exit 0
-    timeout 20 python3 -m app.gpu_problems --banner 2>/dev/null || true
+    timeout 20 python3 -m app.machine.gpu_problems --banner 2>/dev/null || true
   )
   if [[ -n $problems ]]; then
     while IFS= read -r line; do warn "$line"; done <<<"$problems"

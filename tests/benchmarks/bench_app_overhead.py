@@ -4,7 +4,7 @@ and the plug-in path against the built-in one.
 Three sides: ``app`` (``python -m app train --model mlp``), ``baseline`` (hand-written
 Keras fit) and ``spec`` (``python -m app train --model <file>.py:build`` with a user-style
 copy of the same MLP, written into --output).  All train the same model (seed 2's 784-512-256-10 MLP with a float32 softmax) on the
-same synthetic data (``app.data.synthetic_arrays``, fixed seed) with the same policy, batch
+same synthetic data (``app.task.data.synthetic_arrays``, fixed seed) with the same policy, batch
 size and optimizer, each in a fresh Python process.  Runs are interleaved (A B, B A, ...)
 so drift on a noisy machine hits both sides alike.  Every side times the epochs after the
 first (the first includes tracing) from the start of an epoch to the start of its
@@ -42,7 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BASELINE = r'''
 import json, sys, time
 import tensorflow as tf
-from app.data import synthetic_arrays
+from app.task.data import synthetic_arrays
 policy, epochs, batch, n_train, n_val, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 tf.keras.utils.set_random_seed(0)
 tf.keras.mixed_precision.set_global_policy(policy)

@@ -1,4 +1,4 @@
-"""What one run per output folder (app/run_lock.py) adds to a run's start.
+"""What one run per output folder (app/run_folder/lock.py) adds to a run's start.
 
 A run pays for the lock twice: ``check_free`` in ``prepare`` (open the lock file if there is
 one, try the lock, let go) and ``acquire`` before its first write (create the folder and the
@@ -26,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from app.run_lock import RunLock  # noqa: E402
+from app.run_folder.lock import RunLock  # noqa: E402
 
 TARGET_SHARE = 0.01
 

@@ -8,8 +8,8 @@ alternating blocks, so neighbouring blocks share the machine's state:
 
 * ``app``: the model, optimizer, loss, metrics and data pipeline exactly as
   ``python -m app train --model mlp --dataset synthetic --loop fit`` sets them up
-  (the public seams ``app.training.prepare``/``build_parts``/``make_recorder``/
-  ``make_monitor`` and ``app.steps.compile_for_fit``: the task, loss scaling, the step
+  (the public seams ``app.training.job.prepare``/``build_parts``/``make_recorder``/
+  ``make_monitor`` and ``app.training.step.compile_for_fit``: the task, loss scaling, the step
   statistics recorded inside the train step), with the monitor's polling thread running
   during its blocks;
 * ``baseline``: the same 784-512-256-10 MLP written by hand, compiled with Keras' string loss
@@ -54,13 +54,14 @@ class AppSide:
     """One ``tfmp train`` set-up, driven one epoch at a time."""
 
     def __init__(self, model: str, args, work: str, name: str):
-        from app import steps, training
-        from app.config import TrainConfig
+        from app.training import step as steps
+        from app.training import job as training
+        from app.training.config import TrainConfig
 
         cfg = TrainConfig(model=model, dataset="synthetic", precision=args.policy, loop="fit",
                           epochs=1, batch_size=args.batch_size,
                           max_train_samples=args.samples, max_val_samples=256,
-                          output=os.path.join(work, name), offline=True, verbose="bar",  # no step lines
+                          output=os.path.join(work, name), offline=True, progress="bar",  # no step lines
                           save_model=False, input_shape=None if model == "mlp" else "784")
         run = training.prepare(cfg)
         self.parts = training.build_parts(run)
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
 
     with contextlib.redirect_stdout(sys.stderr):   # the app's set-up notes
         app = AppSide("mlp", args, work, "app")
-        sides = {"app": app, "baseline": BaselineSide(args, app.data),
+        sides = {"app": app, "baseline": BaselineSide(args, app.task.data),
                  "spec": AppSide(spec_path + ":build", args, work, "spec")}
     names = list(sides)
     for _ in range(args.warmup):

@@ -28,7 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from app.tuner.api import tune  # noqa: E402
+from app.tuner.tuning import tune  # noqa: E402
 
 RATIO_TARGET = 1.15
 TIME_TARGET = 600.0

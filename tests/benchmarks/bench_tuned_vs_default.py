@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from app.benchmark.stats import measure_run  # noqa: E402
-from app.launch import module_command  # noqa: E402
+from app.core.launch import module_command  # noqa: E402
 
 DEFAULT = ("float32", 128)
 WARMUP_EPOCHS = 1
@@ -63,7 +63,7 @@ def _train(args, out: str, extra: list) -> dict:
 
 
 def _tune(args, work: str) -> str:
-    from app.tuner.api import tune
+    from app.tuner.tuning import tune
 
     out = os.path.join(work, "tune")
     tune(args.model, "synthetic", precision="float32,auto", memory_budget=args.budget,

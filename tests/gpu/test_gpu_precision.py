@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-# Real GPUs as TensorFlow names them, from NVIDIA's specifications (not from app.hardware):
+# Real GPUs as TensorFlow names them, from NVIDIA's specifications (not from app.machine.hardware):
 # (name, compute capability, has Tensor Cores).  A GPU box's own GPU is looked up here.
 KNOWN_GPUS = [
     ("Tesla V100-SXM2-16GB", (7, 0), True),        # Volta: the first Tensor Cores
@@ -40,8 +40,8 @@ def _known(name: str):
 def test_known_gpus_get_the_right_tensor_core_answer_and_precision(name, capability,
                                                                    tensor_cores):
     """Host test (fake HardwareInfo): the package's rule against the table of real GPUs."""
-    from app.hardware import HardwareInfo, make_gpu
-    from app.precision import choose_policy, slow_fp16_warning
+    from app.machine.hardware import HardwareInfo, make_gpu
+    from app.precision.policy import choose_policy, slow_fp16_warning
 
     gpu = make_gpu(name, capability, 16 * 2**30)
     assert gpu.tensor_cores is tensor_cores
@@ -59,7 +59,7 @@ def test_the_table_lookup_ignores_board_suffixes():
 
 @pytest.mark.gpu
 def test_detect_reports_the_gpu_with_compute_capability():
-    from app.hardware import detect
+    from app.machine.hardware import detect
 
     hw = detect()
     assert hw.gpus, "TensorFlow sees no GPU"
@@ -72,8 +72,8 @@ def test_detect_reports_the_gpu_with_compute_capability():
 def test_this_gpu_matches_its_row_in_the_table():
     """The GPU here, looked up by name: compute capability as detected, Tensor Cores and the
     auto precision as the table (NVIDIA's specifications) says."""
-    from app.hardware import detect
-    from app.precision import choose_policy
+    from app.machine.hardware import detect
+    from app.precision.policy import choose_policy
 
     hw = detect()
     rows = [(g, _known(g.name)) for g in hw.gpus]
@@ -90,14 +90,14 @@ def test_this_gpu_matches_its_row_in_the_table():
 
 @pytest.mark.gpu
 def test_mixed_float16_trains_on_the_gpu(tmp_path):
-    from app.config import TrainConfig
-    from app.training import train
+    from app.training.config import TrainConfig
+    from app.training.job import train
 
     for loop in ("fit", "custom"):
         m = train(TrainConfig(model="mlp", dataset="synthetic", precision="mixed_float16",
                               loop=loop, epochs=2, batch_size=128, max_train_samples=4096,
                               max_val_samples=512, workspace=str(tmp_path),
-                              output=str(tmp_path / loop), verbose="lines", save_model=False))
+                              output=str(tmp_path / loop), progress="lines", save_model=False))
         assert m["status"] == "completed"
         assert m["epochs"][-1]["val_accuracy"] >= 0.9
         assert m["peak_memory"]["kind"] == "gpu" and m["peak_memory"]["bytes"] > 0

@@ -11,8 +11,8 @@ pytestmark = pytest.mark.gpu
 def test_a_visible_usable_gpu_gives_an_empty_list_or_only_no_tensor_cores():
     import tensorflow as tf
 
-    from app.gpu_problems import problems_here
-    from app.hardware import detect
+    from app.machine.gpu_problems import problems_here
+    from app.machine.hardware import detect
 
     hw = detect()
     problems = problems_here(tf=tf, tf_gpus=hw.gpus)
@@ -25,8 +25,8 @@ def test_a_visible_usable_gpu_gives_an_empty_list_or_only_no_tensor_cores():
 
 
 def test_the_driver_read_without_tensorflow_agrees_with_tensorflow():
-    from app.gpu_problems import read_driver
-    from app.hardware import detect
+    from app.machine.gpu_problems import read_driver
+    from app.machine.hardware import detect
 
     reading = read_driver()
     assert reading.load_error is None and reading.cuinit_status == 0

@@ -33,7 +33,7 @@ STUBS = {
            "NAME": '"Tesla T4"'},
 }
 
-# Runs inside the container as the image's user: one `python -m app.gpu_problems --json`
+# Runs inside the container as the image's user: one `python -m app.machine.gpu_problems --json`
 # per scenario (no TensorFlow import: quick), LD_LIBRARY_PATH choosing the stub.
 SCENARIOS = r"""
 import json, os, subprocess, sys
@@ -42,7 +42,7 @@ for name in ["none"] + sorted(os.listdir("/opt/stubs")):
     env = dict(os.environ)
     if name != "none":
         env["LD_LIBRARY_PATH"] = "/opt/stubs/" + name
-    out = subprocess.run([sys.executable, "-m", "app.gpu_problems", "--json"], env=env,
+    out = subprocess.run([sys.executable, "-m", "app.machine.gpu_problems", "--json"], env=env,
                          capture_output=True, text=True, check=True).stdout
     results[name] = json.loads(out)["gpu_problems"]
 print(json.dumps(results))

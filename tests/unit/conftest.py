@@ -42,13 +42,13 @@ def error_lines(stderr: str):
 @pytest.fixture
 def tiny_config(tmp_path):
     """A TrainConfig for quick real runs on learnable synthetic data."""
-    from app.config import TrainConfig
+    from app.training.config import TrainConfig
 
     def make(**kw):
         base = dict(model="mlp", dataset="synthetic", precision="float32", loop="fit", epochs=2,
                     batch_size=32, max_train_samples=512, max_val_samples=128, log_every=4,
                     workspace=str(tmp_path / "ws"), output=str(tmp_path / "run"),
-                    verbose="lines", offline=True, save_model=False, seed=0)
+                    progress="lines", offline=True, save_model=False, seed=0)
         base.update(kw)
         return TrainConfig(**base)
     return make

@@ -365,7 +365,7 @@ def test_best_batch_tunes_the_benchmarks_own_job_first(tmp_path, monkeypatch):
     """--best-batch: the tuner gets the benchmark's task and policies, its best batches
     are what the second set of runs uses."""
     from app.commands import benchmark
-    from app.tuner import api
+    from app.tuner import tuning as api
 
     calls = []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from app.benchmark import diagnose, layout
-from app.hardware import HardwareInfo, make_gpu
+from app.machine.hardware import HardwareInfo, make_gpu
 
 T4 = HardwareInfo(gpus=[make_gpu("Tesla T4", (7, 5))])
 P100 = HardwareInfo(gpus=[make_gpu("Tesla P100-PCIE-16GB", (6, 0))])
@@ -103,7 +103,7 @@ def test_failed_runs_reported_first():
 
 def test_layer_width_table_matches_models():
     tf = pytest.importorskip("tensorflow")
-    from app import models
+    from app.task import models
 
     for name, shape in (("mlp", (784,)), ("cnn", (28, 28, 1)), ("resnet", (32, 32, 3))):
         m = models.build_model(name, shape, 10)

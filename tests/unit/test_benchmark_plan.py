@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from app.benchmark import plan
-from app.hardware import HardwareInfo, make_gpu
+from app.machine.hardware import HardwareInfo, make_gpu
 
 CPU_BF16 = HardwareInfo(cpu_flags=frozenset({"avx512_bf16"}))
 CPU_PLAIN = HardwareInfo(cpu_flags=frozenset({"avx2"}))

@@ -137,7 +137,7 @@ def test_write_atomic_leaves_old_file_on_error(tmp_path):
 
 
 def test_rejected_settings_empty_the_users_folder_but_keep_it(tmp_path):
-    from app.errors import UsageError
+    from app.core.errors import UsageError
 
     def rejects(cmd, log_path, timeout, env):
         with open(log_path, "w") as fh:

@@ -29,7 +29,7 @@ def user_models():
 
 
 def _check(build, **kw):
-    from app.doctor.api import check
+    from app.doctor.check import check
 
     args = dict(SMALL)
     args.update(kw)
@@ -58,7 +58,7 @@ def test_policy_aware_custom_layer_is_ready(user_models):
     comp = report["comparison"]
     assert comp["ran"] and comp["steps"] == 2 and comp["same_weights"]
     assert comp["relative_difference_start"] < 0.02
-    from app import precision
+    from app.precision import policy as precision
 
     assert precision.global_policy_name() == "float32"  # restored
 

@@ -120,7 +120,7 @@ def test_env_text_and_json():
 
 
 def test_env_text_format_from_a_fake_report():
-    from app.envreport import format_text
+    from app.machine.envreport import format_text
 
     text = format_text({
         "python": "3.9.2", "platform": "Linux", "tensorflow": "2.9.3", "keras": "2.9.0",

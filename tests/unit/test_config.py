@@ -4,8 +4,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from app.config import TrainConfig, check_output_writable, default_output, resolve_config
-from app.errors import UsageError
+from app.training.config import TrainConfig, check_output_writable, default_output, resolve_config
+from app.core.errors import UsageError
 
 
 def test_flag_beats_environment_beats_default():

@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
-from app import data
-from app.errors import UsageError
+from app.task import data
+from app.core.errors import UsageError
 
 
 def test_synthetic_is_deterministic_and_shaped():
@@ -66,7 +66,7 @@ def test_image_folder(tmp_path):
 
 
 def test_in_memory_batches_cover_every_row_once_in_a_new_order_each_epoch():
-    from app.data import make_dataset
+    from app.task.data import make_dataset
 
     x = np.arange(70, dtype=np.float32).reshape(70, 1)
     y = np.arange(70) % 7

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from app import data
-from app.errors import UsageError
+from app.task import data
+from app.core.errors import UsageError
 
 
 def _write_idx(path, array, magic):

@@ -1,4 +1,4 @@
-"""Why no GPU: every rule of app/gpu_problems.py with fake probes, and the ctypes edge
+"""Why no GPU: every rule of app/machine/gpu_problems.py with fake probes, and the ctypes edge
 against a stub libcuda.so.1 built here from tests/unit/stub_libcuda.c (needs gcc).
 
 The causes made real inside containers are in tests/image/test_gpu_problems_image.py;
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from app import gpu_probe as probe_mod
-from app import gpu_problems as gp
-from app.hardware import make_gpu
+from app.machine import gpu_probe as probe_mod
+from app.machine import gpu_problems as gp
+from app.machine.hardware import make_gpu
 
 STUB_SOURCE = Path(__file__).with_name("stub_libcuda.c")
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,7 +258,7 @@ def test_device_node_listing(tmp_path):
 
 
 def test_the_module_does_not_import_tensorflow():
-    code = ("import sys, app.gpu_problems as g; g.main(['--json']); "
+    code = ("import sys, app.machine.gpu_problems as g; g.main(['--json']); "
             "assert 'tensorflow' not in sys.modules, 'imported tensorflow'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
@@ -320,7 +320,7 @@ def test_read_driver_reports_cuinit_failures_and_missing_libraries(tmp_path):
 # ---- the reports that show the list ------------------------------------------------------
 
 def test_env_report_text_lists_problems_with_their_fixes():
-    from app.envreport import format_text
+    from app.machine.envreport import format_text
 
     report = {
         "python": "3.8.10", "platform": "Linux", "tensorflow": "2.9.3", "keras": "2.9.0",
@@ -365,7 +365,7 @@ def test_check_libraries_with_the_real_loader():
 
 
 def test_bad_flags_are_one_line_and_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "app.gpu_problems", "--banner", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "app.machine.gpu_problems", "--banner", "--json"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and proc.stdout == ""

@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from app import loss_scale, precision
-from app.models import build_model
+from app.precision import loss_scale
+from app.precision import policy as precision
+from app.task.models import build_model
+from app.training.job import step_stats
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
@@ -58,7 +60,7 @@ def test_step_stats_see_fit_gradients():
     precision.apply_policy("float32")
     model = build_model("mlp", (16,), 3)
     opt = tf.keras.optimizers.Adam()
-    probe = loss_scale.StepStats()
+    probe = step_stats.StepStats()
     probe.attach_to(opt)
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     x = np.random.default_rng(0).uniform(size=(32, 16)).astype("float32")
@@ -69,7 +71,7 @@ def test_step_stats_see_fit_gradients():
 
 
 def test_step_stats_log_a_row_every_n_steps_into_a_ring():
-    stats = loss_scale.StepStats(log_every=2, capacity=3)
+    stats = step_stats.StepStats(log_every=2, capacity=3)
     grads = [tf.constant([1.0, 2.0]), tf.constant([2.0])]          # global norm 3
 
     @tf.function
@@ -94,7 +96,7 @@ def test_step_stats_log_a_row_every_n_steps_into_a_ring():
 
 
 def test_step_stats_count_skipped_steps_every_step():
-    stats = loss_scale.StepStats(log_every=100)
+    stats = step_stats.StepStats(log_every=100)
     grads = [tf.constant([1.0, 2.0])]
     for skipped in (True, True, False, True):
         stats.record(grads, skipped=tf.constant(skipped))
@@ -107,7 +109,7 @@ def test_step_stats_count_skipped_steps_every_step():
 def test_without_loss_scaling_a_logging_step_counts_a_non_finite_norm_or_loss(bad):
     """Nothing is skipped without loss scaling, and ordinary steps look at nothing; a
     logging step whose gradient norm or running loss is non-finite counts once."""
-    stats = loss_scale.StepStats(log_every=2)
+    stats = step_stats.StepStats(log_every=2)
     fine, nan = [tf.constant([3.0, 4.0])], [tf.constant([1.0, float("nan")])]
     loss = [0.5]
     for _ in range(2):
@@ -132,7 +134,7 @@ def test_step_skipped_reads_the_optimizer_decision_in_fit():
         opt = loss_scale.wrap_optimizer(tf.keras.optimizers.SGD(0.01), "mixed_float16",
                                         initial_scale=2.0 ** 24)
         loss_scale.build_optimizer(opt, model.trainable_variables)
-        stats = loss_scale.StepStats(log_every=4)
+        stats = step_stats.StepStats(log_every=4)
         stats.attach_to(opt)
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
         x = np.random.default_rng(0).uniform(size=(320, 16)).astype("float32")

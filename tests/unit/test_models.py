@@ -2,8 +2,8 @@
 import pytest
 import tensorflow as tf
 
-from app import precision
-from app.models import build_model, input_shape_for
+from app.precision import policy as precision
+from app.task.models import build_model, input_shape_for
 
 POLICIES = ["float32", "mixed_float16", "mixed_bfloat16"]
 

@@ -382,7 +382,7 @@ def test_05_tune_then_train_with_the_result(tmp_path, monkeypatch):
 # Trials stood in for (no TensorFlow, no child processes): sizes up to 16 fit in the search,
 # and the longer verification run of every one of them goes over the budget.
 FAILED_VERIFICATION = """
-from app.tuner import api as _api
+from app.tuner import tuning as _api
 from app.tuner.search import Outcome as _Outcome
 
 

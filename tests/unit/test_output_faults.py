@@ -28,7 +28,7 @@ def _full_on_save(monkeypatch, fail_at: int):
     """The fail_at-th checkpoint save dies like SaveV2 on a full disk, leaving its temp folder."""
     import tensorflow as tf
 
-    from app import checkpointing
+    from app.run_folder import checkpoints as checkpointing
 
     real = checkpointing.Checkpointer.save
     calls = []
@@ -71,7 +71,7 @@ def test_disk_full_during_a_checkpoint_save_then_resume_finishes(tmp_path, capsy
 
 
 def test_metrics_write_failing_is_the_same_one_line(tmp_path, capsys, monkeypatch):
-    from app import reporting
+    from app.core import files as reporting
 
     out = tmp_path / "run"
     real = reporting.write_atomic
@@ -92,7 +92,7 @@ def test_metrics_write_failing_is_the_same_one_line(tmp_path, capsys, monkeypatc
 def test_classify_knows_the_os_and_tensorflow_forms():
     import tensorflow as tf
 
-    from app.output_faults import classify
+    from app.run_folder.write_faults import classify
 
     assert classify(OSError(errno.ENOSPC, "x")) == errno.ENOSPC
     assert classify(OSError(errno.EDQUOT, "x")) == errno.EDQUOT

@@ -1,9 +1,9 @@
 """The precision decision table, with fake hardware (no TensorFlow needed)."""
 import pytest
 
-from app.errors import UsageError
-from app.hardware import HardwareInfo, has_tensor_cores, make_gpu, parse_cpuinfo_flags
-from app.precision import choose_policy, resolve, slow_fp16_warning
+from app.core.errors import UsageError
+from app.machine.hardware import HardwareInfo, has_tensor_cores, make_gpu, parse_cpuinfo_flags
+from app.precision.policy import choose_policy, resolve, slow_fp16_warning
 
 GB = 2**30
 CPU_PLAIN = frozenset({"sse4_2", "avx2", "avx512f"})
@@ -90,7 +90,7 @@ def test_explicit_fp16_on_tensor_core_gpu_is_quiet():
 
 
 def test_auto_is_announced_in_one_line(capsys):
-    from app.precision import announce
+    from app.precision.policy import announce
 
     announce(resolve("auto", HardwareInfo(cpu_flags=CPU_BF16)))
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,11 +1,11 @@
-"""The one registry (app/registry.py): names, shapes and the fast-path rule that `auto`,
+"""The one registry (app/core/catalog.py): names, shapes and the fast-path rule that `auto`,
 the benchmark's plan and its diagnoses all read.  No TensorFlow."""
 import pytest
 
-from app import registry
+from app.core import catalog as registry
 from app.benchmark import diagnose, plan
-from app.hardware import HardwareInfo, make_gpu
-from app.precision import choose_policy
+from app.machine.hardware import HardwareInfo, make_gpu
+from app.precision.policy import choose_policy
 
 MACHINES = {
     "T4": HardwareInfo(gpus=[make_gpu("Tesla T4", (7, 5))]),
@@ -53,7 +53,7 @@ def test_builtin_shapes_and_pairings():
 
 
 def test_every_exit_status_has_a_meaning():
-    from app import exit_codes
+    from app.core import exit_codes
 
     codes = {v for k, v in vars(exit_codes).items() if k.startswith("EXIT_")}
     assert codes == set(exit_codes.MEANINGS)

@@ -1,4 +1,4 @@
-"""One run per output folder (app/run_lock.py): a real flock, real processes."""
+"""One run per output folder (app/run_folder/lock.py): a real flock, real processes."""
 from __future__ import annotations
 
 import json
@@ -11,15 +11,15 @@ import time
 
 import pytest
 
-from app.errors import UsageError
-from app.run_lock import LOCK_NAME, OutputInUse, RunLock
+from app.core.errors import UsageError
+from app.run_folder.lock import LOCK_NAME, OutputInUse, RunLock
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # A child that takes the lock, says so, and sleeps until killed.
 HOLDER = textwrap.dedent("""
     import sys, time
-    from app.run_lock import RunLock
+    from app.run_folder.lock import RunLock
     lock = RunLock(sys.argv[1], command="tfmp train --output twin").acquire()
     print("locked", flush=True)
     time.sleep(120)
@@ -185,7 +185,7 @@ def _nfs_like_flock(real):
 def test_the_lock_works_where_flock_is_a_byte_range_lock_as_on_nfs(tmp_path, monkeypatch):
     import fcntl
 
-    from app import run_lock
+    from app.run_folder import lock as run_lock
 
     monkeypatch.setattr(run_lock.fcntl, "flock", _nfs_like_flock(fcntl.flock))
     out = tmp_path / "run"
@@ -202,7 +202,7 @@ def test_a_file_system_without_locks_is_one_line_naming_the_folder_and_the_fs(tm
                                                                               monkeypatch):
     import errno
 
-    from app import run_lock
+    from app.run_folder import lock as run_lock
 
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
@@ -225,7 +225,7 @@ def test_filesystem_of_takes_the_longest_mount_point(tmp_path):
     info.write_text("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
                     "40 22 0:50 / /mnt/shared rw - nfs4 srv:/export rw\n"
                     "41 22 0:51 / /mnt/sharedx rw - tmpfs tmpfs rw\n")
-    from app.run_lock import filesystem_of
+    from app.run_folder.lock import filesystem_of
 
     assert filesystem_of("/mnt/shared/runs/a", str(info)) == "nfs4"
     assert filesystem_of("/mnt/sharedx", str(info)) == "tmpfs"

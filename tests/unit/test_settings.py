@@ -1,4 +1,4 @@
-"""The settings table (app/settings.py): every training setting has one flag and one TFMP_
+"""The settings table (app/core/settings.py): every training setting has one flag and one TFMP_
 variable, argparse and the environment resolver read it, and the benchmark passes on
 exactly its ``passed`` column.  No TensorFlow."""
 import argparse
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from app import settings
-from app.config import TrainConfig, resolve_config
+from app.core import settings
+from app.training.config import TrainConfig, resolve_config
 
 
 def _train_parser():
@@ -34,7 +34,7 @@ def test_train_help_names_each_flags_variable():
 
 @pytest.mark.parametrize("name,raw,expected", [
     ("resume", "1", True), ("max_skipped_steps", "7", 7), ("initial_loss_scale", "1024", 1024.0),
-    ("save_model", "1", False), ("image_size", "48", 48), ("verbose", "lines", "lines"),
+    ("save_model", "1", False), ("image_size", "48", 48), ("progress", "lines", "lines"),
 ])
 def test_the_flags_that_had_no_variable_now_have_one(name, raw, expected, tmp_path):
     env = {settings.BY_NAME[name].env: raw, "TFMP_WORKSPACE": str(tmp_path)}

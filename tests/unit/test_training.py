@@ -1,11 +1,11 @@
-"""Real training runs on small learnable data, through the public API ``app.training.train``."""
+"""Real training runs on small learnable data, through the public API ``app.training.job.train``."""
 import json
 import os
 
 import pytest
 import tensorflow as tf
 
-from app.training import train
+from app.training.job import train
 
 # Synthetic data: 10 classes, one random prototype each plus noise (fixed seed); chance is 0.1.
 TARGET_ACCURACY = 0.9
@@ -94,7 +94,7 @@ def test_outputs_and_metrics_schema(tiny_config, tmp_path):
 def test_default_run_folder_names_model_dataset_and_policy(tiny_config):
     from datetime import datetime, timezone
 
-    from app.config import default_output, short_name
+    from app.training.config import default_output, short_name
 
     cfg = tiny_config(output=None, model="./nets/small.py:build", dataset="data.cifar:load")
     now = datetime(2026, 11, 30, 1, 2, 3, tzinfo=timezone.utc)
@@ -158,8 +158,9 @@ def test_a_run_that_finishes_between_the_check_and_the_lock_is_not_overwritten(t
     # prepare() finds the folder free; another run then finishes there before this one takes
     # the lock (simulated, deterministically, just before the lock is taken).  The check
     # under the lock must refuse instead of writing over the other run's metrics.json.
-    from app import run_lock, training
-    from app.errors import UsageError
+    from app.run_folder import lock as run_lock
+    from app.training import job as training
+    from app.core.errors import UsageError
 
     cfg = tiny_config(epochs=1)
     theirs = '{"status": "completed", "by": "the other run"}'

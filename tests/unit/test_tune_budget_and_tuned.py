@@ -9,9 +9,10 @@ import os
 
 import pytest
 
-from app.errors import UsageError
-from app.tuner import budget, report, search, tuned
-from app.tuner.api import check_margin, check_max_batch, parse_precisions
+from app.core.errors import UsageError
+from app.tuner import budget, report, search
+from app.training import tuned
+from app.tuner.tuning import check_margin, check_max_batch, parse_precisions
 from conftest import error_lines, run_app
 
 GIB, MIB = 2**30, 2**20
@@ -98,7 +99,7 @@ def test_precision_margin_cap_checks():
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--precision", "fp8"], "precision must be one of"),
+    (["--precision", "fp8"], "precision must be a comma-separated list of"),
     (["--memory-budget", "lots"], "memory_budget is not a size"),
     (["--margin", "0.95"], "margin must be in [0, 0.9)"),
     (["--margin", "-0.1"], "margin must be in [0, 0.9)"),
@@ -240,7 +241,7 @@ def test_children_cannot_be_hijacked_by_an_app_module_in_the_cwd(tmp_path):
     import subprocess
     import sys
 
-    from app import launch
+    from app.core import launch
     from app.tuner import runner
 
     (tmp_path / "app.py").write_text("raise SystemExit('hijacked')\n", encoding="utf-8")

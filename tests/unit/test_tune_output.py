@@ -10,9 +10,10 @@ import os
 import pytest
 
 from app import cli
-from app.errors import UsageError
-from app.run_lock import LOCK_NAME, OutputInUse, RunLock
-from app.tuner import api, tuned
+from app.core.errors import UsageError
+from app.run_folder.lock import LOCK_NAME, OutputInUse, RunLock
+from app.tuner import tuning as api
+from app.training import tuned
 from app.tuner.search import Outcome
 
 MIB = 2**20
@@ -185,7 +186,7 @@ def test_reference_batch_size_default_env_and_flag(tmp_path, fake, monkeypatch):
 def _hostile_environment():
     """Every training setting's variable set to something the trials did not train, and the
     multi-worker and CPU-split variables."""
-    from app.settings import SETTINGS
+    from app.core.settings import SETTINGS
 
     odd = {"int": "3", "float": "0.5", "text": "elsewhere"}
     env = {"PATH": os.environ.get("PATH", ""), "TF_CONFIG": '{"cluster": {"worker": '
@@ -205,7 +206,7 @@ def _hostile_environment():
 
 
 def test_the_verification_trains_the_trials_settings_and_inherits_none(tmp_path):
-    from app import config
+    from app.training import config
     from app.tuner import runner
 
     env = runner.verification_env(_hostile_environment())

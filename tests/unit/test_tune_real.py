@@ -13,7 +13,8 @@ import os
 
 import pytest
 
-from app.tuner import report, tuned
+from app.tuner import report
+from app.training import tuned
 from conftest import run_app
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from app.config import resolve_config
-from app.errors import UsageError
+from app.training.config import resolve_config
+from app.core.errors import UsageError
 from app.tuner import report
 from conftest import error_lines, run_app
 

@@ -30,7 +30,7 @@ def _metrics(out):
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
 def test_user_model_and_arrays_train_in_both_loops(tiny_config, tmp_path, policy, loop):
-    from app.training import train
+    from app.training.job import train
 
     epochs = 4 if policy == "mixed_float16" else 3
     m = train(tiny_config(model=AWARE, dataset=ARRAYS, precision=policy, loop=loop,
@@ -59,7 +59,7 @@ def test_dotted_module_and_unknown_size_tf_data(tmp_path):
 
 
 def test_functional_model_with_batch_and_layer_normalization(tiny_config):
-    from app.training import train
+    from app.training.job import train
 
     m = train(tiny_config(model=os.path.join(USER, "normalized.py") + ":build", dataset=ARRAYS,
                      precision="mixed_bfloat16", epochs=3, learning_rate=3e-3))
@@ -67,7 +67,7 @@ def test_functional_model_with_batch_and_layer_normalization(tiny_config):
 
 
 def test_compiled_model_brings_optimizer_loss_and_metrics(tiny_config, tmp_path, capsys):
-    from app.training import train
+    from app.training.job import train
 
     m = train(tiny_config(model=MISC + ":compiled", dataset=ARRAYS, precision="float32",
                      epochs=3, loop="custom"))
@@ -79,7 +79,7 @@ def test_compiled_model_brings_optimizer_loss_and_metrics(tiny_config, tmp_path,
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_loss_and_metrics_flags_take_keras_names_and_user_objects(tiny_config, loop):
-    from app.training import train
+    from app.training.job import train
 
     m = train(tiny_config(model=AWARE, dataset=ARRAYS, loop=loop, precision="float32",
                           epochs=2, learning_rate=3e-3, loss="sparse_categorical_crossentropy",
@@ -91,7 +91,7 @@ def test_loss_and_metrics_flags_take_keras_names_and_user_objects(tiny_config, l
 
 
 def test_16bit_output_is_cast_and_the_warning_names_the_layer(tiny_config, tmp_path, capsys):
-    from app.training import train
+    from app.training.job import train
 
     m = train(tiny_config(model=MISC + ":logits_16bit", dataset=ARRAYS,
                      precision="mixed_bfloat16", epochs=3, learning_rate=3e-3))
@@ -111,14 +111,14 @@ def test_python_api_with_functions_arrays_and_datasets(tmp_path):
         sys.path.remove(USER)
     m = app.train(model=policy_aware.build, data=user_datasets.arrays(), precision="float32",
                   epochs=3, output=str(tmp_path / "a"), batch_size=32, learning_rate=3e-3,
-                  save_model=False, verbose="lines")
+                  save_model=False, progress="lines")
     assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
     assert m["task"]["model"].endswith(":build") and m["task"]["dataset"] == "python:arrays"
     m = app.train(model=policy_aware.build, data=user_datasets.unknown_size, loop="custom",
                   precision="mixed_bfloat16", epochs=3, output=str(tmp_path / "b"),
-                  batch_size=32, learning_rate=3e-3, save_model=False, verbose="lines")
+                  batch_size=32, learning_rate=3e-3, save_model=False, progress="lines")
     assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
-    from app.errors import UsageError
+    from app.core.errors import UsageError
     with pytest.raises(UsageError, match="unknown setting"):
         app.train(model=policy_aware.build, data=user_datasets.arrays(), batchsize=3)
 

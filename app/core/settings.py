@@ -1,0 +1,199 @@
+"""Every training setting, declared once: its flag, its TFMP_ variable, its help, how a
+value is read, and whether the benchmark passes it to its child runs.
+
+``app.training.config`` resolves the variables from this table, ``app.commands.train`` (and the
+task flags of ``benchmark`` and ``check``) build their argparse flags from it, and the
+benchmark's pass-through to its ``tfmp train`` children is the table's ``passed`` column.
+Defaults live on ``app.training.config.TrainConfig``; ``{default}`` in a help text is filled in
+from there.  No TensorFlow here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+ENV_PREFIX = "TFMP_"
+
+
+def parse_bool(v: str) -> bool:
+    low = v.strip().lower()
+    if low in {"1", "true", "yes", "on"}:
+        return True
+    if low in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(v)
+
+
+def _parse_negated(v: str) -> bool:
+    return not parse_bool(v)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str                       # the TrainConfig field
+    group: str                      # what | how | where | output (the --help sections)
+    help: str
+    parse: Callable[[str], Any] = str   # argparse ``type`` and the variable's reader
+    flag_name: Optional[str] = None     # default: --<name with dashes>
+    switch: bool = False                # a flag without a value (store_true/store_false)
+    env_parse: Optional[Callable[[str], Any]] = None   # default: ``parse`` (parse_bool for switches)
+    env_name: Optional[str] = None      # default: TFMP_<FLAG>
+    passed: bool = False                # the benchmark passes it to every child run
+    task: bool = False                  # one of the task flags shared by train/benchmark/check
+    metavar: Optional[str] = None
+    choices: Optional[Tuple[str, ...]] = None
+
+    @property
+    def flag(self) -> str:
+        return self.flag_name or "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return self.env_name or ENV_PREFIX + self.flag[2:].replace("-", "_").upper()
+
+    def read_env(self, raw: str) -> Any:
+        """The variable's text as a value (ValueError when it is not one)."""
+        if self.env_parse is not None:
+            return self.env_parse(raw)
+        value = parse_bool(raw) if self.switch else self.parse(raw)
+        if self.choices and value not in self.choices:
+            raise ValueError(raw)
+        return value
+
+    @property
+    def allowed(self) -> str:
+        if self.choices:
+            return ", ".join(self.choices)
+        reader = self.env_parse or (parse_bool if self.switch else self.parse)
+        return {int: "an integer", float: "a number", parse_bool: "1/0/true/false",
+                _parse_negated: "1/0/true/false"}.get(reader, "text")
+
+
+_SPEC_FORMS = "MODULE:FUNCTION / file.py:FUNCTION"
+
+SETTINGS: Tuple[Setting, ...] = (
+    # what to train
+    Setting("model", "what", "{models} or " + _SPEC_FORMS + " (default {default})",
+            metavar="SPEC", passed=True, task=True),
+    Setting("dataset", "what", "{datasets} or " + _SPEC_FORMS + " (default {default})",
+            metavar="SPEC", passed=True, task=True),
+    Setting("loss", "what", "Keras loss name or MODULE:OBJECT (default: the compiled model's, "
+            "else sparse categorical cross-entropy, from logits when the outputs are not "
+            "probabilities)", metavar="SPEC", passed=True, task=True),
+    Setting("metrics", "what", "comma-separated Keras metric names or MODULE:OBJECT (default: "
+            "the compiled model's, else accuracy)", metavar="LIST", passed=True, task=True),
+    Setting("input_shape", "what", "sample shape for --dataset synthetic with your own model "
+            "(default 28,28,1); other data gives its own", metavar="D,D,...", passed=True,
+            task=True),
+    Setting("num_classes", "what", "number of classes (default: counted from the labels)",
+            int, metavar="N", passed=True, task=True),
+    Setting("image_dir", "what", "for --dataset images: folder with one subfolder per class",
+            passed=True),
+    Setting("image_size", "what", "images are resized to this square size ({default})", int,
+            passed=True),
+    # how to train
+    Setting("precision", "how", "one of {precisions} (default {default})"),
+    Setting("loop", "how", "one of {loops} (default {default})", passed=True),
+    Setting("epochs", "how", "number of epochs (default {default})", int, passed=True),
+    Setting("batch_size", "how", "batch size per replica (default {default}); the global batch "
+            "is this times the number of replicas", int, passed=True),
+    Setting("strategy", "how", "tf.distribute strategy, one of {strategies} (default {default}: "
+            "mirrored with several GPUs, multi-worker when TF_CONFIG describes a cluster, else "
+            "one device)"),
+    Setting("learning_rate", "how", "Adam learning rate ({default})", float, passed=True),
+    Setting("seed", "how", "random seed (default {default})", int, passed=True),
+    Setting("max_train_samples", "how", "use at most this many training samples", int,
+            passed=True),
+    Setting("max_val_samples", "how", "use at most this many validation samples", int,
+            passed=True),
+    # Not passed: the benchmark gives every run its precision and batch size explicitly
+    # (``benchmark --tuned`` reads the tune itself), and its children never see TFMP_TUNED.
+    Setting("tuned", "how", "a tune.json of `tfmp tune` (or its folder) for this --model and "
+            "--dataset: train with its chosen precision and batch size; --precision and "
+            "--batch-size given here or as TFMP_ variables win", metavar="FILE"),
+    Setting("scale_lr", "how", "with --tuned: linear scales the learning rate with the batch "
+            "(relative to the batch it was set for: 128, or the tune's reference_batch_size); "
+            "none keeps it (default {default})", choices=("none", "linear")),
+    Setting("initial_loss_scale", "how", "first loss scale for mixed_float16 (default "
+            "{default:g})", float),
+    Setting("max_skipped_steps", "how", "stop when this many steps in a row have non-finite "
+            "gradients (default {default})", int),
+    Setting("steps_per_execution", "how", "--loop fit: training steps per tf.function call; "
+            "step logs and skipped-step checks then happen once per call (default {default})",
+            int, passed=True),
+    Setting("jit", "how", "XLA-compile the train step", switch=True, passed=True),
+    # where
+    Setting("workspace", "where", "base folder (default {default})", passed=True),
+    Setting("data_dir", "where", "dataset files (default <workspace>/data)", passed=True),
+    Setting("output", "where",
+            "run folder (default <workspace>/runs/<UTC>-<model>-<dataset>-<policy>)"),
+    Setting("offline", "where", "never download; fail if the dataset files are missing",
+            switch=True, passed=True),
+    Setting("resume", "where", "continue the run in --output from its last checkpoint",
+            switch=True),
+    Setting("save_model", "where", "do not save the final model", flag_name="--no-save-model",
+            switch=True, env_parse=_parse_negated),
+    # output
+    Setting("log_every", "output", "log loss, gradient norm and loss scale every N steps "
+            "({default})", int),
+    Setting("progress", "output", "progress bar, plain lines, or auto (bar on a terminal)",
+            choices=("auto", "bar", "lines")),
+)
+BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
+_METAVARS = {"image_dir": "DIR", "workspace": "DIR", "data_dir": "DIR", "output": "DIR",
+             "precision": "POLICY", "loop": "LOOP", "strategy": "NAME", "learning_rate": "LR",
+             "initial_loss_scale": "SCALE"}
+GROUP_TITLES = {"what": "what to train", "how": "how to train", "where": "where",
+                "output": "output"}
+PASSED: Tuple[Setting, ...] = tuple(s for s in SETTINGS if s.passed)
+
+
+def passed_flags(values: Dict[str, Any]) -> list:
+    """The flags that give a child ``tfmp train`` run the settings in ``values`` (the
+    benchmark's pass-through): a value flag when set, a switch when true."""
+    out: list = []
+    for s in PASSED:
+        v = values.get(s.name)
+        if s.switch:
+            if v:
+                out.append(s.flag)
+        elif v is not None:
+            out += [s.flag, str(v)]
+    return out
+
+
+def add_flag(group, s: Setting, defaults, help_context: Dict[str, Any], show_env: bool = True):
+    """One argparse flag for ``s`` (default None: resolved later, flag > variable > default);
+    ``{default}`` in its help is the field of ``defaults`` (a TrainConfig)."""
+    text = s.help.format(default=getattr(defaults, s.name), **help_context)
+    if show_env:
+        text += f" [{s.env}]"
+    kw: Dict[str, Any] = {"dest": s.name, "default": None, "help": text}
+    if s.switch:
+        kw["action"] = "store_false" if s.flag.startswith("--no-") else "store_true"
+    else:
+        if s.parse is not str:
+            kw["type"] = s.parse
+        metavar = s.metavar or _METAVARS.get(s.name) or ("N" if s.parse is int else None)
+        if metavar and not s.choices:
+            kw["metavar"] = metavar
+        if s.choices:
+            kw["choices"] = list(s.choices)
+    return group.add_argument(s.flag, **kw)
+
+
+def add_flags(parser, names: Sequence[str], defaults, help_context: Dict[str, Any],
+              show_env: bool = True, group=None) -> Dict[str, Any]:
+    """Flags for the settings ``names``, in ``group`` or else in their --help sections;
+    returns {section key: argument group}."""
+    groups: Dict[str, Any] = {}
+    for name in names:
+        s = BY_NAME[name]
+        key = "given" if group is not None else s.group
+        if key not in groups:
+            title = GROUP_TITLES[s.group]
+            existing = [g for g in parser._action_groups if g.title == title]
+            groups[key] = group if group is not None else (
+                existing[0] if existing else parser.add_argument_group(title))
+        add_flag(groups[key], s, defaults, help_context, show_env)
+    return groups

@@ -1,0 +1,1 @@
+"""The dtype policy decision, the Keras 2/3 loss-scaling seam, dtype clashes."""

@@ -1,0 +1,161 @@
+"""The one compatibility seam between Keras 2 (TF 2.9-2.15) and Keras 3 (TF 2.16+) for loss scaling.
+
+Keras 2: ``tf.keras.mixed_precision.LossScaleOptimizer`` with ``get_scaled_loss`` /
+``get_unscaled_gradients``; ``apply_gradients`` takes *unscaled* gradients, skips the step
+and halves the scale when they are not finite; the scale is ``opt.loss_scale``.
+
+Keras 3: ``keras.optimizers.LossScaleOptimizer`` with ``scale_loss``; ``apply`` takes the
+*scaled* gradients and unscales them itself, skipping non-finite steps; the scale is
+``opt.dynamic_scale``.
+
+Every difference in loss scaling between the two Kerases is handled here; which Keras runs
+is read in one place, ``app.precision.policy.keras_version``.  Neither optimizer counts the steps
+it skipped: ``step_skipped`` reads each step's decision from its loss-scale state, and the
+step statistics (``app.training.job.step_stats``) count them.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import tensorflow as tf
+
+from app.core.catalog import DEFAULT_INITIAL_LOSS_SCALE
+
+from app.precision.policy.keras_version import IS_KERAS3, KERAS_MAJOR  # noqa: F401  (re-exported)
+
+DEFAULT_GROWTH_STEPS = 2000
+
+
+def needs_loss_scaling(policy: str) -> bool:
+    """Only float16 needs it: bfloat16 has float32's exponent range, float32 needs nothing."""
+    return policy == "mixed_float16"
+
+
+def _lso_class():
+    if IS_KERAS3:
+        return tf.keras.optimizers.LossScaleOptimizer
+    return tf.keras.mixed_precision.LossScaleOptimizer
+
+
+def is_loss_scaled(opt) -> bool:
+    return isinstance(opt, _lso_class())
+
+
+def wrap_optimizer(opt, policy: str, initial_scale: float = DEFAULT_INITIAL_LOSS_SCALE,
+                   growth_steps: int = DEFAULT_GROWTH_STEPS):
+    """Wrap ``opt`` in a dynamic LossScaleOptimizer when ``policy`` is mixed_float16."""
+    if not needs_loss_scaling(policy):
+        return opt
+    cls = _lso_class()
+    if IS_KERAS3:
+        return cls(opt, initial_scale=initial_scale, dynamic_growth_steps=growth_steps)
+    return cls(opt, dynamic=True, initial_scale=initial_scale, dynamic_growth_steps=growth_steps)
+
+
+def build_optimizer(opt, variables) -> None:
+    """Create optimizer (and loss-scale) variables now, so a checkpoint can restore into them
+    and a tf.function does not create variables while tracing.  Keras 2 restores slots
+    lazily and creates them on first apply, so it needs nothing here."""
+    if IS_KERAS3 and not opt.built:
+        opt.build(variables)
+
+
+def scale_loss(opt, loss):
+    if not is_loss_scaled(opt):
+        return loss
+    if IS_KERAS3:
+        return opt.scale_loss(loss)
+    return opt.get_scaled_loss(loss)
+
+
+def current_loss_scale(opt):
+    """The loss scale as a float32 tensor (1.0 without loss scaling)."""
+    if not is_loss_scaled(opt):
+        return tf.constant(1.0, tf.float32)
+    if IS_KERAS3:
+        if not opt.built:  # the scale variable is created in build()
+            return tf.constant(float(opt.initial_scale), tf.float32)
+        return tf.cast(tf.convert_to_tensor(opt.dynamic_scale), tf.float32)
+    return tf.cast(opt.loss_scale, tf.float32)
+
+
+def all_finite(grads) -> tf.Tensor:
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None])
+
+
+def multi_replica_context():
+    """The replica context when several replicas train in sync, else None."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return None
+    return ctx
+
+
+def agree_on_nonfinite(grads):
+    """Several replicas: if any replica's gradients are non-finite, make every replica's
+    non-finite, so that all of them skip the step together.
+
+    Keras 3's LossScaleOptimizer (TF backend) checks each replica's *own* gradients before
+    the all-reduce, so without this one replica could apply a step that another skips (a
+    hang in the all-reduce, or NaN weights).  Keras 2's aggregates first.  Costs one scalar
+    all-reduce per step."""
+    ctx = multi_replica_context()
+    if ctx is None:
+        return grads
+    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                         tf.cast(tf.logical_not(all_finite(grads)), tf.float32))
+    poison = tf.where(bad > 0, tf.constant(float("nan")), tf.constant(0.0))
+    return [g if g is None else g + tf.cast(poison, g.dtype) for g in grads]
+
+
+def step_skipped(opt, scale_before):
+    """Right after ``opt`` (a dynamic LossScaleOptimizer) applied a step: did it skip it?
+
+    Read from the optimizer's own state instead of another pass over every gradient (the
+    optimizer has just made that pass): a skipped step resets the counter to 0 and halves
+    the scale (Keras 2: not below 1); the only other reset, growth after
+    ``dynamic_growth_steps`` finite steps, raises the scale.  (Growth that would overflow
+    float32 leaves the scale as it is, and would read as a skip: that needs the scale at
+    2**127, ~110 growth periods without one overflow.)"""
+    # The counter of finite steps since the scale last changed.
+    counter = opt.step_counter if IS_KERAS3 else opt.dynamic_counter
+    return tf.logical_and(tf.equal(tf.cast(counter, tf.int64), 0),
+                          current_loss_scale(opt) <= scale_before)
+
+
+def global_norm(grads) -> tf.Tensor:
+    grads = [tf.cast(g, tf.float32) for g in grads if g is not None]
+    return tf.linalg.global_norm(grads)
+
+
+class Applied(NamedTuple):
+    """What ``unscale_and_apply`` did: ``grads`` divided by ``divide_by`` (a float32 tensor,
+    or None when ``grads`` are already unscaled) are the true gradients; ``skipped`` is a
+    bool tensor, True when the LossScaleOptimizer skipped the step for non-finite gradients
+    (it lowered the scale too), and None without loss scaling, where nothing is skipped."""
+    grads: list
+    divide_by: Optional[tf.Tensor]
+    skipped: Optional[tf.Tensor]
+
+    def grad_norm(self) -> tf.Tensor:
+        """Global norm of the true gradients: a pass over all of them, so log it every N
+        steps rather than every step."""
+        n = global_norm(self.grads)
+        return n if self.divide_by is None else n / self.divide_by
+
+
+def unscale_and_apply(opt, scaled_grads, variables) -> Applied:
+    """Apply gradients of the *scaled* loss; nothing here passes over the gradients beyond
+    what the optimizer itself does (no unscaling for a norm, no finiteness check of ours)."""
+    scaled_grads = list(scaled_grads)
+    if not is_loss_scaled(opt):
+        opt.apply_gradients(zip(scaled_grads, variables))
+        return Applied(scaled_grads, None, None)
+    before = current_loss_scale(opt)
+    if IS_KERAS3:
+        scaled_grads = agree_on_nonfinite(scaled_grads)
+        opt.apply(scaled_grads, variables)  # unscales inside; skips if non-finite
+        return Applied(scaled_grads, before, step_skipped(opt, before))
+    unscaled = opt.get_unscaled_gradients(scaled_grads)
+    opt.apply_gradients(zip(unscaled, variables))  # skips and lowers the scale if non-finite
+    return Applied(unscaled, None, step_skipped(opt, before))

@@ -1,0 +1,1 @@
+"""What a run leaves in its output folder: checkpoints, the one-run lock, write faults."""

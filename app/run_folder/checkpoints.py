@@ -1,0 +1,166 @@
+"""Checkpoints (model, optimizer with its loss-scale state, epoch counter) and the final model."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+
+import tensorflow as tf
+
+from app.core.errors import UsageError
+from app.precision.policy.keras_version import IS_KERAS3
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class Checkpointer:
+    """``write_dir``: multi-worker, a non-chief worker takes part in every save (TensorFlow
+    requires it) but into its own temporary folder, deleted after each save; every worker
+    restores from the chief's folder (``<output>/checkpoints``)."""
+
+    def __init__(self, output: str, model, optimizer, write_dir=None):
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch,
+                                        step=self.step)
+        self.read_dir = os.path.join(output, CHECKPOINT_DIR)
+        self.restored_path = None
+        _repair_state_file(self.read_dir)
+        self.temporary = write_dir is not None and write_dir != self.read_dir
+        self.manager = tf.train.CheckpointManager(self.ckpt, write_dir or self.read_dir,
+                                                  max_to_keep=3)
+
+    @property
+    def latest_checkpoint(self):
+        return newest_complete(self.read_dir)
+
+    def save(self, completed_epochs: int, global_step: int) -> str:
+        self.epoch.assign(completed_epochs)
+        self.step.assign(global_step)
+        path = self.manager.save()
+        if self.temporary:
+            shutil.rmtree(self.manager.directory, ignore_errors=True)
+        return path
+
+    def restore_latest(self) -> int:
+        """Restore the newest checkpoint that restores; return the number of completed epochs.
+
+        A damaged newest checkpoint (a crash or a full disk during the save, a copy cut
+        short) is skipped with a warning and the one before it is used; a checkpoint of
+        another model is a UsageError.  Never a silent restart from epoch 1.
+        """
+        candidates = complete_checkpoints(self.read_dir)
+        if not candidates:
+            raise UsageError(f"--resume found no checkpoint in {self.read_dir!r}",
+                             "--resume with the --output of a run that saved a checkpoint")
+        damaged = []
+        for path in reversed(candidates):
+            try:
+                status = self.ckpt.restore(path)
+                status.assert_existing_objects_matched()
+            except (AssertionError, ValueError) as exc:
+                raise UsageError(f"checkpoint {path!r} does not match this model/optimizer "
+                                 f"({_first_line(exc)})",
+                                 "the same --model, --dataset and --precision as the run being "
+                                 "resumed") from None
+            except (tf.errors.OpError, IndexError, OSError, EOFError, RuntimeError) as exc:
+                # Damaged data (TF's reader says "Read less bytes than requested" as an
+                # IndexError, "Unable to open table file" as an OpError): try the one before.
+                damaged.append(f"{os.path.basename(path)} ({type(exc).__name__}: "
+                               f"{_first_line(exc, 100)})")
+                continue
+            self.restored_path = path
+            if damaged:
+                print(f"warning: checkpoint {damaged[0]} is damaged"
+                      + (f", and {', '.join(damaged[1:])}" if damaged[1:] else "")
+                      + f"; resuming from {os.path.basename(path)} (epoch "
+                        f"{int(self.epoch.numpy())}) instead", file=sys.stderr, flush=True)
+            return int(self.epoch.numpy())
+        raise UsageError(f"no checkpoint in {self.read_dir!r} can be restored: "
+                         + "; ".join(damaged),
+                         "delete the damaged checkpoints folder to start over, or restore it "
+                         "from a copy")
+
+
+def _first_line(exc, limit: int = 160) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__
+
+
+def complete_checkpoints(folder: str) -> list:
+    """Checkpoint prefixes with an index file, oldest first.
+
+    From TensorFlow's state file when it parses; else (a damaged state file) from the
+    ``<prefix>.index`` files themselves, ordered by their save number."""
+    paths = []
+    try:
+        state = tf.train.get_checkpoint_state(folder)
+    except Exception:  # a truncated or garbled 'checkpoint' file
+        state = None
+    if state is not None:
+        paths = [p if os.path.isabs(p) else os.path.join(folder, p)
+                 for p in state.all_model_checkpoint_paths]
+    if not paths:
+        found = [p[:-len(".index")] for p in _glob_index(folder)]
+        paths = sorted(found, key=_save_number)
+    return [p for p in paths if os.path.exists(p + ".index")]
+
+
+def _glob_index(folder: str) -> list:
+    import glob
+
+    return glob.glob(os.path.join(folder, "*.index"))
+
+
+def _save_number(prefix: str) -> int:
+    m = re.search(r"-(\d+)$", prefix)
+    return int(m.group(1)) if m else -1
+
+
+def _repair_state_file(folder: str) -> None:
+    """A garbled ``checkpoint`` state file (a crash while TensorFlow rewrote it) makes the
+    CheckpointManager forget every checkpoint; rebuild it from the index files."""
+    state_file = os.path.join(folder, "checkpoint")
+    if not os.path.exists(state_file):
+        return
+    try:
+        if tf.train.get_checkpoint_state(folder) is not None:
+            return
+    except Exception:
+        pass
+    found = complete_checkpoints(folder)
+    if not found:
+        return
+    print(f"warning: {state_file} is damaged; rebuilt from the checkpoints' index files "
+          f"({', '.join(os.path.basename(p) for p in found)})", file=sys.stderr, flush=True)
+    tf.compat.v1.train.update_checkpoint_state(folder, found[-1], all_model_checkpoint_paths=found)
+
+
+def newest_complete(folder: str):
+    found = complete_checkpoints(folder)
+    return found[-1] if found else None
+
+
+def has_checkpoint(output: str) -> bool:
+    return newest_complete(os.path.join(output, CHECKPOINT_DIR)) is not None
+
+
+def save_final_model(model, output: str) -> str:
+    """Save in the running Keras' native format: ``model.keras`` on Keras 3, a SavedModel
+    folder ``model/`` on Keras 2.  Written under a temporary name, then renamed."""
+    if IS_KERAS3:
+        final = os.path.join(output, "model.keras")
+        tmp = os.path.join(output, ".model.tmp.keras")
+        model.save(tmp)
+        os.replace(tmp, final)
+        return final
+    final = os.path.join(output, "model")
+    tmp = os.path.join(output, ".model.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    # The optimizer is in the checkpoints; the final model is for inference.
+    model.save(tmp, include_optimizer=False)
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final

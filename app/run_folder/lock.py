@@ -1,0 +1,232 @@
+"""One run per output folder: an OS file lock held for the run's whole life.
+
+Two runs writing one folder (the same command in two SSH sessions, a scheduler retrying a
+job whose first attempt still runs) interleave checkpoints, TensorBoard events and
+metrics.json, and both report success.  The chief of every run therefore holds
+``flock(LOCK_EX)`` on ``<output>/.tfmp-run.lock`` from before its first write until it
+exits.  The kernel drops the lock with the process, so ``kill -9``, an OOM kill or a
+``docker kill`` leaves no stale lock to clean up; the file's text (who holds it) is only
+read to name the other run.
+
+``flock`` works on local file systems, Docker's overlay and named volumes and bind mounts;
+on NFS, Linux emulates it with a byte-range (POSIX) lock held by the server, which also
+works between hosts, with two conditions: an exclusive byte-range lock needs a file open
+for writing (a read-only descriptor fails with EBADF there), so the lock file is always
+opened read-write; and NFSv3 locks need the lock daemon (``lockd``/``rpc.statd``) on both
+ends, while a ``nolock`` mount keeps locks local to each host (docs/distributed.md).  A
+file system that cannot lock at all is one line naming the folder and the file system.
+
+    lock = RunLock(output)
+    lock.check_free()        # before validation ends: refuses, creates nothing
+    ...
+    lock.acquire()           # just before the first write; held until release()/exit
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Optional
+
+from app.core.errors import UsageError
+
+LOCK_NAME = ".tfmp-run.lock"
+
+
+class LockUnavailable(UsageError):
+    """The file system refused the lock itself (not another run): exit status 2, one line."""
+
+    def __init__(self, output: str, path: str, exc: OSError):
+        fs = filesystem_of(output)
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        super().__init__(f"cannot lock {path!r} to keep other runs out of {output!r}: "
+                         f"{why} (errno {errno.errorcode.get(exc.errno, exc.errno)}) on a "
+                         f"{fs} file system",
+                         "an --output on a file system with working locks: local, a Docker "
+                         "volume, or NFS with its lock service (NFSv4, or NFSv3 with lockd; "
+                         "not a `nolock` mount)")
+
+
+def filesystem_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The type of the file system holding ``path`` (``nfs4``, ``ext4``, ...), from the
+    longest mount point that contains it; "unknown" where /proc cannot tell."""
+    probe = os.path.realpath(path)
+    best, fstype = "", "unknown"
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return fstype
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right.split():
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = probe == point or probe.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, right.split()[0]
+    return fstype
+
+
+class OutputInUse(UsageError):
+    """Another live process holds the output folder (exit status 2, nothing written)."""
+
+    def __init__(self, output: str, holder: dict):
+        self.output, self.holder = output, holder
+        super().__init__(f"output directory {output!r} is in use by another run "
+                         f"({describe_holder(holder)})",
+                         "another --output, wait for that run to finish, or stop it "
+                         "(its checkpoints let --resume continue it later)")
+
+
+def describe_holder(holder: dict) -> str:
+    if not holder:
+        return "its details could not be read"
+    parts = [f"host {holder.get('host', '?')}", f"pid {holder.get('pid', '?')}",
+             f"started {holder.get('started_utc', '?')}"]
+    command = holder.get("command")
+    if command:
+        parts.append(f"command: {command}")
+    return ", ".join(parts)
+
+
+def current_command() -> str:
+    """This process's command line as the user typed it (``tfmp train ...``), or the
+    script that called the Python API."""
+    argv = list(sys.argv) or ["python"]
+    first = os.path.basename(argv[0])
+    if first in ("tfmp", "__main__.py"):
+        return " ".join(["tfmp"] + argv[1:])
+    return " ".join(["python"] + argv)
+
+
+def _this_run(command: Optional[str]) -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": command if command is not None else current_command()}
+
+
+def _try_lock(fd: int) -> bool:
+    """True when locked, False when another open file holds the lock; any other failure
+    (ENOLCK: no lock service, EBADF, ...) is raised for the caller to name."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _read_holder(path: str) -> dict:
+    # The holder writes its details right after locking; a reader racing that write may
+    # see an empty file for a moment.
+    for _ in range(20):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError:
+            return {}
+        if text.strip():
+            try:
+                holder = json.loads(text)
+            except ValueError:
+                return {}
+            return holder if isinstance(holder, dict) else {}
+        time.sleep(0.05)
+    return {}
+
+
+class RunLock:
+    """The lock on one output folder; a context manager that acquires and releases it."""
+
+    def __init__(self, output: str, command: Optional[str] = None):
+        self.output, self.command = output, command
+        self.path = os.path.join(output, LOCK_NAME)
+        self.fd: Optional[int] = None
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
+
+    def check_free(self) -> None:
+        """Raise ``OutputInUse`` if a live run holds the folder; create nothing.
+
+        Opened read-write like ``acquire``: on NFS an exclusive lock on a read-only
+        descriptor fails (EBADF) whatever the folder holds."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            return
+        except OSError:
+            return  # not writable: acquire() will say why, with the path
+        try:
+            try:
+                free = _try_lock(fd)
+            except OSError as exc:
+                raise LockUnavailable(self.output, self.path, exc) from None
+            if not free:
+                raise OutputInUse(self.output, _read_holder(self.path))
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def acquire(self) -> "RunLock":
+        """Create the folder if needed and take the lock, or raise ``OutputInUse``."""
+        if self.fd is not None:
+            return self
+        os.makedirs(self.output, exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LockUnavailable(self.output, self.path, exc) from None
+        try:
+            try:
+                free = _try_lock(fd)
+            except OSError as exc:
+                raise LockUnavailable(self.output, self.path, exc) from None
+            if not free:
+                raise OutputInUse(self.output, _read_holder(self.path))
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(_this_run(self.command)) + "\n").encode("utf-8"))
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        # The file stays: unlinking a lock file lets a third process lock a new inode while
+        # a second still waits on the old one.  An unlocked file means a free folder.
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def release_and_remove(self) -> None:
+        """Release after a run that wrote nothing else: the lock file goes too.  Unlinked while
+        still locked, so a process that opened it before is refused (every lock here is
+        non-blocking: nobody waits on the old file) and one that opens it after makes a new
+        one."""
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        self.release()
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

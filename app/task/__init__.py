@@ -1,0 +1,1 @@
+"""What to train: the Task, model and dataset entries, a user's code, built-in models and data, losses."""

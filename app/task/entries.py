@@ -1,0 +1,118 @@
+"""The entries a task is made of: a model and a dataset, each a built-in (``app.core.catalog``)
+or the user's own (a ``MODULE:FUNCTION`` spec, or for the Python API a function, a built
+model or the data itself), so both take one code path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from app.core import catalog as registry
+from app.task import user_code as specs
+from app.core.errors import UsageError
+
+
+@dataclass
+class ModelEntry:
+    spec: str
+    builtin: bool
+    function: Callable          # (input_shape, num_classes) -> keras.Model
+    source: Optional[str] = None
+
+    def preferred_input_shape(self, image_size: int = 32) -> Optional[tuple]:
+        """Built-ins have the shape the guide trains them on; user models take the data's."""
+        return registry.builtin_input_shape(self.spec, image_size) if self.builtin else None
+
+
+@dataclass
+class DatasetEntry:
+    spec: str
+    builtin: bool
+    function: Optional[Callable] = None   # user specs: () -> arrays or tf.data datasets
+    source: Optional[str] = None
+
+
+def _user_function(spec: str, what: str, builtins: tuple, expected: str) -> Callable:
+    """The function a MODULE:FUNCTION spec names; UsageError for anything else."""
+    if not specs.is_user_spec(spec):
+        raise UsageError(f"{what} must be one of {', '.join(builtins)} or MODULE:FUNCTION. "
+                         f"Received: {what}={spec!r}", specs.SPEC_FORMS)
+    fn = specs.load_object(spec, what)
+    if not callable(fn):
+        raise UsageError(f"{what} spec {spec!r} names a {type(fn).__name__}, not a function",
+                         expected)
+    return fn
+
+
+def resolve_model(spec: str) -> ModelEntry:
+    if spec in registry.MODEL_NAMES:
+        from app.task import models
+
+        return ModelEntry(spec, True, models.BUILDERS[spec])
+    fn = _user_function(spec, "model", registry.MODEL_NAMES,
+                        "a function (input_shape, num_classes) -> keras.Model")
+    return ModelEntry(spec, False, fn, specs.source_file(fn))
+
+
+def resolve_dataset(spec: str) -> DatasetEntry:
+    if spec in registry.DATASET_NAMES:
+        return DatasetEntry(spec, True)
+    fn = _user_function(spec, "dataset", registry.DATASET_NAMES,
+                        "a function returning ((x_train, y_train), (x_val, y_val)) or "
+                        "(train, val) unbatched tf.data datasets")
+    return DatasetEntry(spec, False, fn, specs.source_file(fn))
+
+
+MODEL_FORMS = ("a built-in name, 'MODULE:FUNCTION', 'file.py:FUNCTION', a function "
+               "(input_shape, num_classes) -> keras.Model, or a keras.Model")
+DATA_FORMS = ("None (synthetic data), a built-in name or 'MODULE:FUNCTION', a function "
+              "returning the data, ((x_train, y_train), (x_val, y_val)) arrays, or "
+              "(train, val) unbatched tf.data datasets")
+
+
+def object_spec(obj) -> str:
+    """A spec-like name for a Python object (recorded in metrics.json, compared by --resume)."""
+    module = getattr(obj, "__module__", None) or "python"
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", type(obj).__name__)
+    return f"{module}:{name}"
+
+
+def model_entry(model) -> ModelEntry:
+    """The Python API's model: a spec, a function, or an already built keras.Model (built
+    under whatever policy was set then: check reports that)."""
+    if isinstance(model, str):
+        return resolve_model(model)
+    import tensorflow as tf
+
+    if isinstance(model, tf.keras.Model):
+        built = model
+        return ModelEntry(f"<keras.Model {model.name!r}>", False, lambda: built, None)
+    if callable(model):
+        return ModelEntry(object_spec(model), False, model, specs.source_file(model))
+    raise UsageError(f"model is a {type(model).__name__}", MODEL_FORMS)
+
+
+def dataset_entry(data) -> DatasetEntry:
+    """The Python API's data: None (synthetic), a spec, a function, or what a dataset
+    function returns (arrays, or a (train, val) tf.data pair)."""
+    if data is None:
+        return DatasetEntry("synthetic", True)
+    if isinstance(data, str):
+        return resolve_dataset(data)
+    if callable(data):
+        return DatasetEntry(object_spec(data), False, data, specs.source_file(data))
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        held = data
+        kind = "tf.data" if type(data[0]).__module__.startswith("tensorflow") else "arrays"
+        return DatasetEntry(f"python:{kind}", False, lambda: held, None)
+    raise UsageError(f"data is a {type(data).__name__}", DATA_FORMS)
+
+
+def parse_metrics(text: Optional[str]) -> Optional[list]:
+    """``"accuracy,mae"`` -> list; None stays None (the default / the compiled model's)."""
+    if text is None:
+        return None
+    if isinstance(text, (list, tuple)):
+        return list(text)
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    return names

@@ -1,0 +1,132 @@
+"""The loss and the metrics of a task: Keras names, MODULE:OBJECT specs or objects, turned
+into a per-example loss on float32 predictions and fresh metric objects.
+
+A name chosen by the user wins; without one, the loss follows the labels (one-hot ->
+categorical, a single sigmoid unit -> binary, else sparse categorical cross-entropy) and
+whether the model's outputs are probabilities (softmax) or logits.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from app.task import user_code as specs
+from app.core.errors import UsageError
+
+DEFAULT_LOSS = "sparse_categorical_crossentropy"
+DEFAULT_METRICS = ("accuracy",)
+
+
+def make_loss(loss_spec, model, bundle, units, prediction, notes: list, explain: bool):
+    """The per-example loss (float32 predictions): ``loss_spec`` (a Keras name, MODULE:OBJECT
+    or an object), else the cross-entropy that fits the labels, from logits unless the
+    outputs look like probabilities.  With ``explain``, a note says which default was
+    chosen and why (the user's own model: the built-ins need no explaining)."""
+    import tensorflow as tf
+
+    if loss_spec is None:
+        if bundle.label_kind == "onehot":
+            name = "categorical_crossentropy"
+        elif bundle.label_kind == "binary" and units == 1:
+            name = "binary_crossentropy"
+        else:
+            name = DEFAULT_LOSS
+        from_logits = not outputs_look_like_probabilities(model, prediction)
+        cls = {"categorical_crossentropy": tf.keras.losses.CategoricalCrossentropy,
+               "binary_crossentropy": tf.keras.losses.BinaryCrossentropy,
+               DEFAULT_LOSS: tf.keras.losses.SparseCategoricalCrossentropy}[name]
+        loss = cls(from_logits=from_logits, reduction="none")
+        if explain:
+            notes.append(f"loss: {name} on "
+                         + ("logits (from_logits=True): the model's outputs are not "
+                            "probabilities" if from_logits else
+                            "probabilities (the model's outputs sum to 1)"))
+        return per_example(loss)
+    loss = keras_object(loss_spec, "loss", tf.keras.losses.get,
+                         "a Keras loss name (e.g. sparse_categorical_crossentropy, mse) "
+                         "or MODULE:OBJECT")
+    if isinstance(loss, tf.keras.losses.Loss):
+        cfg = loss.get_config()
+        cfg["reduction"] = "none"
+        try:
+            loss = type(loss).from_config(cfg)
+        except Exception:  # a custom Loss without a round-tripping config: use as is
+            pass
+    if not callable(loss):
+        raise UsageError(f"loss {spec_text(loss_spec)!r} is a {type(loss).__name__}, not a loss",
+                         "a Keras loss name, a keras.losses.Loss, or a function "
+                         "(y_true, y_pred) -> per-example loss")
+    return per_example(loss)
+
+
+def spec_text(spec) -> Optional[str]:
+    """A loss or metric spec as text (metrics.json, messages)."""
+    if spec is None or isinstance(spec, str):
+        return spec
+    return getattr(spec, "name", None) or getattr(spec, "__name__", None) or type(spec).__name__
+
+
+def outputs_look_like_probabilities(model, prediction) -> bool:
+    """Softmax outputs are non-negative and sum to 1; logits almost never do."""
+    import numpy as np
+    import tensorflow as tf
+
+    if prediction is None:
+        last = model.layers[-1] if model.layers else None
+        act = getattr(getattr(last, "activation", None), "__name__", "")
+        return act == "softmax" or type(last).__name__ == "Softmax"
+    y = np.asarray(tf.cast(prediction, tf.float32))
+    if y.ndim < 2 or y.shape[-1] == 1:
+        return bool(((y >= 0) & (y <= 1)).all())
+    return bool((y >= -1e-3).all() and np.allclose(y.sum(axis=-1), 1.0, atol=2e-2))
+
+
+def per_example(loss):
+    """Per-example losses computed on float32 predictions whatever the model's output dtype
+    (a 16-bit softmax or log-softmax loses the small probabilities; build() warns)."""
+    import tensorflow as tf
+
+    def on_float32(y_true, y_pred):
+        if y_pred.dtype != tf.float32:
+            y_pred = tf.cast(y_pred, tf.float32)
+        return loss(y_true, y_pred)
+    on_float32.__name__ = getattr(loss, "__name__", None) or getattr(loss, "name", "loss")
+    return on_float32
+
+
+def keras_object(spec, what: str, keras_get, allowed: str):
+    """A loss or metric named by ``spec``: ``MODULE:OBJECT`` (a class is instantiated with no
+    arguments), a Keras identifier through ``keras_get``, or an object given directly."""
+    obj = spec
+    if isinstance(spec, str) and specs.is_user_spec(spec):
+        obj = specs.load_object(spec, what)
+    elif isinstance(spec, str):
+        try:
+            obj = keras_get(spec)
+        except (ValueError, TypeError):
+            raise UsageError(f"{what} {spec!r} is not a Keras {what}", allowed) from None
+    if isinstance(obj, type):
+        obj = specs.call_user(obj, spec_text(spec), what, {})
+    return obj
+
+
+def make_metric(spec, bundle, units):
+    """A fresh Keras metric object for ``spec`` (the loops each need their own)."""
+    import tensorflow as tf
+
+    if spec in ("accuracy", "acc"):
+        if bundle.label_kind == "onehot":
+            return tf.keras.metrics.CategoricalAccuracy(name="accuracy")
+        if bundle.label_kind == "binary" and units == 1:
+            return tf.keras.metrics.BinaryAccuracy(name="accuracy")
+        return tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+    obj = keras_object(spec, "metric", tf.keras.metrics.get,
+                       "Keras metric names (e.g. accuracy, mae, auc) or MODULE:OBJECT, "
+                       "comma-separated")
+    if isinstance(obj, tf.keras.metrics.Metric):
+        return type(obj).from_config(obj.get_config())
+    if callable(obj):
+        name = spec if isinstance(spec, str) and not specs.is_user_spec(spec) else \
+            getattr(obj, "__name__", "metric")
+        return tf.keras.metrics.MeanMetricWrapper(obj, name=name)
+    raise UsageError(f"metric {spec!r} is a {type(obj).__name__}, not a metric",
+                     "a Keras metric name, a keras.metrics.Metric, or a function")

@@ -1,0 +1,243 @@
+"""What to train: the seam between "what" (model, data, loss, metrics) and "how" (the loops).
+
+A ``Task`` answers the few questions the training loops, the benchmark and ``check`` ask:
+build the model, load the data, give the loss and the metrics.  The built-in models and
+datasets (``app.core.catalog``) are entries (``app.task.entries``) like a user's own
+``MODULE:FUNCTION`` specs, so there is one code path for both; the loss and the metrics
+come from ``app.task.losses``.
+
+    task = Task.from_specs(model="mlp", dataset="./mydata.py:load")
+    bundle = task.load_data(global_batch=128, ...)
+    with strategy.scope():
+        built = task.build(bundle)   # model, optimizer (or None), loss, metrics factory
+
+A model function is called as ``FUNCTION(input_shape, num_classes)`` with only the
+parameters it declares, after the dtype policy is set and inside the strategy's scope.
+It returns a ``keras.Model``, compiled or not: a compiled model brings its own optimizer,
+loss and metrics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from app.task import losses
+from app.core import catalog as registry
+from app.task import user_code as specs
+from app.task.entries import (DatasetEntry, ModelEntry, dataset_entry, model_entry,  # noqa: F401
+                         parse_metrics, resolve_dataset, resolve_model)
+from app.core.errors import UsageError, UserCodeError
+from app.task.user_code import parse_input_shape  # noqa: F401  (re-exported)
+
+
+@dataclass
+class BuiltModel:
+    """What the loops need, built under the policy inside the strategy's scope."""
+    model: Any
+    optimizer: Any                 # the compiled model's, or None (the loop makes Adam)
+    loss: Callable                 # per-example loss(y_true, y_pred), float32 y_pred
+    make_metrics: Callable[[], list]  # fresh Keras metric objects (train and val each)
+    notes: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+
+
+class Task:
+    """One model entry + one dataset entry + loss + metrics."""
+
+    def __init__(self, model: ModelEntry, dataset: DatasetEntry, loss: Any = None,
+                 metrics: Optional[Sequence] = None, input_shape: Optional[tuple] = None,
+                 num_classes: Optional[int] = None, image_size: int = 32):
+        self.model, self.dataset = model, dataset
+        self.loss_spec, self.metrics_spec = loss, (list(metrics) if metrics is not None else None)
+        self.input_shape, self.num_classes, self.image_size = input_shape, num_classes, image_size
+        self.check_pairing()
+
+    @classmethod
+    def from_specs(cls, model: str, dataset: str, loss=None, metrics=None, input_shape=None,
+                   num_classes=None, image_size: int = 32) -> "Task":
+        return cls(resolve_model(model), resolve_dataset(dataset), loss, parse_metrics(metrics),
+                   input_shape, num_classes, image_size)
+
+    @classmethod
+    def from_objects(cls, model, data, loss=None, metrics=None, input_shape=None,
+                     num_classes=None, image_size: int = 32) -> "Task":
+        """The Python API's task: ``model`` a spec or a function; ``data`` a spec, a function,
+        or what a dataset function would return (arrays, or a (train, val) tf.data pair)."""
+        return cls(model_entry(model), dataset_entry(data), loss, parse_metrics(metrics),
+                   parse_input_shape(input_shape), num_classes, image_size)
+
+    @classmethod
+    def from_config(cls, cfg) -> "Task":
+        return cls.from_specs(cfg.model, cfg.dataset, cfg.loss, cfg.metrics,
+                              parse_input_shape(cfg.input_shape), cfg.num_classes, cfg.image_size)
+
+    def check_pairing(self) -> None:
+        """The built-in pairs that cannot work (a 28x28x1 model on colour images)."""
+        if self.model.builtin and self.dataset.builtin:
+            problem = registry.pairing_problem(self.model.spec, self.dataset.spec)
+            if problem:
+                raise UsageError(*problem)
+
+    # --- description (metrics.json, --resume) ------------------------------------------------
+    def describe(self) -> dict:
+        return {"model": self.model.spec, "model_source": self.model.source,
+                "dataset": self.dataset.spec, "dataset_source": self.dataset.source,
+                "loss": losses.spec_text(self.loss_spec), "metrics": self.metrics_spec}
+
+    @property
+    def is_builtin(self) -> bool:
+        return self.model.builtin and self.dataset.builtin
+
+    # --- data --------------------------------------------------------------------------------
+    def load_data(self, global_batch: int, data_dir: Optional[str] = None, *,
+                  image_dir=None, max_train_samples=None, max_val_samples=None, seed: int = 0,
+                  offline: bool = False, data_dir_explicit: bool = True):
+        """Batched, shuffled, prefetched tf.data pipelines (``app.task.data.DataBundle``)."""
+        from app.task import data as data_mod
+
+        if self.dataset.builtin:
+            shape = (self.model.preferred_input_shape(self.image_size) or self.input_shape
+                     or registry.DATASET_SHAPES.get(self.dataset.spec)
+                     or (self.image_size, self.image_size, 3))
+            return data_mod.load(self.dataset.spec, shape, global_batch, data_dir,
+                                 image_dir=image_dir, max_train_samples=max_train_samples,
+                                 max_val_samples=max_val_samples, seed=seed, offline=offline,
+                                 data_dir_explicit=data_dir_explicit,
+                                 num_classes=self.num_classes or 10)
+        returned = specs.call_user(self.dataset.function, self.dataset.spec, "dataset",
+                                   {"data_dir": data_dir, "seed": seed})
+        from app.task.user_data import from_user
+
+        return from_user(returned, self.dataset.spec, global_batch, seed=seed,
+                         max_train_samples=max_train_samples, max_val_samples=max_val_samples,
+                         input_shape=self._data_shape_for_model, num_classes=self.num_classes)
+
+    def _data_shape_for_model(self, shape: tuple) -> tuple:
+        """Built-in conv models fed user images without a channel axis get one."""
+        if (self.model.builtin and len(registry.builtin_input_shape(self.model.spec)) == 3
+                and len(shape) == 2):
+            return tuple(shape) + (1,)
+        return tuple(shape)
+
+    # --- model -------------------------------------------------------------------------------
+    def build(self, bundle, sample_batch=None) -> BuiltModel:
+        """Call the model function (policy already set, inside the strategy's scope)."""
+        model = _call_model(self.model, bundle)
+        # One forward pass on a few samples: it builds a subclassed model, and its output
+        # gives the unit count, the dtype and whether the outputs are probabilities.
+        prediction = (_forward(model, sample_batch[0], self.model.spec)
+                      if sample_batch is not None else None)
+        units = _output_units(model, prediction)
+        compiled_loss, compiled_metrics, optimizer = _compiled_parts(model)
+        _check_output_fits(units, bundle, self.model.spec, self.dataset.spec)
+        notes: list = []
+        loss_fn = losses.make_loss(self.loss_spec if self.loss_spec is not None else compiled_loss,
+                                   model, bundle, units, prediction, notes,
+                                   explain=not self.is_builtin)
+        metric_specs = (self.metrics_spec if self.metrics_spec is not None
+                        else compiled_metrics if compiled_metrics is not None
+                        else list(losses.DEFAULT_METRICS))
+        came = [w for w, v in (("optimizer", optimizer), ("loss", compiled_loss),
+                               ("metrics", compiled_metrics)) if v]
+        if compiled_loss is not None or optimizer is not None:
+            notes.append("the model came compiled: its " + ", ".join(came) + " are used")
+
+        def make_metrics():
+            return [losses.make_metric(m, bundle, units) for m in metric_specs]
+        make_metrics()  # resolve now: a bad name is a usage error before anything is written
+        return BuiltModel(model, optimizer, loss_fn, make_metrics, notes,
+                          _output_warnings(model, prediction))
+
+def _call_model(entry, bundle):
+    """The model function's keras.Model for the data's shape and class count."""
+    import tensorflow as tf
+
+    model = specs.call_user(entry.function, entry.spec, "model",
+                            {"input_shape": tuple(bundle.input_shape),
+                             "num_classes": int(bundle.num_classes)})
+    if not isinstance(model, tf.keras.Model):
+        raise UsageError(f"model spec {entry.spec!r} returned "
+                         f"{type(model).__module__}.{type(model).__name__}, not a keras.Model",
+                         "a function returning a tf.keras.Model (Sequential, functional or "
+                         "subclassed), compiled or not")
+    return model
+
+
+def _check_output_fits(units, bundle, model_spec: str, dataset_spec: str):
+    if units is None or bundle.label_kind == "other":
+        return
+    need = int(bundle.num_classes)
+    if bundle.label_kind == "binary" and units == 1:
+        return
+    if units != need:
+        raise UsageError(f"model {model_spec!r} has {units} output unit(s) but the labels of "
+                         f"dataset {dataset_spec!r} have {need} classes "
+                         f"(0..{need - 1})",
+                         f"a model whose last layer has {need} units (use num_classes), "
+                         "or labels 0..units-1")
+
+
+def _forward(model, x, spec):
+    try:
+        return model(x[:2], training=False)
+    except Exception as exc:
+        raise UserCodeError(spec, "running the model on one batch", exc) from exc
+
+
+def _compiled_parts(model):
+    """(loss, metrics, optimizer) the user compiled the model with, each None if absent."""
+    if not getattr(model, "optimizer", None) and not getattr(model, "compiled_loss", None) \
+            and not getattr(model, "_is_compiled", False) and not getattr(model, "compiled", False):
+        return None, None, None
+    loss = getattr(model, "loss", None) or None
+    metrics = None
+    # Keras 3 keeps them in _compile_metrics (compiled_metrics is a deprecated stand-in);
+    # Keras 2 in compiled_metrics.
+    for attr in ("_compile_metrics", "compiled_metrics"):
+        metrics = getattr(getattr(model, attr, None), "_user_metrics", None)
+        if metrics:
+            break
+    if isinstance(metrics, dict):
+        metrics = None  # per-output dict: not supported, fall back to the default
+    optimizer = getattr(model, "optimizer", None)
+    return loss, (list(metrics) if metrics else None), optimizer
+
+
+def _output_units(model, prediction=None) -> Optional[int]:
+    try:
+        shape = model.outputs[0].shape if getattr(model, "outputs", None) else None
+    except (AttributeError, ValueError):
+        shape = None
+    if shape is None and prediction is not None:
+        shape = prediction.shape
+    if shape is None or len(shape) < 2 or shape[-1] is None:
+        return None
+    return int(shape[-1])
+
+
+def output_layer_name(model) -> str:
+    """The layer that produces the model's output (what the user must make float32)."""
+    names = getattr(model, "output_names", None)
+    if names:
+        return str(names[0])
+    layers = getattr(model, "layers", None)
+    return layers[-1].name if layers else model.name
+
+
+def _output_dtype(model, prediction) -> Optional[str]:
+    try:
+        if getattr(model, "outputs", None):
+            return str(getattr(model.outputs[0].dtype, "name", model.outputs[0].dtype))
+    except (AttributeError, ValueError):
+        pass
+    return None if prediction is None else prediction.dtype.name
+
+
+def _output_warnings(model, prediction) -> list:
+    out_dtype = _output_dtype(model, prediction)
+    if out_dtype not in ("float16", "bfloat16"):
+        return []
+    return [f"the model's output (layer {output_layer_name(model)!r}) is {out_dtype}; it is "
+            "cast to float32 before the loss. Give that layer dtype='float32', or add a "
+            "float32 Activation('linear') after it, so the softmax/logits are computed in "
+            "float32 (`tfmp check` lists every finding)"]

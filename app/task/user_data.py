@@ -1,0 +1,220 @@
+"""A user's dataset function's return value -> the same batched pipelines as the built-ins.
+
+Two forms are accepted, exactly what users already have:
+
+* ``((x_train, y_train), (x_val, y_val))`` NumPy arrays, what ``keras.datasets.*.load_data()``
+  returns.  ``uint8`` features are scaled to float32 in [0, 1] (as the built-ins are);
+  other numeric features become float32.
+* ``(train, val)`` *unbatched* ``tf.data.Dataset`` of ``(features, label)``.  Unknown
+  cardinality (after ``filter``, from generators) is fine: each dataset is counted once,
+  in the same pass that finds the number of classes.
+
+The app then shuffles, batches (the global batch), prefetches and, under a strategy,
+distributes them.  Anything else is one ``UsageError`` naming the spec, what was
+expected and what was received.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from app.task.data import DataBundle, make_dataset
+from app.core.errors import UsageError
+
+EXPECTED = ("((x_train, y_train), (x_val, y_val)) NumPy arrays, or (train, val) unbatched "
+            "tf.data.Dataset of (features, label)")
+SHUFFLE_BUFFER = 10_000
+
+
+def _received(obj) -> str:
+    if isinstance(obj, (tuple, list)):
+        inner = ", ".join(_received(o) for o in obj[:3])
+        return f"{type(obj).__name__} of {len(obj)} ({inner}{', ...' if len(obj) > 3 else ''})"
+    shape = getattr(obj, "shape", None)
+    return type(obj).__name__ + (f" shape {tuple(shape)}" if shape is not None else "")
+
+
+def _bad(spec: str, returned, why: str = "") -> UsageError:
+    return UsageError(f"dataset spec {spec!r} returned {_received(returned)}"
+                      + (f" ({why})" if why else ""), EXPECTED)
+
+
+def from_user(returned, spec: str, global_batch: int, *, seed: int = 0,
+              max_train_samples: Optional[int] = None, max_val_samples: Optional[int] = None,
+              input_shape: Callable[[tuple], tuple] = tuple,
+              num_classes: Optional[int] = None) -> DataBundle:
+    import tensorflow as tf
+
+    if not isinstance(returned, (tuple, list)) or len(returned) != 2:
+        raise _bad(spec, returned, "expected a pair: training and validation data")
+    train, val = returned
+    if isinstance(train, tf.data.Dataset) and isinstance(val, tf.data.Dataset):
+        return _from_datasets(train, val, spec, global_batch, seed, max_train_samples,
+                              max_val_samples, input_shape, num_classes)
+    if isinstance(train, tf.data.Dataset) or isinstance(val, tf.data.Dataset):
+        raise _bad(spec, returned, "both parts must be tf.data datasets, or both (x, y) arrays")
+    return _from_arrays(train, val, spec, global_batch, seed, max_train_samples,
+                        max_val_samples, input_shape, num_classes)
+
+
+# ---- arrays ------------------------------------------------------------------------------------
+
+def _pair(part, spec, returned, which):
+    if not isinstance(part, (tuple, list)) or len(part) != 2:
+        raise _bad(spec, returned, f"the {which} part must be (x, y)")
+    try:
+        x, y = np.asarray(part[0]), np.asarray(part[1])
+    except Exception:  # ragged lists and the like
+        raise _bad(spec, returned, f"the {which} part cannot be made into arrays") from None
+    if x.dtype == object or y.dtype == object or x.ndim < 1 or y.ndim < 1:
+        raise _bad(spec, returned, f"the {which} part must be numeric arrays")
+    if len(x) != len(y):
+        raise _bad(spec, returned, f"{which}: {len(x)} samples but {len(y)} labels")
+    if len(x) == 0:
+        raise _bad(spec, returned, f"{which}: no samples")
+    return x, y
+
+
+def _features(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.uint8:
+        return x.astype(np.float32) / 255.0
+    if not np.issubdtype(x.dtype, np.number):
+        raise TypeError(x.dtype)
+    return x.astype(np.float32, copy=False)
+
+
+def label_kind_of(y_train: np.ndarray) -> tuple[str, int]:
+    """("sparse" | "onehot" | "binary" | "other", number of classes or 0)."""
+    if y_train.ndim == 2 and y_train.shape[1] > 1:
+        return "onehot", int(y_train.shape[1])
+    flat = y_train.reshape(len(y_train), -1)
+    if flat.shape[1] != 1:
+        return "other", 0
+    if np.issubdtype(y_train.dtype, np.integer) or np.all(np.mod(flat, 1) == 0):
+        low, high = (int(flat.min()), int(flat.max())) if flat.size else (0, 0)
+        if low < 0:
+            return "other", 0
+        return ("binary" if high <= 1 else "sparse"), high + 1
+    return "other", 0
+
+
+def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input_shape,
+                 num_classes):
+    returned = (train, val)
+    xtr, ytr = _pair(train, spec, returned, "training")
+    xva, yva = _pair(val, spec, returned, "validation")
+    if xtr.shape[1:] != xva.shape[1:]:
+        raise _bad(spec, returned, f"training samples have shape {xtr.shape[1:]}, validation "
+                                   f"samples {xva.shape[1:]}")
+    xtr, ytr, xva, yva = xtr[:max_train], ytr[:max_train], xva[:max_val], yva[:max_val]
+    try:
+        xtr, xva = _features(xtr), _features(xva)
+    except TypeError:
+        raise _bad(spec, returned, f"features of dtype {xtr.dtype} are not numeric") from None
+    shape = input_shape(tuple(xtr.shape[1:]))
+    xtr, xva = xtr.reshape((len(xtr),) + shape), xva.reshape((len(xva),) + shape)
+    kind, classes = label_kind_of(ytr)
+    if kind in ("sparse", "binary"):
+        val_kind, val_classes = label_kind_of(yva)
+        classes = max(classes, val_classes if val_kind in ("sparse", "binary") else 0)
+        ytr = ytr.reshape(-1).astype(np.int32)
+        yva = yva.reshape(-1).astype(np.int32)
+        if classes > 2:
+            kind = "sparse"
+    elif kind == "onehot":
+        ytr, yva = ytr.astype(np.float32), yva.astype(np.float32)
+    else:
+        ytr, yva = ytr.astype(np.float32), yva.astype(np.float32)
+    classes = num_classes or classes
+    return DataBundle(make_dataset(xtr, ytr, global_batch, True, seed, flat_labels=False),
+                      make_dataset(xva, yva, global_batch, False, flat_labels=False),
+                      shape, classes, len(xtr), len(xva), label_kind=kind,
+                      sample_batch=(xtr[:8], ytr[:8]))
+
+
+# ---- tf.data -----------------------------------------------------------------------------------
+
+def _element_parts(ds, spec, returned, which):
+    import tensorflow as tf
+
+    es = ds.element_spec
+    if not isinstance(es, tuple) or len(es) != 2 or not all(
+            isinstance(s, tf.TensorSpec) for s in es):
+        raise _bad(spec, returned, f"the {which} dataset's elements are {es}; expected "
+                                   "(features, label) tensors")
+    fx, fy = es
+    if fx.shape.rank and fx.shape[0] is None:
+        raise _bad(spec, returned, f"the {which} dataset looks batched (element shape "
+                                   f"{fx.shape}); return it unbatched, the app batches it")
+    return fx, fy
+
+
+def _scan(ds, want_labels: bool):
+    """One pass: (number of elements, largest label).  Labels only for integer scalars."""
+    import tensorflow as tf
+
+    def step(state, element):
+        n, top = state
+        y = element[1]
+        if want_labels:
+            top = tf.maximum(top, tf.cast(tf.reduce_max(y), tf.int64))
+        return n + 1, top
+    n, top = ds.reduce((tf.constant(0, tf.int64), tf.constant(-1, tf.int64)), step)
+    return int(n.numpy()), int(top.numpy())
+
+
+def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, input_shape,
+                   num_classes):
+    import tensorflow as tf
+
+    returned = (train, val)
+    fx, fy = _element_parts(train, spec, returned, "training")
+    _element_parts(val, spec, returned, "validation")
+    if not fx.shape.is_fully_defined():
+        raise _bad(spec, returned, f"training features have shape {fx.shape}; every sample "
+                                   "needs the same, fully known shape")
+    for ds, which in ((train, "training"), (val, "validation")):
+        if int(ds.cardinality().numpy()) == tf.data.INFINITE_CARDINALITY:
+            raise _bad(spec, returned, f"the {which} dataset is infinite (repeat()); an "
+                                       "epoch needs a finite dataset")
+    if max_train:
+        train = train.take(max_train)
+    if max_val:
+        val = val.take(max_val)
+    integer_labels = fy.dtype.is_integer and fy.shape.rank == 0
+    onehot = fy.dtype.is_floating and fy.shape.rank == 1 and (fy.shape[0] or 0) > 1
+    n_train, top = _scan(train, integer_labels)
+    n_val, vtop = _scan(val, integer_labels)
+    if n_train == 0:
+        raise _bad(spec, returned, "the training dataset has no elements")
+    if integer_labels:
+        kind, classes = ("binary" if max(top, vtop) <= 1 else "sparse"), max(top, vtop) + 1
+    elif onehot:
+        kind, classes = "onehot", int(fy.shape[0])
+    else:
+        kind, classes = "other", 0
+    shape = input_shape(tuple(int(d) for d in fx.shape))
+
+    def prepare(x, y):
+        if x.dtype == tf.uint8:
+            x = tf.cast(x, tf.float32) / 255.0
+        elif x.dtype != tf.float32 and (x.dtype.is_floating or x.dtype.is_integer):
+            x = tf.cast(x, tf.float32)
+        x = tf.reshape(x, shape)
+        if integer_labels:
+            y = tf.cast(y, tf.int32)
+        elif y.dtype.is_floating and y.dtype != tf.float32:
+            y = tf.cast(y, tf.float32)
+        return x, y
+    # The counted sizes are asserted so Keras' progress bars and the step counts know them.
+    mapped = train.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    sample = next(iter(mapped.batch(8).take(1)))
+    train = (mapped.apply(tf.data.experimental.assert_cardinality(n_train))
+             .shuffle(min(n_train, SHUFFLE_BUFFER), seed=seed, reshuffle_each_iteration=True)
+             .batch(global_batch).prefetch(tf.data.AUTOTUNE))
+    val = (val.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+           .apply(tf.data.experimental.assert_cardinality(n_val))
+           .batch(global_batch).prefetch(tf.data.AUTOTUNE))
+    return DataBundle(train, val, shape, num_classes or classes, n_train, n_val,
+                      label_kind=kind, sample_batch=(sample[0].numpy(), sample[1].numpy()))

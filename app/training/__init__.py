@@ -1,0 +1,1 @@
+"""How to train: the configuration, the job, the one step, the loops, monitor, recorder, interrupts, distribution."""

@@ -1,0 +1,239 @@
+"""Training configuration: flag, then TFMP_* environment variable, then default.
+
+``TrainConfig`` is what ``app.training.job.train`` takes; the CLI builds it with
+``resolve_config``.  Validation happens here, before anything is written to disk.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from app.core import catalog as registry
+from app.core import settings
+from app.core.errors import UsageError
+from app.training.distribute import STRATEGIES  # noqa: F401  (re-exported for the flags)
+
+# Re-exported for the flags' help texts and choices (app.core.catalog holds the names).
+MODELS = registry.MODEL_NAMES              # built-ins; MODULE:FUNCTION names the user's own
+DATASETS = registry.DATASET_NAMES
+PRECISIONS = registry.PRECISIONS
+LOOPS = ("fit", "custom")
+SCALE_LR = settings.BY_NAME["scale_lr"].choices
+ENV_PREFIX = settings.ENV_PREFIX
+
+
+@dataclass
+class TrainConfig:
+    model: str = "mlp"
+    dataset: str = "mnist"
+    precision: str = "auto"
+    loop: str = "fit"
+    epochs: int = 5
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    workspace: str = "workspace"
+    data_dir: str | None = None       # default: <workspace>/data
+    image_dir: str | None = None      # for dataset=images: folder of class subfolders
+    output: str | None = None         # default: <workspace>/runs/<UTC>-<model>-<dataset>-<policy>
+    log_every: int = 100
+    max_train_samples: int | None = None
+    max_val_samples: int | None = None
+    seed: int = 0
+    resume: bool = False
+    max_skipped_steps: int = 20       # consecutive skipped steps before giving up
+    initial_loss_scale: float = registry.DEFAULT_INITIAL_LOSS_SCALE
+    offline: bool = False
+    save_model: bool = True
+    image_size: int = 32
+    progress: str = "auto"            # auto: progress bar on a TTY, plain lines otherwise
+    steps_per_execution: int = 1      # fit only: steps per tf.function call
+    jit: bool = False                 # XLA-compile the train step
+    strategy: str = "auto"            # tf.distribute: auto | one | mirrored | multi-worker
+    loss: str | None = None           # Keras loss name or MODULE:OBJECT; None: the default
+    metrics: str | None = None        # comma-separated Keras names or MODULE:OBJECT
+    input_shape: str | None = None    # "28,28,1": synthetic data for a user model
+    num_classes: int | None = None    # default: from the labels
+    tuned: str | None = None          # a tune.json: its precision and batch size (flags win)
+    scale_lr: str = "none"            # with tuned: none | linear (learning rate x batch / 128)
+    # Set by resolve_config from ``tuned``: metrics.json's "tuned" block (not a setting).
+    tuning: dict | None = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("tuning")
+        return d
+
+
+def env_name(field_name: str) -> str:
+    """The TFMP_ variable of a setting (``app.core.settings``)."""
+    return settings.BY_NAME[field_name].env
+
+
+def env_value(field_name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The setting's value from its TFMP_ variable, or None when unset or empty."""
+    environ = os.environ if environ is None else environ
+    s = settings.BY_NAME[field_name]
+    raw = environ.get(s.env, "")
+    if raw == "":
+        return None
+    try:
+        return s.read_env(raw)
+    except ValueError:
+        raise UsageError(f"environment variable {s.env}={raw!r} is not valid", s.allowed) from None
+
+
+TUNED_FIELDS = ("tuned", "scale_lr")
+
+
+def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None, *,
+                   use_tuned: bool = True) -> TrainConfig:
+    """Build a validated TrainConfig.  ``flags`` holds only what was given on the command
+    line (None = not given); then each setting's TFMP_ variable; then, for the precision and
+    batch size, a ``tuned`` tune.json; then the default.  ``use_tuned`` False (the
+    benchmark, which gives its runs every value explicitly) ignores --tuned/TFMP_TUNED."""
+    values: dict[str, Any] = {}
+    for name in TrainConfig.__dataclass_fields__:
+        if name == "tuning" or (not use_tuned and name in TUNED_FIELDS):
+            continue
+        value = flags.get(name)
+        if value is None and name in settings.BY_NAME:
+            value = env_value(name, environ)
+        if value is not None:
+            values[name] = value
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    if cfg.tuned:
+        cfg = _with_tune(cfg, values)
+    if cfg.data_dir is None:
+        cfg.data_dir = default_data_dir(cfg.workspace)
+    return cfg
+
+
+def _with_tune(cfg: TrainConfig, given: Mapping[str, Any]) -> TrainConfig:
+    """``cfg`` with the tune's precision and batch size where none was given explicitly,
+    the learning rate scaled as ``scale_lr`` says, and the record of it in ``tuning``."""
+    from app.training import tuned
+
+    applied = tuned.apply(cfg.tuned, model=cfg.model, dataset=cfg.dataset,
+                          precision=given.get("precision"), batch_size=given.get("batch_size"),
+                          learning_rate=cfg.learning_rate, scale_lr=cfg.scale_lr,
+                          default_batch=TrainConfig.batch_size)
+    cfg = replace(cfg, precision=applied.precision, batch_size=applied.batch_size,
+                  learning_rate=applied.learning_rate, tuning=applied.record)
+    validate(cfg)
+    return cfg
+
+
+def default_data_dir(workspace: str) -> str:
+    return os.path.join(workspace, "data")
+
+
+def data_dir_chosen(cfg: TrainConfig) -> bool:
+    """The user named a data directory (rather than the workspace default): then it must
+    exist, and nothing is downloaded into a folder they did not ask for."""
+    return cfg.data_dir is not None and cfg.data_dir != default_data_dir(cfg.workspace)
+
+
+def utc_stamp(now: datetime | None = None) -> str:
+    """The UTC time in the names of default run and benchmark folders: sortable, no colons."""
+    return (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+
+
+def short_name(spec: str) -> str:
+    """A spec as a folder-name part: ``mlp`` -> mlp, ``nets/small.py:build`` -> small.build."""
+    if ":" not in spec:
+        return spec
+    module, _, fn = spec.rpartition(":")
+    if module.endswith(".py") or "/" in module:
+        base = os.path.splitext(os.path.basename(module))[0]
+    else:
+        base = module.split(".")[-1]  # a dotted module: its last part
+    name = f"{base}.{fn}" if fn not in ("build", "load", "build_model", "load_data") else base
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:40]
+
+
+def run_name(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
+    """Sortable, and says what ran: time, model, dataset, policy (TensorBoard's run list)."""
+    return f"{utc_stamp(now)}-{short_name(cfg.model)}-{short_name(cfg.dataset)}-{policy}"
+
+
+def default_output(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
+    return os.path.join(cfg.workspace, "runs", run_name(cfg, policy, now))
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise UsageError(f"{name} must be one of {', '.join(allowed)}. Received: {name}={value!r}",
+                         ", ".join(allowed))
+
+
+def _spec_or_one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    # MODULE:FUNCTION specs are imported later (app.task.task), after every cheap check.
+    if isinstance(value, str) and ":" in value:
+        return
+    if value not in allowed:
+        raise UsageError(f"{name} must be one of {', '.join(allowed)} or MODULE:FUNCTION. "
+                         f"Received: {name}={value!r}",
+                         f"{', '.join(allowed)}, MODULE:FUNCTION or path/to/file.py:FUNCTION")
+
+
+def validate(cfg: TrainConfig) -> None:
+    _one_of("precision", cfg.precision, PRECISIONS)
+    _spec_or_one_of("model", cfg.model, MODELS)
+    _spec_or_one_of("dataset", cfg.dataset, DATASETS)
+    _one_of("loop", cfg.loop, LOOPS)
+    _one_of("strategy", cfg.strategy, STRATEGIES)
+    _one_of("scale_lr", cfg.scale_lr, SCALE_LR)
+    if cfg.scale_lr != "none" and not cfg.tuned:
+        raise UsageError(f"scale_lr {cfg.scale_lr!r} applies with --tuned only",
+                         "--scale-lr linear together with --tuned DIR/tune.json")
+    for name in ("epochs", "batch_size", "log_every", "max_skipped_steps", "steps_per_execution",
+                 "image_size"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int) or v < 1:
+            raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
+                             "an integer >= 1")
+    for name in ("max_train_samples", "max_val_samples"):
+        v = getattr(cfg, name)
+        if v is not None and v < 1:
+            raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
+                             "an integer >= 1, or leave it unset for all samples")
+    if not cfg.learning_rate > 0:
+        raise UsageError(f"learning_rate must be positive. Received: learning_rate={cfg.learning_rate!r}",
+                         "a number > 0")
+    if not (math.isfinite(cfg.initial_loss_scale) and cfg.initial_loss_scale > 0):
+        raise UsageError("initial_loss_scale must be a finite number > 0. Received: "
+                         f"initial_loss_scale={cfg.initial_loss_scale!r}",
+                         f"a number > 0, e.g. {registry.DEFAULT_INITIAL_LOSS_SCALE:g} (2**15)")
+    if cfg.dataset == "images" and not cfg.image_dir:
+        raise UsageError("dataset 'images' needs --image-dir",
+                         "a folder with one subfolder of images per class")
+    if cfg.num_classes is not None and (not isinstance(cfg.num_classes, int) or cfg.num_classes < 1):
+        raise UsageError(f"num_classes must be at least 1. Received: num_classes={cfg.num_classes!r}",
+                         "an integer >= 1, or leave it unset to count the labels")
+    if cfg.input_shape is not None:
+        from app.task.user_code import parse_input_shape
+
+        parse_input_shape(cfg.input_shape)
+    problem = registry.pairing_problem(cfg.model, cfg.dataset)   # pairs that cannot work
+    if problem:
+        raise UsageError(*problem)
+
+
+def check_output_writable(path: str) -> None:
+    """Fail early, without creating anything, if ``path`` cannot be made and written."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise UsageError(f"output directory {path!r} cannot be created: {probe!r} is not a directory",
+                         "a writable directory path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"output directory {path!r} is not writable ({probe!r} denies writing)",
+                         "a writable directory path")

@@ -1,0 +1,386 @@
+"""Training: ``train(config)`` runs a whole job and returns the metrics dict.
+
+Order of work (nothing is written before every input has been checked):
+  1. ``prepare``: validate the config, resolve the precision, load the data, check the
+     output folder and, with --resume, the run being continued;
+  2. ``build_parts``: inside ``get_strategy().scope()``, set the policy, build the model
+     and the optimizer (wrapped in a LossScaleOptimizer for mixed_float16), the step
+     statistics and the checkpointer; with --resume, restore the checkpoint;
+  3. the chief takes the output folder's lock (``app.run_folder.lock``: one run per folder) and
+     a ``Recorder`` opens the folder; ``--loop fit`` (Keras fit) or ``--loop
+     custom`` (GradientTape step, ``app.training.loops``) train, recording metrics.json and a
+     checkpoint after every epoch;
+  4. save the final model.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from app.run_folder import checkpoints as checkpointing
+from app.training import distribute
+from app.machine import envreport
+from app.machine import hardware as hw_mod
+from app.training import loops
+from app.precision.policy import keras_version, loss_scale
+from app.training.job import step_stats
+from app.run_folder import write_faults as output_faults
+from app.precision import policy as prec
+from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,
+                        default_output, validate)
+from app.core.errors import (MixedPrecisionClash, TrainingDiverged, TrainingInterrupted, UsageError,
+                        UserCodeError)
+from app.training.interrupts import StopFlag, signal_handlers
+from app.training.monitor import StepMonitor
+from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
+                          plain_lines)
+from app.run_folder.lock import RunLock
+from app.task.task import BuiltModel, Task
+
+DIAGNOSIS = (
+    "the loss or the gradients became non-finite and loss scaling could not recover. "
+    "Try, in order: lower --learning-rate (e.g. by 10x); check the data for NaN/inf or "
+    "unnormalised inputs (inputs should be float32 in [0, 1]); keep BatchNormalization, "
+    "softmax and the loss in float32 (the built-in models do); if it only happens with "
+    "mixed_float16, compare with --precision float32 or mixed_bfloat16."
+)
+
+
+def get_strategy(dist: distribute.Distribution | None = None) -> tf.distribute.Strategy:
+    """The distribution strategy chosen by ``--strategy`` (see ``app.training.distribute``); the
+    default one-device strategy when none was set up."""
+    return dist.strategy if dist is not None else tf.distribute.get_strategy()
+
+
+# ---- 1. prepare: every check, nothing written ------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A checked job, data loaded, nothing written yet."""
+    config: TrainConfig       # a resolved copy: ``output`` and ``resume`` filled in
+    hardware: Any             # app.machine.hardware.HardwareInfo
+    decision: prec.PrecisionDecision
+    task: Task
+    bundle: Any               # app.task.data.DataBundle
+    dist: distribute.Distribution
+    previous: Optional[dict] = None   # --resume: the metrics.json of the run continued
+
+    @property
+    def output(self) -> str:
+        return self.config.output
+
+
+def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepared:
+    """Check everything, set up the strategy and load the data; writes nothing and leaves
+    ``cfg`` as it was."""
+    validate(cfg)
+    hw = hardware or hw_mod.detect()
+    decision = prec.resolve(cfg.precision, hw)
+    # Before the data: the strategy must exist before TensorFlow's first tensor.
+    dist = distribute.setup(cfg.strategy, cfg.batch_size, len(hw.gpus))
+    if cfg.resume and not cfg.output:
+        raise UsageError("--resume needs --output (or TFMP_OUTPUT) naming the run to continue",
+                         "--resume --output <folder of the interrupted run>")
+    output = cfg.output or default_output(cfg, decision.policy)
+    check_output_writable(output)
+    if dist.is_chief:
+        # A live run in this folder is named before anything else is said about it (a
+        # second run would interleave its checkpoints and metrics.json with the first's).
+        RunLock(output).check_free()
+    # Multi-worker jobs are restarted by a cluster manager with the same command: like
+    # Keras' BackupAndRestore, continue from the last backup instead of starting over.
+    resume = cfg.resume or (dist.multi_worker and checkpointing.has_checkpoint(output))
+    if resume and not checkpointing.has_checkpoint(output):
+        raise UsageError(f"--resume found no checkpoint in {os.path.join(output, 'checkpoints')!r}",
+                         "--resume with the --output of a run that saved a checkpoint")
+    if not resume and dist.is_chief:
+        check_holds_no_run(output)
+    task = task or Task.from_config(cfg)
+    previous = None
+    if resume:
+        previous = read_previous_metrics(output)
+        check_same_task(previous, task, output)
+    bundle = task.load_data(dist.global_batch, cfg.data_dir or default_data_dir(cfg.workspace),
+                            image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
+                            max_val_samples=cfg.max_val_samples, seed=cfg.seed,
+                            offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
+    return Prepared(dataclasses.replace(cfg, output=output, resume=resume), hw, decision, task,
+                    bundle, dist, previous)
+
+
+def check_holds_no_run(output: str) -> None:
+    """A new run never writes over a finished (or failed) one: checked in ``prepare`` to
+    refuse early, and again under the folder's lock, where no other run can finish in
+    between."""
+    if os.path.exists(os.path.join(output, "metrics.json")):
+        raise UsageError(f"output directory {output!r} already holds a run",
+                         "--resume to continue it, or a new --output")
+
+
+def read_previous_metrics(output: str) -> Optional[dict]:
+    """The metrics.json of the run being resumed; None when it wrote none."""
+    path = os.path.join(output, "metrics.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path!r} cannot be read ({type(exc).__name__}); the run cannot be "
+                         "resumed safely", "restore it from a copy, or start a new --output")\
+            from None
+
+
+def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
+    """--resume continues the same job: a run whose model, dataset, loss or metrics spec
+    changed would restore weights into something else (or fail deep in TensorFlow)."""
+    if previous is None:
+        return
+    before = previous.get("task") if isinstance(previous, dict) else None
+    if not isinstance(before, dict):
+        before = {"model": previous.get("config", {}).get("model"),
+                  "dataset": previous.get("config", {}).get("dataset")} \
+            if isinstance(previous, dict) else {}
+    now = task.describe()
+    changed = [k for k in ("model", "dataset", "loss", "metrics") if k in before
+               and before.get(k) != now.get(k)]
+    if changed:
+        what = ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in changed)
+        raise UsageError(f"--resume: the run in {output!r} was trained with a different spec ({what})",
+                         "the same --model, --dataset, --loss and --metrics as the run being "
+                         "resumed, or a new --output")
+
+
+# ---- 2. build: model, optimizer, step statistics, checkpointer -------------------------------
+
+@dataclass(frozen=True, eq=False)
+class TrainingParts:
+    """What the loops drive, built under the policy inside the strategy's scope."""
+    model: Any
+    optimizer: Any                    # a LossScaleOptimizer under mixed_float16
+    strategy: tf.distribute.Strategy
+    built: BuiltModel                 # the task's loss and metrics factory
+    stats: step_stats.StepStats
+    checkpointer: checkpointing.Checkpointer
+
+    @property
+    def loss_scaled(self) -> bool:
+        return loss_scale.is_loss_scaled(self.optimizer)
+
+
+def build_parts(run: Prepared, stop: StopFlag | None = None) -> TrainingParts:
+    """Set the seed and the policy, build the model and the optimizer (the policy stays
+    set: ``train`` restores the previous one when it ends)."""
+    cfg = run.config
+    tf.keras.utils.set_random_seed(cfg.seed)
+    prec.apply_policy(run.decision.policy)
+    strategy = get_strategy(run.dist)
+    with strategy.scope():
+        built = run.task.build(run.bundle, run.bundle.sample_batch)
+        opt = built.optimizer or tf.keras.optimizers.Adam(learning_rate=cfg.learning_rate)
+        if not loss_scale.is_loss_scaled(opt):
+            opt = loss_scale.wrap_optimizer(opt, run.decision.policy,
+                                            initial_scale=cfg.initial_loss_scale)
+        loss_scale.build_optimizer(opt, built.model.trainable_variables)
+    for note in built.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    for warning in built.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    ckpt_dir = os.path.join(run.output, checkpointing.CHECKPOINT_DIR)
+    ckpt = checkpointing.Checkpointer(run.output, built.model, opt,
+                                      write_dir=run.dist.write_dir(ckpt_dir))
+    if stop is not None:
+        stop.model = built.model
+    return TrainingParts(built.model, opt, strategy, built,
+                         step_stats.StepStats(log_every=cfg.log_every), ckpt)
+
+
+def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
+                  on_step: StepCallback | None = None,
+                  previous_steps: Optional[list] = None) -> Recorder:
+    """The run's recorder (``open()`` it: its first write into the output folder)."""
+    return Recorder(run.output, metrics, parts, epochs=run.config.epochs,
+                    train_samples=run.bundle.train_samples, is_chief=run.dist.is_chief,
+                    plain=plain_lines(run.config.progress), on_step=on_step,
+                    previous_steps=previous_steps)
+
+
+def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
+                 stop: StopFlag | None = None) -> StepMonitor:
+    cfg = run.config
+    return StepMonitor(cfg.log_every, cfg.max_skipped_steps, parts.loss_scaled, parts.optimizer,
+                       parts.stats, stop or StopFlag(), recorder.record_step)
+
+
+# ---- the whole job ---------------------------------------------------------------------------
+
+def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=None,
+          announce: bool = True, task: Task | None = None) -> dict:
+    """Run a training job; return the metrics dict (also written to <output>/metrics.json).
+
+    ``on_step`` is called every ``config.log_every`` steps with
+    ``{"step", "epoch", "loss", "grad_norm", "loss_scale", "skipped_steps"}``.
+    ``metrics["status"]`` is ``completed``, ``interrupted`` (SIGTERM/SIGINT; a checkpoint was
+    saved, rerun with ``resume=True``) or ``diverged`` (see ``metrics["diagnosis"]``).
+    Bad input raises ``app.core.errors.UsageError`` before anything is written.
+    """
+    run = prepare(config, hardware, task=task)
+    if announce:
+        prec.announce(run.decision)
+        if run.config.tuning:
+            from app.training.tuned import console_line
+
+            print(console_line(run.config.tuning), flush=True)
+        print(run.dist.describe(), flush=True)
+    loop = _loop(run)
+    metrics = new_metrics(run, envreport.collect(run.hardware), loop)
+    stop = StopFlag()
+    with _policy_restored(), signal_handlers(stop):
+        parts = _build_or_explain(run, stop)
+        start, previous_steps = _resume(run, parts, metrics)
+        recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
+        monitor = make_monitor(run, parts, recorder, stop)
+        # The chief holds the folder from its first write until it ends (app/run_folder/lock.py);
+        # workers of a multi-worker job write only their own temporary folders.
+        lock = RunLock(run.output)
+        with _output_faults_described(recorder), contextlib.ExitStack() as held:
+            if run.dist.is_chief:
+                held.enter_context(lock)
+                if not run.config.resume:
+                    # Another run may have finished here since prepare() looked.
+                    check_holds_no_run(run.output)
+            recorder.open()
+            _train_and_save(run, parts, recorder, monitor, loop, start)
+    return metrics
+
+
+def _loop(run: Prepared) -> str:
+    if run.dist.multi_worker and keras_version.IS_KERAS3 and run.config.loop == "fit":
+        # Keras 3's fit has no multi-worker-aware BackupAndRestore (it neither syncs nor uses
+        # worker temp folders); the custom loop's checkpoints are the backup.  docs/distributed.md
+        print("note: multi-worker training on Keras 3 runs the custom loop (--loop custom); "
+              "its per-epoch checkpoints are the backup a restarted job resumes from",
+              file=sys.stderr, flush=True)
+        return "custom"
+    return run.config.loop
+
+
+@contextlib.contextmanager
+def _policy_restored():
+    old_policy = prec.global_policy_name()
+    try:
+        yield
+    finally:
+        prec.apply_policy(old_policy)
+
+
+def _build_or_explain(run: Prepared, stop: StopFlag) -> TrainingParts:
+    try:
+        return build_parts(run, stop)
+    except UserCodeError as exc:
+        clash = clash_diagnosis(exc.original, run.decision.policy, run.task)
+        if clash:
+            raise MixedPrecisionClash(clash) from None
+        raise
+
+
+def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
+    """(first epoch to train, the continued run's step records)."""
+    if not run.config.resume:
+        return 0, []
+    start = parts.checkpointer.restore_latest()  # UsageError if incompatible: nothing written
+    parts.stats.steps.assign(parts.checkpointer.step)
+    previous_steps = continue_metrics(metrics, run.previous, start,
+                                      int(parts.checkpointer.step.numpy()))
+    print(f"resuming from {parts.checkpointer.restored_path} at epoch {start + 1}",
+          file=sys.stderr)
+    return start, previous_steps
+
+
+@contextlib.contextmanager
+def _output_faults_described(recorder: Recorder):
+    """Every write of the run happens in here; one that fails (disk full) becomes an
+    OutputFault, with the last complete checkpoint left to resume from."""
+    try:
+        yield
+    except Exception as exc:
+        code = output_faults.classify(exc)
+        if code is None:
+            raise
+        raise _output_fault(recorder, exc, code) from None
+
+
+def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
+                    monitor: StepMonitor, loop: str, start: int):
+    """The loop and the final model; the run's end goes into metrics.json."""
+    cfg = run.config
+    try:
+        if start < cfg.epochs:
+            run_loop = loops.run_fit if loop == "fit" else loops.run_custom
+            run_loop(run, parts, recorder, monitor, start)
+        recorder.metrics["status"] = "completed"
+        if cfg.save_model:
+            # Every worker saves (saving may read synced variables), only the chief
+            # into --output; the others into a temporary folder, then delete it.
+            target = run.dist.write_dir(run.output)
+            os.makedirs(target, exist_ok=True)
+            path = checkpointing.save_final_model(parts.model, target)
+            if run.dist.is_chief:
+                recorder.metrics["model_path"] = path
+            run.dist.cleanup(target)
+    except TrainingInterrupted as exc:
+        done = len(recorder.metrics["epochs"])
+        path = parts.checkpointer.save(done, int(parts.stats.steps.numpy()))
+        recorder.metrics.update(status="interrupted", signal=exc.signum)
+        print(f"interrupted: checkpoint {path} saved after {done} completed epoch(s); run "
+              "the same command with --resume to finish", file=sys.stderr, flush=True)
+    except TrainingDiverged as exc:
+        recorder.metrics.update(status="diverged", diagnosis=f"{exc}; {DIAGNOSIS}")
+        print(f"error: training diverged at {recorder.metrics['diagnosis']}", file=sys.stderr,
+              flush=True)
+    except Exception as exc:
+        if output_faults.classify(exc) is not None:
+            raise  # a failed write: train() cleans up and says what to do
+        # Unexpected (e.g. out of memory): leave an honest metrics.json, then re-raise;
+        # a dtype clash in the user's layer becomes check's one-line diagnosis.
+        clash = clash_diagnosis(exc, run.decision.policy, run.task)
+        recorder.finish("failed", diagnosis=clash or f"{type(exc).__name__}: {str(exc)[:500]}")
+        if clash:
+            raise MixedPrecisionClash(clash) from None
+        raise
+    recorder.finish(recorder.metrics["status"])
+    recorder.close()
+
+
+def _output_fault(recorder: Recorder, exc: BaseException, code: int):
+    """Clean up after a failed write and describe it (see app/run_folder/write_faults.py)."""
+    output = recorder.output
+    ckpt_dir = os.path.join(output, checkpointing.CHECKPOINT_DIR)
+    output_faults.remove_partial_checkpoints(ckpt_dir)
+    latest = checkpointing.newest_complete(ckpt_dir)
+    hint = (f"run the same command with --resume to continue from {os.path.basename(latest)}"
+            if latest else "run the same command again (no checkpoint was completed)")
+    fault = output_faults.OutputFault(output_faults.path_of(exc, output), code,
+                                      f"{type(exc).__name__}", hint)
+    with contextlib.suppress(Exception):   # the disk may still be full: best effort
+        recorder.finish("failed", diagnosis=fault.line()[len("error: "):])
+    with contextlib.suppress(Exception):
+        recorder.close()
+    return fault
+
+
+def clash_diagnosis(exc: BaseException, policy: str, task: Task) -> Optional[str]:
+    """check's one-line diagnosis (text) for a 16-bit/float32 clash under a mixed policy,
+    else None.  (``app.doctor.run`` turns the same diagnosis into a Finding.)"""
+    from app.precision import dtype_clash
+
+    if policy == "float32" or not dtype_clash.is_dtype_clash(exc):
+        return None
+    return dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec)

@@ -1,0 +1,147 @@
+"""Watching the steps of both loops, off the per-step path: step records, skipped steps,
+divergence.
+
+The train step itself writes a log row every ``log_every`` steps into ``StepStats`` (in
+the graph).  ``drain()`` turns new rows into step records and hands them to ``emit`` (the
+recorder: console lines, TensorBoard, the user's ``on_step``); ``check()`` also counts
+skipped steps and stops a run whose gradients stay non-finite.  In ``--loop fit`` a small
+thread (``polling``) drains every ``poll_seconds`` while Keras trains; on a divergence it
+sets ``model.stop_training`` and the error is raised at the next hook in the main thread
+(``raise_pending``).  The custom loop calls ``tick()`` after every step: a flag test and a
+counter, with a drain every ``log_every`` steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from typing import Callable
+
+import tensorflow as tf
+
+from app.precision import loss_scale
+from app.training.job import step_stats
+from app.precision import policy as prec
+from app.core.errors import TrainingDiverged, TrainingInterrupted
+from app.training.interrupts import StopFlag
+from app.core.files import finite_or_none
+
+
+class StepMonitor:
+    poll_seconds = 0.25
+
+    def __init__(self, log_every: int, max_skipped_steps: int, loss_scaled: bool, optimizer,
+                 stats: step_stats.StepStats, stop: StopFlag, emit: Callable[[dict], None]):
+        self.log_every, self.max_skipped_steps = log_every, max_skipped_steps
+        self.loss_scaled, self.opt, self.stats, self.stop, self.emit = (
+            loss_scaled, optimizer, stats, stop, emit)
+        self.calls = 0
+        self.skipped_seen = 0
+        self.skipped_epoch = 0
+        self.epoch = 0
+        self.rows_seen = int(stats.log_count.numpy())
+        self.lock = threading.RLock()
+        self.pending: BaseException | None = None
+
+    # every step of the custom loop
+    def tick(self, epoch: int):
+        if self.stop.signum is not None:
+            raise TrainingInterrupted(self.stop.signum)
+        self.calls += 1
+        if self.calls % self.log_every == 0:
+            self.check(epoch, log=True)
+
+    def begin_epoch(self, epoch: int):
+        with self.lock:   # rows not yet drained belong to the epoch that just ended
+            self.epoch = epoch
+
+    def take_skipped_epoch(self) -> int:
+        """Steps skipped since the last call (one epoch's, called at its end)."""
+        skipped, self.skipped_epoch = self.skipped_epoch, 0
+        return skipped
+
+    def check(self, epoch: int, log: bool = False, epoch_loss=None, model=None):
+        """Skipped steps and divergence (raises TrainingDiverged); with ``log``, the step
+        records written since the last drain.  Main thread, between steps.  At the end of
+        an epoch, ``epoch_loss`` (its running loss) and ``model``: without loss scaling a
+        non-finite loss, or weights that a step with a finite loss but non-finite gradients
+        poisoned, is divergence even when no logging step came after it (with loss
+        scaling, skipped steps' losses are non-finite by design and weights stay clean)."""
+        st = self.stats
+        if log:
+            self.drain()
+        if not self.loss_scaled and ((epoch_loss is not None and finite_or_none(epoch_loss) is None)
+                                     or (model is not None and not _weights_finite(model))):
+            st.nonfinite_total.assign_add(1)
+        total = int(st.nonfinite_total.numpy())
+        self.skipped_epoch += total - self.skipped_seen
+        self.skipped_seen = total
+        problem = self._divergence(epoch, total, int(st.max_consecutive.numpy()))
+        st.max_consecutive.assign(st.consecutive)
+        if problem:
+            raise TrainingDiverged(problem)
+
+    def _divergence(self, epoch: int, total: int, worst_run: int) -> str | None:
+        if not (total and not self.loss_scaled) and worst_run <= self.max_skipped_steps:
+            return None
+        where = f"step {int(self.stats.steps.numpy())} (epoch {epoch + 1})"
+        if total and not self.loss_scaled:
+            return (f"{where}: non-finite loss/gradients under {prec.global_policy_name()}, "
+                    "which has no loss scaling to recover with")
+        return (f"{where}: {worst_run} steps in a row had non-finite gradients (more than "
+                f"--max-skipped-steps {self.max_skipped_steps}; loss scale now "
+                f"{float(loss_scale.current_loss_scale(self.opt)):g})")
+
+    def drain(self):
+        with self.lock:
+            rows, self.rows_seen, lost = self.stats.read_log(self.rows_seen)
+            if lost:
+                print(f"note: {lost} step log record(s) were overwritten before they were read",
+                      file=sys.stderr, flush=True)
+            for row in rows:
+                self.emit({
+                    "step": int(row["step"]), "epoch": self.epoch + 1,
+                    "loss": finite_or_none(row["loss"]),
+                    "grad_norm": finite_or_none(row["grad_norm"]),
+                    "loss_scale": float(row["loss_scale"]),
+                    "skipped_steps": int(row["skipped_steps"]),
+                })
+
+    # --loop fit: a thread instead of a per-batch hook
+    @contextlib.contextmanager
+    def polling(self, model):
+        done = threading.Event()
+
+        def poll():
+            while not done.wait(self.poll_seconds):
+                try:
+                    self.drain()
+                    st = self.stats
+                    problem = self._divergence(self.epoch, int(st.nonfinite_total.numpy()),
+                                               int(st.max_consecutive.numpy()))
+                except BaseException as exc:  # e.g. the user's on_step raised
+                    problem = exc
+                if problem:
+                    self.pending = (problem if isinstance(problem, BaseException)
+                                    else TrainingDiverged(problem))
+                    model.stop_training = True
+                    return
+        thread = threading.Thread(target=poll, name="tfmp-step-log", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+    def raise_pending(self):
+        """In the main thread, at a hook: a stop the signal handler or the thread asked for."""
+        if self.pending is not None:
+            raise self.pending
+        self.stop.check()
+
+
+def _weights_finite(model) -> bool:
+    """One pass over the trainable weights, once an epoch."""
+    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in model.trainable_variables]
+    return bool(tf.reduce_all(tf.stack(checks))) if checks else True

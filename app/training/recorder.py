@@ -1,0 +1,219 @@
+"""What a run leaves behind: metrics.json, TensorBoard scalars, the console lines and a
+checkpoint after every epoch.  The loops hand it step records and finished epochs; it
+never trains."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from app.precision import loss_scale
+from app.core.files import finite_or_none, fmt, utc_now_iso, write_json_atomic
+from app.machine.memory import peak_memory
+
+StepCallback = Callable[[dict], None]
+
+
+def _tensorboard_available() -> bool:
+    # tf.summary needs the tensorboard package (in the TF 2.9 image; not a dependency of
+    # every recent TF wheel).  Without it the run still works, just without event files.
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Summaries:
+    """TensorBoard scalars.
+
+    Per-step scalars are buffered and written at the end of the epoch, after validation:
+    an eager ``tf.summary.scalar`` costs milliseconds, which inside the timed training part
+    of a small model's epoch measured ~10% of its throughput.
+    """
+
+    def __init__(self, logdir: str | None):
+        # logdir None: a non-chief worker, which writes no TensorBoard logs.
+        self.writer = (tf.summary.create_file_writer(logdir)
+                       if logdir and _tensorboard_available() else None)
+        self.pending: list[tuple[int, dict]] = []
+        self.lock = threading.Lock()   # step records may arrive from the monitor's thread
+
+    def scalars(self, step: int, values: dict, defer: bool = False):
+        if self.writer is None:
+            return
+        if defer:
+            with self.lock:
+                self.pending.append((step, values))
+        else:
+            self._write(step, values)
+
+    def _write(self, step: int, values: dict):
+        with self.writer.as_default(step=step):
+            for k, v in values.items():
+                if v is not None:
+                    tf.summary.scalar(k, v)
+
+    def flush(self):
+        if self.writer is None:
+            return
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for step, values in pending:
+            self._write(step, values)
+        self.writer.flush()
+
+    def close(self):
+        if self.writer is not None:
+            self.flush()
+            self.writer.close()
+
+
+def plain_lines(progress: str) -> bool:
+    """Plain ``step``/``epoch`` lines instead of Keras' progress bar (logs, pipes)."""
+    return progress == "lines" or (progress == "auto" and not sys.stdout.isatty())
+
+
+def new_metrics(run, env: dict, loop: str) -> dict:
+    """The metrics.json of a run that has not trained yet (``run``: ``training.Prepared``)."""
+    bundle = run.bundle
+    distribute = run.dist.to_dict()
+    distribute["loop"] = loop
+    return {
+        "schema_version": 1,
+        "status": "running",
+        "config": run.config.to_dict(),
+        "tuned": run.config.tuning,   # train --tuned: the tune file, what it set, the lr rule
+        "task": run.task.describe(),
+        "precision": run.decision.to_dict(),
+        "environment": env,
+        "distribute": distribute,
+        "data": {"train_samples": bundle.train_samples, "val_samples": bundle.val_samples,
+                 "input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes,
+                 "label_kind": bundle.label_kind},
+        "epochs": [],
+        "steps": [],          # every --log-every steps: loss, grad_norm, loss_scale
+        "peak_memory": None,
+        "model_path": None,
+        "diagnosis": None,
+        "started_utc": utc_now_iso(),
+        "finished_utc": None,
+    }
+
+
+def continue_metrics(metrics: dict, previous: Optional[dict], start_epoch: int,
+                     step: int) -> list:
+    """A resumed run keeps the epochs and start time of the run it continues; returns that
+    run's step records up to the restored ``step``."""
+    if not previous:
+        return []
+    metrics["epochs"] = [e for e in previous.get("epochs", []) if e["epoch"] <= start_epoch]
+    metrics["started_utc"] = previous.get("started_utc", metrics["started_utc"])
+    return [r for r in previous.get("steps", []) if r["step"] <= step]
+
+
+class Recorder:
+    """Records a run into its output folder; ``open()`` is the run's first write.
+
+    ``parts`` (``training.TrainingParts``) gives the optimizer (loss scale, learning rate),
+    the step counter and the checkpointer."""
+
+    def __init__(self, output: str, metrics: dict, parts, *, epochs: int, train_samples: int,
+                 is_chief: bool, plain: bool, on_step: StepCallback | None = None,
+                 previous_steps: Optional[list] = None):
+        self.output, self.metrics, self.parts = output, metrics, parts
+        self.epochs, self.train_samples, self.is_chief, self.plain = (
+            epochs, train_samples, is_chief, plain)
+        self.on_step = on_step
+        self.previous_steps = list(previous_steps or [])
+        self.step_log: list[dict] = []
+        self.summaries = Summaries(None)   # open() makes the real one
+
+    def open(self) -> "Recorder":
+        """Create the output folder and the TensorBoard writer (after every check passed)."""
+        os.makedirs(self.output, exist_ok=True)
+        logdir = os.path.join(self.output, "tensorboard")
+        self.summaries = Summaries(logdir if self.is_chief else None)
+        self.metrics["tensorboard"] = logdir if self.summaries.writer is not None else None
+        return self
+
+    def record_step(self, record: dict):
+        """A step record from the monitor (possibly its thread)."""
+        self.step_log.append(record)
+        self.summaries.scalars(record["step"], {f"step/{k}": record[k]
+                                                for k in ("loss", "grad_norm", "loss_scale")},
+                               defer=True)
+        if self.plain:
+            print(f"step {record['step']}: loss={fmt(record['loss'])} "
+                  f"grad_norm={fmt(record['grad_norm'], '.4g')} "
+                  f"loss_scale={record['loss_scale']:g} skipped={record['skipped_steps']}",
+                  flush=True)
+        if self.on_step:
+            self.on_step(record)
+
+    def record_epoch(self, epoch: int, logs: dict, epoch_seconds: float, train_seconds: float,
+                     train_cpu_seconds: float, skipped_steps: int):
+        """One finished epoch: its row in metrics.json, TensorBoard, a checkpoint, a line."""
+        # loss, val_loss and each of the task's metrics with its val_ twin (accuracy for the
+        # built-ins), in the order Keras reports them.
+        named = {"loss": finite_or_none(logs.get("loss")), **{
+            k: finite_or_none(v) for k, v in logs.items()
+            if k != "loss" and not k.startswith("val_")}}
+        named.update({"val_" + k: finite_or_none(logs.get("val_" + k)) for k in list(named)})
+        opt, steps = self.parts.optimizer, int(self.parts.stats.steps.numpy())
+        row = {
+            "epoch": epoch + 1,
+            **named,
+            "epoch_seconds": round(epoch_seconds, 4), "train_seconds": round(train_seconds, 4),
+            "samples_per_second": round(self.train_samples / max(train_seconds, 1e-9), 2),
+            # CPU time of the whole process (every thread) over the same span: unlike the
+            # wall clock it does not grow while the machine gives the job less CPU.
+            "train_cpu_seconds": round(train_cpu_seconds, 4),
+            "loss_scale": float(loss_scale.current_loss_scale(opt)),
+            "skipped_steps": skipped_steps,
+            "steps": steps,
+            "learning_rate": learning_rate(opt),
+        }
+        self.metrics["epochs"].append(row)
+        self.summaries.scalars(epoch + 1, {f"epoch/{k}": v for k, v in row.items() if k not in (
+            "epoch", "epoch_seconds", "train_seconds", "train_cpu_seconds", "steps")})
+        self.summaries.flush()
+        self.parts.checkpointer.save(epoch + 1, steps)
+        self.write_metrics()
+        if self.plain:
+            values = " ".join(f"{k}={fmt(v)}" for k, v in named.items())
+            print(f"epoch {row['epoch']}/{self.epochs}: {values} "
+                  f"{row['samples_per_second']:.0f} samples/s "
+                  f"loss_scale={row['loss_scale']:g} skipped={row['skipped_steps']}", flush=True)
+
+    def write_metrics(self):
+        if not self.is_chief:
+            return  # multi-worker: only the chief writes metrics.json
+        self.metrics["peak_memory"] = peak_memory()
+        self.metrics["steps"] = (self.previous_steps + self.step_log)[-1000:]
+        write_json_atomic(os.path.join(self.output, "metrics.json"), self.metrics)
+
+    def finish(self, status: str, **facts):
+        """The run's end: its status (and e.g. a diagnosis), the time, metrics.json."""
+        self.metrics["status"] = status
+        self.metrics.update(facts)
+        self.metrics["finished_utc"] = utc_now_iso()
+        self.write_metrics()
+
+    def close(self):
+        self.summaries.close()
+
+
+def learning_rate(opt):
+    """The optimizer's current learning rate (schedules evaluated at its step), or None."""
+    inner = getattr(opt, "inner_optimizer", opt)
+    lr = getattr(inner, "learning_rate", None)
+    try:
+        if callable(lr) and not isinstance(lr, tf.Variable):
+            lr = lr(inner.iterations)
+        return finite_or_none(lr)
+    except Exception:  # an exotic schedule: leave it out rather than fail the epoch
+        return None

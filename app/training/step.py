@@ -1,0 +1,128 @@
+"""The one training step, and the train and eval steps built from it.
+
+``forward_backward`` and ``train_step`` are the step every path runs: the custom loop
+(``CustomSteps``), the tuner's trials (their memory and speed are this step's) and
+``tfmp check``'s probe (with scales of its own).  ``--loop fit`` runs Keras' own step,
+compiled here with the same loss and metrics.  Both loops record the step statistics
+(``app.training.job.step_stats``) inside the train step, so neither runs Python per step to log."""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import tensorflow as tf
+
+from app.precision import loss_scale
+from app.training.job import step_stats
+
+
+class ForwardBackward(NamedTuple):
+    predictions: Any
+    per_example: Any      # the task's per-example loss, float32
+    loss: Any             # averaged over the global batch, plus regularization
+    grads: list           # of the scaled loss, for model.trainable_variables
+
+
+def forward_backward(model, loss_fn, x, y,
+                     scale: Optional[Callable[[Any], Any]] = None) -> ForwardBackward:
+    """Forward, the loss, and the gradients of ``scale(loss)`` (the loss itself when
+    ``scale`` is None).  Per-example losses are averaged over the *global* batch
+    (``compute_average_loss``) and regularization is split over the replicas, as Keras' fit
+    does: the replicas' gradients are summed by the all-reduce."""
+    with tf.GradientTape() as tape:
+        preds = model(x, training=True)
+        per_example = loss_fn(y, preds)          # float32 (cast inside if needed)
+        loss = tf.nn.compute_average_loss(per_example)
+        if model.losses:
+            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        scaled = loss if scale is None else scale(loss)
+    return ForwardBackward(preds, per_example, loss,
+                           tape.gradient(scaled, model.trainable_variables))
+
+
+def train_step(model, loss_fn, opt, x, y):
+    """One optimizer step: forward, loss, loss scaling (the optimizer's), gradients, apply
+    (skipped, and the scale lowered, when a scaled gradient is not finite).  Returns the
+    ``ForwardBackward`` and ``loss_scale.Applied``."""
+    out = forward_backward(model, loss_fn, x, y, lambda loss: loss_scale.scale_loss(opt, loss))
+    return out, loss_scale.unscale_and_apply(opt, out.grads, model.trainable_variables)
+
+
+class _LossMetric:
+    """The running mean of the training loss that Keras' fit keeps (both Kerases name it 'loss')."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def result(self):
+        for m in self.model.metrics:
+            if m.name == "loss":
+                return step_stats.metric_mean(m)
+        return float("nan")
+
+
+def compile_for_fit(parts, jit: bool, steps_per_execution: int) -> None:
+    """Compile ``parts.model`` for Keras' fit with the task's loss and metrics and the step
+    statistics recorded inside the train step (tests/benchmarks time exactly this)."""
+    loss_metric = _LossMetric(parts.model)
+    parts.stats.attach_to(parts.optimizer, loss=loss_metric.result)
+    extra = {"jit_compile": True} if jit else {}  # else Keras' own default
+    with parts.strategy.scope():  # Keras 2: metric objects must come from the model's scope
+        metrics = parts.built.make_metrics()
+    parts.model.compile(optimizer=parts.optimizer, loss=parts.built.loss, metrics=metrics,
+                        steps_per_execution=steps_per_execution, **extra)
+
+
+class CustomSteps:
+    """``train_step(x, y)`` and ``eval_step(x, y)`` for the custom loop (``train_step`` above
+    on every replica), with their running loss and metrics."""
+
+    def __init__(self, parts, jit: bool):
+        self.parts = parts
+        with parts.strategy.scope():
+            self.train_loss = tf.keras.metrics.Mean()
+            self.val_loss = tf.keras.metrics.Mean()
+            self.train_metrics = parts.built.make_metrics()
+            self.val_metrics = parts.built.make_metrics()
+        self.train_step = tf.function(self._distributed(self._train_fn),
+                                      jit_compile=bool(jit) or None)
+        self.eval_step = tf.function(self._distributed(self._eval_fn))
+
+    def _distributed(self, fn):
+        strategy = self.parts.strategy
+
+        def run(x, y):
+            return strategy.run(fn, args=(x, y))
+        return run
+
+    def _train_fn(self, x, y):
+        opt, train_loss = self.parts.optimizer, self.train_loss
+        out, applied = train_step(self.parts.model, self.parts.built.loss, opt, x, y)
+        train_loss.update_state(tf.reduce_mean(out.per_example))
+        # the log row reads the running loss
+        self.parts.stats.record(applied.grads, applied.skipped, applied.divide_by,
+                                loss=lambda: step_stats.metric_mean(train_loss),
+                                loss_scale=lambda: loss_scale.current_loss_scale(opt))
+        for m in self.train_metrics:
+            m.update_state(y, out.predictions)
+
+    def _eval_fn(self, x, y):
+        preds = self.parts.model(x, training=False)
+        self.val_loss.update_state(tf.reduce_mean(self.parts.built.loss(y, preds)))
+        for m in self.val_metrics:
+            m.update_state(y, preds)
+
+    def reset(self):
+        for m in (self.train_loss, self.val_loss, *self.train_metrics, *self.val_metrics):
+            m.reset_state() if hasattr(m, "reset_state") else m.reset_states()
+
+    def progress(self) -> list:
+        """(name, value) pairs for the progress bar: the running loss and metrics."""
+        return [("loss", float(self.train_loss.result()))] + [
+            (m.name, float(m.result())) for m in self.train_metrics]
+
+    def logs(self) -> dict:
+        """The epoch's figures, named as Keras' fit names them."""
+        return {"loss": self.train_loss.result(),
+                **{m.name: m.result() for m in self.train_metrics},
+                "val_loss": self.val_loss.result(),
+                **{"val_" + m.name: m.result() for m in self.val_metrics}}

@@ -1,0 +1,174 @@
+"""The step statistics: per-step counts and a ring of log rows kept in variables, so the
+training step never waits for Python (``StepStats``), and how ``Model.fit``'s own step feeds
+them (``attach_stats_to_optimizer``)."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from app.precision.policy.keras_version import IS_KERAS3
+from app.precision.loss_scale import (agree_on_nonfinite, current_loss_scale, global_norm,
+                                      is_loss_scaled, multi_replica_context, step_skipped)
+
+
+def metric_mean(metric):
+    """A Keras ``Mean`` metric's value, read from its variables.
+
+    Inside a replica context (MirroredStrategy), Keras 2's ``Metric.result()`` calls
+    ``merge_call``, which TensorFlow refuses inside the ``tf.cond`` of a logging step;
+    reading the sync-on-read variables there gives this replica's running mean instead,
+    which is what a step log needs."""
+    total, count = getattr(metric, "total", None), getattr(metric, "count", None)
+    if total is None or count is None:
+        return metric.result()
+    return tf.math.divide_no_nan(tf.cast(total, tf.float32), tf.cast(count, tf.float32))
+
+
+# Columns of StepStats.log_rows, one row per logging step.
+LOG_COLUMNS = ("step", "loss", "grad_norm", "loss_scale", "skipped_steps")
+
+
+class StepStats:
+    """Per-step statistics, kept in variables so the training step never waits for Python.
+
+    Every step: the step count, and under loss scaling whether the optimizer skipped the
+    step (in total, in a row, the longest run), read from the optimizer's own state
+    (``step_skipped``).  Every ``log_every``-th step (``steps`` a multiple of it): a log row
+    - step, running loss, global norm of the gradients, loss scale, skipped steps so far -
+    written into a ring of ``capacity`` rows that Python reads whenever it likes
+    (``read_log``), without a per-step hook.
+
+    Nothing here passes over the gradients on ordinary steps: the norm is computed in the
+    logging branch only (``tf.cond``).  Without loss scaling nothing is skipped: a
+    non-finite gradient is applied, poisons the weights, and from then on the loss is
+    non-finite too, so a logging step that sees a non-finite loss or norm counts one in
+    ``nonfinite_total``, which the training loops treat as divergence.
+    """
+
+    def __init__(self, log_every: int = 1, capacity: int = 1024):
+        def var(name, dtype, shape=()):
+            return tf.Variable(tf.zeros(shape, dtype), trainable=False, name=name)
+        self.log_every = max(1, int(log_every))
+        self.capacity = int(capacity)
+        self.grad_norm = var("stats_grad_norm", tf.float32)   # as of the last logging step
+        self.nonfinite_total = var("stats_nonfinite_total", tf.int64)
+        self.consecutive = var("stats_nonfinite_in_a_row", tf.int64)
+        self.max_consecutive = var("stats_max_nonfinite_in_a_row", tf.int64)
+        self.steps = var("stats_steps", tf.int64)
+        self.log_rows = var("stats_log_rows", tf.float64, (self.capacity, len(LOG_COLUMNS)))
+        self.log_count = var("stats_log_count", tf.int64)   # rows ever written
+
+    def record(self, grads, skipped=None, scale=None, loss=None, loss_scale=None):
+        """Record one step (inside the tf.function), after the optimizer applied it.
+        ``skipped``: the bool tensor from ``step_skipped`` under loss scaling, else None.
+        ``scale``: divide the norm by it when ``grads`` are still multiplied by the loss
+        scale.  ``loss`` and ``loss_scale``: zero-argument callables giving the running
+        loss and the loss scale for the log row (traced into the logging branch only)."""
+        grads = [g for g in grads if g is not None]
+
+        def norm():
+            n = global_norm(grads)
+            return n / tf.cast(scale, tf.float32) if scale is not None else n
+        ctx = multi_replica_context()
+        if ctx is None:
+            self._write(norm, skipped, loss, loss_scale)
+            return
+        # Several replicas: the optimizer's skip decision is the same on all of them (it
+        # looks at the all-reduced gradients), and only the first replica of each worker
+        # writes these per-process variables, once per step.  grad_norm is then that
+        # replica's own contribution, not the norm of the all-reduced gradient.
+        local = len(tf.distribute.get_strategy().extended.worker_devices)
+        first = tf.equal(tf.math.floormod(
+            tf.cast(ctx.replica_id_in_sync_group, tf.int32), local), 0)
+        tf.cond(first, lambda: self._write(norm, skipped, loss, loss_scale),
+                lambda: tf.constant(False))
+
+    def _write(self, norm, skipped, loss, loss_scale):
+        if skipped is not None:
+            in_a_row = tf.where(skipped, self.consecutive + 1, tf.constant(0, tf.int64))
+            self.nonfinite_total.assign_add(tf.cast(skipped, tf.int64))
+            self.consecutive.assign(in_a_row)
+            self.max_consecutive.assign(tf.maximum(self.max_consecutive, in_a_row))
+        step = self.steps.assign_add(1)
+
+        def log_row():
+            n = norm()
+            self.grad_norm.assign(n)
+            value = (tf.cast(loss(), tf.float32) if loss is not None
+                     else tf.constant(float("nan")))
+            if skipped is None:   # no loss scaling: a non-finite value means divergence
+                ok = tf.math.is_finite(n)
+                if loss is not None:
+                    ok = tf.logical_and(ok, tf.math.is_finite(value))
+                self.nonfinite_total.assign_add(tf.cast(tf.logical_not(ok), tf.int64))
+            row = tf.stack([tf.cast(step, tf.float64), tf.cast(value, tf.float64),
+                            tf.cast(n, tf.float64),
+                            tf.cast(loss_scale() if loss_scale is not None else 1.0, tf.float64),
+                            tf.cast(self.nonfinite_total, tf.float64)])
+            slot = tf.math.floormod(self.log_count, self.capacity)
+            written = self.log_rows.scatter_nd_update(tf.reshape(slot, (1, 1)), row[None])
+            # The count moves only after the row is in place: a reader never sees a row
+            # counted before it is written.
+            with tf.control_dependencies([written]):
+                self.log_count.assign_add(1)
+            return tf.constant(True)
+        is_log = tf.equal(tf.math.floormod(step, self.log_every), 0)
+        tf.cond(is_log, log_row, lambda: tf.constant(False))
+        return tf.constant(True)
+
+    def read_log(self, seen: int):
+        """(rows written since the first ``seen``, new count, rows lost to the ring) from
+        Python, any thread: each row a dict of LOG_COLUMNS."""
+        count = int(self.log_count.numpy())
+        if count <= seen:
+            return [], count, 0
+        rows = self.log_rows.numpy()
+        # Row i lives in slot i % capacity until row i + capacity is written: keep only the
+        # rows no write (up to the count read *after* the copy) can have replaced.
+        oldest = max(seen, int(self.log_count.numpy()) - self.capacity)
+        out = [dict(zip(LOG_COLUMNS, (float(v) for v in rows[i % self.capacity])))
+               for i in range(oldest, count)]
+        return out, count, oldest - seen
+
+    def attach_to(self, opt, loss=None) -> None:
+        """Record the gradients ``Model.fit`` hands ``opt`` (``attach_stats_to_optimizer``)."""
+        attach_stats_to_optimizer(self, opt, loss)
+
+
+def attach_stats_to_optimizer(stats: StepStats, opt, loss=None) -> None:
+    """Record into ``stats`` the gradients ``Model.fit`` hands ``opt``; ``loss``: a zero-argument
+    callable giving the running loss (read on logging steps only).
+
+    fit computes gradients inside Keras' own train step, out of our reach, so this wraps
+    the optimizer's apply method on this one instance.
+    """
+    if IS_KERAS3:
+        # Keras 3's train step calls optimizer.apply(grads, vars); an LSO gets scaled grads.
+        original = opt.apply
+        scaled = is_loss_scaled(opt)
+
+        def apply(grads, trainable_variables=None):
+            grads = list(grads)
+            if scaled:
+                grads = agree_on_nonfinite(grads)  # all replicas skip together
+            scale = current_loss_scale(opt) if scaled else None  # before apply changes it
+            result = original(grads, trainable_variables)
+            stats.record(grads, step_skipped(opt, scale) if scaled else None, scale, loss,
+                        lambda: current_loss_scale(opt))
+            return result
+
+        object.__setattr__(opt, "apply", apply)
+    else:
+        # Keras 2's minimize calls apply_gradients with unscaled grads (LSO unscales first).
+        original = opt.apply_gradients
+        scaled = is_loss_scaled(opt)
+
+        def apply_gradients(grads_and_vars, *args, **kwargs):
+            grads_and_vars = list(grads_and_vars)
+            before = current_loss_scale(opt) if scaled else None
+            result = original(grads_and_vars, *args, **kwargs)
+            stats.record([g for g, _ in grads_and_vars],
+                        step_skipped(opt, before) if scaled else None, None, loss,
+                        lambda: current_loss_scale(opt))
+            return result
+
+        object.__setattr__(opt, "apply_gradients", apply_gradients)

@@ -1,0 +1,457 @@
+"""``tune()``: the whole tune, shared by ``tfmp tune`` and ``app.tune(...)``.
+
+Order of work (nothing is written into ``output`` before the last trial has ended):
+  1. check every input that can be checked without TensorFlow (precisions, budget, margin,
+     cap, time budget, the specs' form, the output folder);
+  2. ask a child process for the hardware and versions (``tfmp env --json``):
+     ``auto`` precision and, on a GPU, the GPU's memory;
+  3. per precision, ``search.find_max_batch`` with each trial a child process;
+  4. the choice (the fastest precision at its own best batch) runs again in a fresh
+     process for more steps; over the budget, the tuner steps down to the next size that
+     fitted and says so;
+  5. tune.json, tune.png and the trials' logs into ``output``; the table on the console.
+
+One tune per folder, as one run per folder for train (``app.run_folder.lock``): the tune holds the
+output folder's lock from the end of step 1 until it has written; a folder that holds a tune,
+a training run or a tune's file names from something else is refused (one line, exit 2); the
+tune deletes nothing it did not write, and a tune that ends without a result removes the
+lock file and the folder if it made it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from app.training import config
+from app.core import catalog as registry
+from app.core import settings as settings_table
+from app.core.errors import UsageError
+from app.precision.policy import parse_names
+from app.run_folder.lock import RunLock
+from app.tuner import budget as budget_mod
+from app.tuner import report, search
+from app.tuner.progress import Progress
+from app.core.launch import sigterm_as_exit
+from app.tuner.runner import TrialRunner, collect_environment
+
+PRECISION_CHOICES = registry.PRECISIONS
+DEFAULT_MARGIN = 0.1
+DEFAULT_STEPS, DEFAULT_WARMUP, DEFAULT_MIN_SECONDS = 4, 2, 1.5
+VERIFY_FACTOR = 2          # the verification runs this many times a trial's steps,
+VERIFY_MIN_STEPS = 10      # and at least this many: a process's memory still grows over its
+                           # first steps (on the host, 2 steps peaked ~170 MiB below 8 steps)
+
+
+def verify_steps_for(steps: int) -> int:
+    return max(steps * VERIFY_FACTOR, VERIFY_MIN_STEPS)
+MAX_STEP_DOWNS = 3
+
+
+class NothingFits(UsageError):
+    """No size fitted under any precision: exit 2 with the smallest size tried and its peak."""
+
+
+# ---- checking the input (no TensorFlow) ---------------------------------------------------
+
+def parse_precisions(value: Union[None, str, Sequence[str]]) -> Optional[List[str]]:
+    return parse_names(value, "precision", PRECISION_CHOICES)
+
+
+def check_margin(margin) -> float:
+    try:
+        m = float(margin)
+    except (TypeError, ValueError):
+        m = float("nan")
+    if not 0.0 <= m < 0.9:
+        raise UsageError(f"margin must be in [0, 0.9). Received: margin={margin!r}",
+                         "a fraction of the budget kept free, e.g. 0.1")
+    return m
+
+
+def check_max_batch(value) -> int:
+    if value is None:
+        return search.DEFAULT_CAP
+    if not isinstance(value, int) or isinstance(value, bool) or value < search.STEP:
+        raise UsageError(f"max_batch must be an integer of at least {search.STEP}. "
+                         f"Received: max_batch={value!r}", f"an integer >= {search.STEP}")
+    return value
+
+
+def check_time_budget(value) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        t = float("nan")
+    if not t > 0:
+        raise UsageError(f"time_budget must be a positive number of seconds. "
+                         f"Received: time_budget={value!r}", "seconds > 0, e.g. 600")
+    return t
+
+
+def spec_of(obj, what: str) -> str:
+    """A spec a child process can import: built-in name, MODULE:FUNCTION or file.py:FUNCTION.
+    A function defined in a notebook or a script's ``__main__`` cannot cross into a trial."""
+    if isinstance(obj, str):
+        return obj
+    from app.task.entries import object_spec
+
+    spec = object_spec(obj)
+    module, _, name = spec.partition(":")
+    if callable(obj) and module not in ("__main__", "python") and "<" not in name:
+        return spec
+    raise UsageError(f"{what} {obj!r} cannot be imported by a trial process (each trial is a "
+                     "fresh process)", "a built-in name, 'MODULE:FUNCTION' or "
+                     "'path/to/file.py:FUNCTION' (put a notebook's function in a .py file)")
+
+
+# What a trial trains besides the model and the dataset: the other task settings and these
+# training settings (``app.core.settings`` names), as ``tfmp tune`` and ``benchmark --best-batch``
+# pass them to ``tune()``.
+TRAIN_SETTINGS = ("image_size", "image_dir", "data_dir", "max_train_samples", "offline",
+                  "learning_rate", "jit")
+TRIAL_SETTINGS = tuple(s.name for s in settings_table.SETTINGS
+                       if s.task and s.name not in ("model", "dataset")) + TRAIN_SETTINGS
+
+
+def trial_settings(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """``tune()``'s keyword arguments for the trial settings in ``values`` (flags or a
+    benchmark's settings); one not given takes ``TrainConfig``'s default, as train would."""
+    defaults = config.TrainConfig()
+    return {name: getattr(defaults, name) if values.get(name) is None else values[name]
+            for name in TRIAL_SETTINGS}
+
+
+def check_task(model: str, dataset: str, **settings) -> None:
+    """What the trials will train, checked by train's own rules (``config.validate``): a bad
+    value is one line before any trial starts, as it would be for ``tfmp train``."""
+    config.validate(config.TrainConfig(model=model, dataset=dataset, **settings))
+
+
+def default_output(model: str, dataset: str, workspace: str) -> str:
+    """``<workspace>/tune/<UTC>-<model>-<dataset>``, named like train's run folders."""
+    return os.path.join(workspace, "tune",
+                        f"{config.utc_stamp()}-{config.short_name(model)}-{config.short_name(dataset)}")
+
+
+# What a tune writes into its folder, and what a training run's folder holds.
+TUNE_NAMES = ("tune.json", "tune.png", "trials")
+RUN_NAMES = ("metrics.json", "checkpoints")
+
+
+def check_output(path: str) -> None:
+    """Refuse a folder that holds a tune, a training run, or something else under the names a
+    tune writes (one line, exit 2, naming what is there); a folder that cannot be written."""
+    def there(names):
+        return [n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in names
+                if os.path.lexists(os.path.join(path, n))]
+
+    if there(("tune.json",)):
+        raise UsageError(f"output directory {path!r} already holds a tune",
+                         "a new --output, or delete the old tune.json")
+    run = there(RUN_NAMES)
+    if run:
+        raise UsageError(f"output directory {path!r} holds a training run ({', '.join(run)})",
+                         "a new --output (a tune writes tune.json, tune.png and trials/)")
+    other = there(TUNE_NAMES)
+    if other:
+        raise UsageError(f"output directory {path!r} already holds {', '.join(other)}, "
+                         "which are not from a finished tune",
+                         "a new --output, or move those away (a tune writes tune.json, "
+                         "tune.png and trials/ and deletes nothing)")
+    config.check_output_writable(path)
+
+
+def check_reference_batch(value) -> int:
+    """The batch the learning rate was set for: ``reference_batch_size``, else the train
+    batch size setting (TFMP_BATCH_SIZE), else train's default."""
+    if value is None:
+        value = config.env_value("batch_size")
+    if value is None:
+        return config.TrainConfig().batch_size
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"reference_batch_size must be a positive integer. "
+                         f"Received: reference_batch_size={value!r}",
+                         "the batch size the learning rate was set for, e.g. 128")
+    return value
+
+
+# ---- the tune ------------------------------------------------------------------------------
+
+def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: str = "auto",
+         margin: float = DEFAULT_MARGIN, max_batch: Optional[int] = None,
+         time_budget: Optional[float] = None, output: Optional[str] = None,
+         loss: Optional[str] = None, metrics: Optional[str] = None, input_shape=None,
+         num_classes: Optional[int] = None, image_size: int = 32,
+         data_dir: Optional[str] = None, image_dir: Optional[str] = None,
+         max_train_samples: Optional[int] = None, offline: bool = False, seed: int = 0,
+         learning_rate: float = 1e-3, jit: bool = False, steps: int = DEFAULT_STEPS,
+         warmup_steps: int = DEFAULT_WARMUP, min_seconds: float = DEFAULT_MIN_SECONDS,
+         start: int = search.DEFAULT_START, workspace: Optional[str] = None,
+         reference_batch_size: Optional[int] = None,
+         progress: bool = True, stream=None) -> Dict[str, Any]:
+    """Find, per precision, the largest batch that fits the memory budget and the fastest
+    one; choose, verify, write ``output``/tune.json and tune.png; return tune.json's dict.
+
+    ``reference_batch_size``: the batch size ``learning_rate`` was set for (what
+    ``train --tuned --scale-lr linear`` scales from); default the train batch size setting
+    (TFMP_BATCH_SIZE), else train's default.
+
+    Raises ``UsageError`` on bad input (nothing written) and ``NothingFits`` when no size
+    fits under any precision."""
+    stream = stream or sys.stderr
+    model, dataset = spec_of(model, "model"), spec_of(data, "data")
+    wanted = parse_precisions(precision)
+    margin = check_margin(margin)
+    cap = check_max_batch(max_batch)
+    time_budget = check_time_budget(time_budget)
+    reference_batch_size = check_reference_batch(reference_batch_size)
+    if memory_budget is not None and str(memory_budget).strip().lower() != "auto":
+        budget_mod.parse_size(memory_budget)        # a bad size fails before any process
+    for name, value in (("steps", steps), ("warmup_steps", warmup_steps)):
+        if not isinstance(value, int) or value < (1 if name == "steps" else 0):
+            raise UsageError(f"{name} must be a positive integer. Received: {name}={value!r}",
+                             "an integer >= 1")
+    if isinstance(input_shape, (list, tuple)):
+        input_shape = ",".join(str(d) for d in input_shape)
+    if isinstance(metrics, (list, tuple)):
+        metrics = ",".join(str(m) for m in metrics)
+    check_task(model, dataset, loss=loss, metrics=metrics, input_shape=input_shape,
+               num_classes=num_classes, image_size=image_size, data_dir=data_dir,
+               image_dir=image_dir, max_train_samples=max_train_samples, offline=offline,
+               seed=seed, learning_rate=learning_rate, jit=jit)
+    workspace = workspace or os.environ.get("TFMP_WORKSPACE") or "workspace"
+    output = output or default_output(model, dataset, workspace)
+    check_output(output)
+    lock = RunLock(output)
+    created = not os.path.exists(output)
+    try:
+        lock.acquire()     # a live tune (or run) there: OutputInUse, one line
+        check_output(output)   # under the lock: a tune may have finished here meanwhile
+        doc = _tune_locked(
+            model, dataset, output, workspace, wanted, memory_budget, margin, cap, time_budget,
+            reference_batch_size, steps, warmup_steps, min_seconds, start, progress, stream,
+            dict(loss=loss, metrics=metrics, input_shape=input_shape, num_classes=num_classes,
+                 image_size=image_size, data_dir=data_dir, image_dir=image_dir,
+                 max_train_samples=max_train_samples, offline=offline, seed=seed,
+                 learning_rate=learning_rate, jit=jit))
+    except BaseException:
+        # Nothing of this tune's is in the folder: leave it as it was found.  A lock file
+        # still there is another run's (it holds the folder); rmdir leaves a folder that
+        # something else has written into meanwhile.
+        lock.release_and_remove()
+        if created and not os.path.lexists(lock.path):
+            try:
+                os.rmdir(output)
+            except OSError:
+                pass
+        raise
+    lock.release()
+    if progress:
+        print(report.table(doc), file=stream, flush=True)
+        print(f"[tune] wrote {os.path.join(output, 'tune.json')} and tune.png; train with "
+              f"`tfmp train --tuned {os.path.join(output, 'tune.json')} ...`",
+              file=stream, flush=True)
+    return doc
+
+
+def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margin, cap,
+                 time_budget, reference_batch_size, steps, warmup_steps, min_seconds, start,
+                 progress, stream, task) -> Dict[str, Any]:
+    """Steps 2-5, with the output folder locked."""
+    loss, metrics, input_shape = task["loss"], task["metrics"], task["input_shape"]
+    num_classes, image_size, data_dir = task["num_classes"], task["image_size"], task["data_dir"]
+    image_dir, max_train_samples = task["image_dir"], task["max_train_samples"]
+    offline, seed, learning_rate, jit = (task["offline"], task["seed"], task["learning_rate"],
+                                         task["jit"])
+    env = collect_environment()
+    hardware = env.get("hardware") or {}
+    gpus = hardware.get("gpus") or []
+    auto_policy = (env.get("auto_precision") or {}).get("policy", registry.BASELINE_POLICY)
+    policies: List[str] = []
+    for p in (wanted or [registry.BASELINE_POLICY, "auto"]):
+        p = auto_policy if p == "auto" else p
+        if p not in policies:
+            policies.append(p)
+    notes: List[str] = []
+    if "mixed_float16" in policies and not gpus:
+        notes.append("mixed_float16 on a CPU is very slow (no float16 kernels): its speeds "
+                     "are measured, not recommended")
+    budget = budget_mod.resolve(memory_budget, gpus[0].get("memory_bytes") if gpus else None)
+    limit = search.memory_limit(budget.bytes, margin)
+    memory_kind = "gpu" if gpus else "cpu_rss"
+
+    base_request = {
+        "model": model, "dataset": dataset, "loss": loss, "metrics": metrics,
+        "input_shape": input_shape, "num_classes": num_classes, "image_size": image_size,
+        # As train: the workspace's data folder unless one is named (then it must exist).
+        "data_dir": data_dir or os.path.join(workspace, "data"),
+        "data_dir_explicit": data_dir is not None,
+        "image_dir": image_dir, "max_train_samples": max_train_samples, "offline": offline,
+        "seed": seed, "learning_rate": learning_rate, "jit": jit, "steps": steps,
+        "warmup_steps": warmup_steps, "min_seconds": min_seconds,
+        # Explicit budget on a GPU: the allocator is limited to it (a smaller GPU).
+        "limit_gpu_bytes": budget.bytes if gpus and budget.source == "--memory-budget" else None,
+    }
+    workdir = tempfile.mkdtemp(prefix="tfmp-tune-")
+    runner = TrialRunner(base_request, workdir, kill_above=None if gpus else budget.bytes)
+    bar = Progress(len(policies) * search.max_trials(cap) + 1, stream, enabled=progress)
+    bar.say(f"[tune] {model} / {dataset}: precisions {', '.join(policies)}; budget "
+            f"{budget_mod.format_size(budget.bytes)} ({budget.source}), margin {margin:.0%}; "
+            f"batch sizes 8..{cap}" + (f"; time budget {time_budget:g} s" if time_budget else ""))
+    started, t0 = datetime.now(timezone.utc), time.monotonic()
+    deadline = t0 + time_budget if time_budget else None
+    try:
+        with sigterm_as_exit():
+            outcome = _search_and_verify(policies, runner, bar, budget.bytes, margin, cap,
+                                         start, deadline, steps, min_seconds, notes)
+    except (UsageError, KeyboardInterrupt, SystemExit):
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+    precisions = {p: report.precision_entry(outcome.results[p], outcome.verify_trials.get(p, []))
+                  for p in policies}
+    if outcome.stepped_down and outcome.verified.get("fits"):
+        # The larger sizes did not hold in the longer run: the verified size is the largest.
+        entry, final = precisions[outcome.choice["precision"]], outcome.verified
+        entry.update(max_batch=final["batch_size"], best_batch=final["batch_size"],
+                     best_samples_per_second=outcome.choice["samples_per_second"])
+    doc = {
+        "schema": report.SCHEMA,
+        "task": {"model": model, "dataset": dataset, "loss": loss, "metrics": metrics,
+                 "input_shape": input_shape, "num_classes": num_classes,
+                 "image_size": image_size},
+        "budget_bytes": budget.bytes, "budget_source": budget.source, "margin": margin,
+        "limit_bytes": limit, "memory_kind": memory_kind,
+        "batch_sizes": {"start": start, "cap": cap, "multiple_of": search.STEP},
+        "time_budget_seconds": time_budget,
+        # The batch the learning rate was set for: train --tuned --scale-lr linear scales from it.
+        "reference_batch_size": reference_batch_size,
+        "learning_rate": learning_rate,
+        "trial_settings": {"steps": steps, "warmup_steps": warmup_steps,
+                           "min_seconds": min_seconds, "verify_steps": verify_steps_for(steps),
+                           "speed_tie": search.SPEED_TIE},
+        "precisions": precisions,
+        "speedup_vs_float32": report.speedups(precisions),
+        "choice": outcome.choice,
+        "verified": outcome.verified,
+        "notes": notes,
+        "hardware": hardware, "environment": {k: v for k, v in env.items() if k != "hardware"},
+        "started_utc": started.isoformat(timespec="seconds"),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    _write_outputs(output, doc, workdir)
+    doc["output"] = output
+    return doc
+
+
+def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, deadline,
+                       steps, min_seconds, notes) -> "_Outcome":
+    limit = search.memory_limit(budget_bytes, margin)
+    results: Dict[str, search.SearchResult] = {}
+    for policy in policies:
+        fitted = {"any": False}
+
+        def run_trial(batch, policy=policy, fitted=fitted):
+            bar.start(policy, batch)
+            return runner(policy, batch, any_fit=fitted["any"])
+
+        def seen(trial, policy=policy, fitted=fitted):
+            fitted["any"] = fitted["any"] or trial.fits
+            bar.finish(policy, trial)
+
+        results[policy] = search.find_max_batch(
+            run_trial, budget_bytes=budget_bytes, margin=margin, cap=cap, start=start,
+            deadline=deadline, on_trial=seen)
+        r = results[policy]
+        if r.stopped == "time":
+            notes.append(f"{policy}: the time budget ended the search"
+                         + (f" with {r.max_batch} as the largest size that fitted"
+                            if r.max_batch else " before any size fitted"))
+        elif r.stopped == "cap":
+            notes.append(f"{policy}: the cap {r.cap} fits; a larger --max-batch may fit too")
+        elif r.stopped == "data":
+            notes.append(f"{policy}: the training set limits the batch to {r.cap}")
+    if all(r.max_batch is None for r in results.values()):
+        tried = [(p, r.smallest_tried()) for p, r in results.items() if r.trials]
+        if not tried:
+            raise NothingFits("the time budget ended before any trial ran",
+                              "a longer --time-budget")
+        p, t = min(tried, key=lambda pt: pt[1].batch_size)
+        peak = budget_mod.format_size(t.peak_memory_bytes) if t.peak_memory_bytes else "unknown"
+        raise NothingFits(f"no batch size fits: the smallest tried, {t.batch_size} under {p}, "
+                          f"peaked at {peak} ({t.reason}); the budget less the margin is "
+                          f"{budget_mod.format_size(limit)}",
+                          "a larger --memory-budget, a smaller --margin, or a smaller model")
+    for p, r in results.items():
+        if r.max_batch is None:
+            notes.append(f"{p}: no size fitted")
+    best = {p: search.best_batch(r.trials) for p, r in results.items()}
+    policy, trial = search.choose(best)
+    out = _Outcome(results)
+    # The chosen size first, then the smaller sizes that fitted, largest first.
+    candidates = sorted({t.batch_size for t in results[policy].trials
+                         if t.fits and t.batch_size <= trial.batch_size}, reverse=True)
+    verify_steps = verify_steps_for(steps)
+    for batch in candidates[:MAX_STEP_DOWNS + 1]:
+        bar.start(policy, batch, phase="verify")
+        v = search.judge(batch, runner.verify(policy, batch, steps=verify_steps), limit)
+        v.phase = "verify"
+        out.verify_trials.setdefault(policy, []).append(v)
+        bar.finish(policy, v)
+        if v.fits:
+            searched = next(t for t in results[policy].trials
+                            if t.fits and t.batch_size == batch)
+            out.verified = {"fits": True, "precision": policy, "batch_size": batch,
+                            "steps": verify_steps, "peak_memory_bytes": v.peak_memory_bytes,
+                            "samples_per_second": v.samples_per_second,
+                            "stepped_down_from": candidates[0] if out.stepped_down else None}
+            out.choice = {"precision": policy, "batch_size": batch,
+                          "samples_per_second": searched.samples_per_second,
+                          "reason": "the fastest precision at its own fastest batch size"
+                          + (" (stepped down in verification)" if out.stepped_down else "")}
+            if out.stepped_down:
+                bar.say(f"[tune] stepped down to {policy} at batch {batch}: the larger size "
+                        "went over the budget in the longer verification run")
+            return out
+        out.stepped_down = True
+        notes.append(f"verification: {policy} at batch {batch} did not hold over "
+                     f"{verify_steps} steps ({v.reason}); stepping down")
+    out.verified = {"fits": False, "precision": policy, "batch_size": None,
+                    "reason": "no size passed verification"}
+    return out
+
+
+class _Outcome:
+    """What the searches and the verification found."""
+
+    def __init__(self, results: Dict[str, search.SearchResult]):
+        self.results = results
+        self.verify_trials: Dict[str, List[search.Trial]] = {}
+        self.verified: Dict[str, Any] = {}
+        self.choice: Optional[Dict[str, Any]] = None
+        self.stepped_down = False
+
+
+def _write_outputs(output: str, doc: dict, workdir: str) -> None:
+    from app.core.files import write_atomic, write_json_atomic
+
+    os.makedirs(output, exist_ok=True)
+    trials_dir = os.path.join(output, "trials")
+    # check_output found no trials/ under the lock; never delete or merge into one.
+    if os.path.lexists(trials_dir):
+        raise UsageError(f"{trials_dir!r} appeared while the tune ran; the trials' logs stay "
+                         f"in {workdir!r}", "a new --output")
+    shutil.move(workdir, trials_dir)
+    try:
+        write_atomic(os.path.join(output, "tune.png"), report.render_png(doc))
+    except ImportError:
+        doc["notes"].append("matplotlib is not installed: no tune.png")
+    write_json_atomic(os.path.join(output, "tune.json"), doc)
