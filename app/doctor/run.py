@@ -198,7 +198,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     # float16 on a CPU is ~60x slower without XLA.  Not on TF 2.9 (Keras 2): its XLA CPU
     # backend aborts the whole process on CPUs with AVX512-FP16 (LLVM "Cannot select: f16 =
     # fexp"), which no fallback can catch.
-    from app.precision.policy.keras_version import IS_KERAS3
+    from app.precision.keras_version import IS_KERAS3
 
     jit = policy == "mixed_float16" and not hw.gpus and IS_KERAS3
     step = probe_mod.gradient_fn(model, built.loss, jit)

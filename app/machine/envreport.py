@@ -11,7 +11,7 @@ def collect(hardware=None) -> dict:
 
     from app.machine import gpu_problems
     from app.machine import hardware as hw_mod
-    from app.precision.policy.keras_version import KERAS_MAJOR
+    from app.precision.keras_version import KERAS_MAJOR
     from app.precision.policy import choose_policy
 
     hw = hardware or hw_mod.detect()

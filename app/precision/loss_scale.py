@@ -9,9 +9,9 @@ Keras 3: ``keras.optimizers.LossScaleOptimizer`` with ``scale_loss``; ``apply`` 
 ``opt.dynamic_scale``.
 
 Every difference in loss scaling between the two Kerases is handled here; which Keras runs
-is read in one place, ``app.precision.policy.keras_version``.  Neither optimizer counts the steps
+is read in one place, ``app.precision.keras_version``.  Neither optimizer counts the steps
 it skipped: ``step_skipped`` reads each step's decision from its loss-scale state, and the
-step statistics (``app.training.job.step_stats``) count them.
+step statistics (``app.training.step_stats``) count them.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from app.core.catalog import DEFAULT_INITIAL_LOSS_SCALE
 
-from app.precision.policy.keras_version import IS_KERAS3, KERAS_MAJOR  # noqa: F401  (re-exported)
+from app.precision.keras_version import IS_KERAS3, KERAS_MAJOR  # noqa: F401  (re-exported)
 
 DEFAULT_GROWTH_STEPS = 2000
 

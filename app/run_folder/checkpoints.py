@@ -9,7 +9,7 @@ import sys
 import tensorflow as tf
 
 from app.core.errors import UsageError
-from app.precision.policy.keras_version import IS_KERAS3
+from app.precision.keras_version import IS_KERAS3
 
 CHECKPOINT_DIR = "checkpoints"
 

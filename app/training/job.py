@@ -29,8 +29,8 @@ from app.training import distribute
 from app.machine import envreport
 from app.machine import hardware as hw_mod
 from app.training import loops
-from app.precision.policy import keras_version, loss_scale
-from app.training.job import step_stats
+from app.precision import keras_version, loss_scale
+from app.training import step_stats
 from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
 from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,

@@ -20,7 +20,7 @@ from typing import Callable
 import tensorflow as tf
 
 from app.precision import loss_scale
-from app.training.job import step_stats
+from app.training import step_stats
 from app.precision import policy as prec
 from app.core.errors import TrainingDiverged, TrainingInterrupted
 from app.training.interrupts import StopFlag

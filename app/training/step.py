@@ -4,7 +4,7 @@
 (``CustomSteps``), the tuner's trials (their memory and speed are this step's) and
 ``tfmp check``'s probe (with scales of its own).  ``--loop fit`` runs Keras' own step,
 compiled here with the same loss and metrics.  Both loops record the step statistics
-(``app.training.job.step_stats``) inside the train step, so neither runs Python per step to log."""
+(``app.training.step_stats``) inside the train step, so neither runs Python per step to log."""
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional
@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import tensorflow as tf
 
 from app.precision import loss_scale
-from app.training.job import step_stats
+from app.training import step_stats
 
 
 class ForwardBackward(NamedTuple):

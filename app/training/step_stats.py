@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from app.precision.policy.keras_version import IS_KERAS3
+from app.precision.keras_version import IS_KERAS3
 from app.precision.loss_scale import (agree_on_nonfinite, current_loss_scale, global_norm,
                                       is_loss_scaled, multi_replica_context, step_skipped)
 

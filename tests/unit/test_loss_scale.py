@@ -6,7 +6,7 @@ import tensorflow as tf
 from app.precision import loss_scale
 from app.precision import policy as precision
 from app.task.models import build_model
-from app.training.job import step_stats
+from app.training import step_stats
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
