@@ -131,6 +131,14 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         "diagnoses": [d.to_dict() for d in diags],
         "runs": all_records,
     }
+    _write_files(output, doc, env, echo)
+    return 0 if status == "ok" else 1
+
+
+def _write_files(output: str, doc: Dict[str, Any], env: Mapping[str, Any],
+                 echo: Callable[[str], None]) -> None:
+    """env.json, env.txt, benchmark.md, the chart, and benchmark.json last: its presence
+    means the benchmark finished."""
     table = report.markdown(doc)
     report.write_atomic(os.path.join(output, "env.json"), report.to_json(env))
     report.write_atomic(os.path.join(output, "env.txt"), _env_text(env))
@@ -142,12 +150,10 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         doc["chart"] = None
         doc["chart_error"] = f"{type(exc).__name__}: {exc}"
         print(f"[benchmark] chart not written: {doc['chart_error']}", file=sys.stderr)
-    # benchmark.json last: its presence means the benchmark finished.
     report.write_atomic(os.path.join(output, "benchmark.json"), report.to_json(doc))
     echo(table)
     echo(f"Wrote {', '.join(f for f in OUTPUT_FILES if os.path.exists(os.path.join(output, f)))} "
          f"and runs/ to {output}")
-    return 0 if status == "ok" else 1
 
 
 def _best_batch_results(best_batches, all_records, policies, source):

@@ -18,6 +18,7 @@ loss and metrics.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -110,14 +111,8 @@ class Task:
 
         return from_user(returned, self.dataset.spec, global_batch, seed=seed,
                          max_train_samples=max_train_samples, max_val_samples=max_val_samples,
-                         input_shape=self._data_shape_for_model, num_classes=self.num_classes)
-
-    def _data_shape_for_model(self, shape: tuple) -> tuple:
-        """Built-in conv models fed user images without a channel axis get one."""
-        if (self.model.builtin and len(registry.builtin_input_shape(self.model.spec)) == 3
-                and len(shape) == 2):
-            return tuple(shape) + (1,)
-        return tuple(shape)
+                         input_shape=functools.partial(_data_shape_for_model, self.model),
+                         num_classes=self.num_classes)
 
     # --- model -------------------------------------------------------------------------------
     def build(self, bundle, sample_batch=None) -> BuiltModel:
@@ -147,6 +142,13 @@ class Task:
         make_metrics()  # resolve now: a bad name is a usage error before anything is written
         return BuiltModel(model, optimizer, loss_fn, make_metrics, notes,
                           _output_warnings(model, prediction))
+
+def _data_shape_for_model(entry, shape: tuple) -> tuple:
+    """Built-in conv models fed user images without a channel axis get one."""
+    if entry.builtin and len(registry.builtin_input_shape(entry.spec)) == 3 and len(shape) == 2:
+        return tuple(shape) + (1,)
+    return tuple(shape)
+
 
 def _call_model(entry, bundle):
     """The model function's keras.Model for the data's shape and class count."""

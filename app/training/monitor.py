@@ -82,15 +82,9 @@ class StepMonitor:
             raise TrainingDiverged(problem)
 
     def _divergence(self, epoch: int, total: int, worst_run: int) -> str | None:
-        if not (total and not self.loss_scaled) and worst_run <= self.max_skipped_steps:
-            return None
-        where = f"step {int(self.stats.steps.numpy())} (epoch {epoch + 1})"
-        if total and not self.loss_scaled:
-            return (f"{where}: non-finite loss/gradients under {prec.global_policy_name()}, "
-                    "which has no loss scaling to recover with")
-        return (f"{where}: {worst_run} steps in a row had non-finite gradients (more than "
-                f"--max-skipped-steps {self.max_skipped_steps}; loss scale now "
-                f"{float(loss_scale.current_loss_scale(self.opt)):g})")
+        return divergence(f"step {int(self.stats.steps.numpy())} (epoch {epoch + 1})", total,
+                          worst_run, self.loss_scaled, self.max_skipped_steps,
+                          lambda: float(loss_scale.current_loss_scale(self.opt)))
 
     def drain(self):
         with self.lock:
@@ -99,13 +93,7 @@ class StepMonitor:
                 print(f"note: {lost} step log record(s) were overwritten before they were read",
                       file=sys.stderr, flush=True)
             for row in rows:
-                self.emit({
-                    "step": int(row["step"]), "epoch": self.epoch + 1,
-                    "loss": finite_or_none(row["loss"]),
-                    "grad_norm": finite_or_none(row["grad_norm"]),
-                    "loss_scale": float(row["loss_scale"]),
-                    "skipped_steps": int(row["skipped_steps"]),
-                })
+                self.emit(step_record(row, self.epoch))
 
     # --loop fit: a thread instead of a per-batch hook
     @contextlib.contextmanager
@@ -139,6 +127,29 @@ class StepMonitor:
         if self.pending is not None:
             raise self.pending
         self.stop.check()
+
+
+def divergence(where: str, total: int, worst_run: int, loss_scaled: bool,
+               max_skipped_steps: int, loss_scale_now: Callable[[], float]) -> str | None:
+    """Why training diverged at ``where``, or None.  ``total``: non-finite steps so far;
+    ``worst_run``: the longest run of skipped steps since the last check.  Under loss scaling
+    a skipped step is how it works, until more than ``max_skipped_steps`` come in a row;
+    without loss scaling a single non-finite step is divergence."""
+    if not (total and not loss_scaled) and worst_run <= max_skipped_steps:
+        return None
+    if total and not loss_scaled:
+        return (f"{where}: non-finite loss/gradients under {prec.global_policy_name()}, "
+                "which has no loss scaling to recover with")
+    return (f"{where}: {worst_run} steps in a row had non-finite gradients (more than "
+            f"--max-skipped-steps {max_skipped_steps}; loss scale now {loss_scale_now():g})")
+
+
+def step_record(row: dict, epoch: int) -> dict:
+    """A step log row (``StepStats.read_log``) as the record the callbacks and
+    metrics.json get (JSON has no NaN: a non-finite loss or norm is None)."""
+    return {"step": int(row["step"]), "epoch": epoch + 1,
+            "loss": finite_or_none(row["loss"]), "grad_norm": finite_or_none(row["grad_norm"]),
+            "loss_scale": float(row["loss_scale"]), "skipped_steps": int(row["skipped_steps"])}
 
 
 def _weights_finite(model) -> bool:

@@ -34,6 +34,7 @@ from app.core.errors import UsageError
 from app.precision.policy import parse_names
 from app.run_folder.lock import RunLock
 from app.tuner import budget as budget_mod
+from app.tuner import output as output_folder
 from app.tuner import report, search
 from app.tuner.progress import Progress
 from app.core.launch import sigterm_as_exit
@@ -134,40 +135,6 @@ def check_task(model: str, dataset: str, **settings) -> None:
     config.validate(config.TrainConfig(model=model, dataset=dataset, **settings))
 
 
-def default_output(model: str, dataset: str, workspace: str) -> str:
-    """``<workspace>/tune/<UTC>-<model>-<dataset>``, named like train's run folders."""
-    return os.path.join(workspace, "tune",
-                        f"{config.utc_stamp()}-{config.short_name(model)}-{config.short_name(dataset)}")
-
-
-# What a tune writes into its folder, and what a training run's folder holds.
-TUNE_NAMES = ("tune.json", "tune.png", "trials")
-RUN_NAMES = ("metrics.json", "checkpoints")
-
-
-def check_output(path: str) -> None:
-    """Refuse a folder that holds a tune, a training run, or something else under the names a
-    tune writes (one line, exit 2, naming what is there); a folder that cannot be written."""
-    def there(names):
-        return [n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in names
-                if os.path.lexists(os.path.join(path, n))]
-
-    if there(("tune.json",)):
-        raise UsageError(f"output directory {path!r} already holds a tune",
-                         "a new --output, or delete the old tune.json")
-    run = there(RUN_NAMES)
-    if run:
-        raise UsageError(f"output directory {path!r} holds a training run ({', '.join(run)})",
-                         "a new --output (a tune writes tune.json, tune.png and trials/)")
-    other = there(TUNE_NAMES)
-    if other:
-        raise UsageError(f"output directory {path!r} already holds {', '.join(other)}, "
-                         "which are not from a finished tune",
-                         "a new --output, or move those away (a tune writes tune.json, "
-                         "tune.png and trials/ and deletes nothing)")
-    config.check_output_writable(path)
-
-
 def check_reference_batch(value) -> int:
     """The batch the learning rate was set for: ``reference_batch_size``, else the train
     batch size setting (TFMP_BATCH_SIZE), else train's default."""
@@ -227,13 +194,13 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
                image_dir=image_dir, max_train_samples=max_train_samples, offline=offline,
                seed=seed, learning_rate=learning_rate, jit=jit)
     workspace = workspace or os.environ.get("TFMP_WORKSPACE") or "workspace"
-    output = output or default_output(model, dataset, workspace)
-    check_output(output)
+    output = output or output_folder.default_output(model, dataset, workspace)
+    output_folder.check_output(output)
     lock = RunLock(output)
     created = not os.path.exists(output)
     try:
         lock.acquire()     # a live tune (or run) there: OutputInUse, one line
-        check_output(output)   # under the lock: a tune may have finished here meanwhile
+        output_folder.check_output(output)   # under the lock: a tune may have finished here meanwhile
         doc = _tune_locked(
             model, dataset, output, workspace, wanted, memory_budget, margin, cap, time_budget,
             reference_batch_size, steps, warmup_steps, min_seconds, start, progress, stream,
@@ -347,7 +314,7 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
         "started_utc": started.isoformat(timespec="seconds"),
         "seconds": round(time.monotonic() - t0, 1),
     }
-    _write_outputs(output, doc, workdir)
+    output_folder.write_outputs(output, doc, workdir)
     doc["output"] = output
     return doc
 
@@ -438,20 +405,3 @@ class _Outcome:
         self.verified: Dict[str, Any] = {}
         self.choice: Optional[Dict[str, Any]] = None
         self.stepped_down = False
-
-
-def _write_outputs(output: str, doc: dict, workdir: str) -> None:
-    from app.core.files import write_atomic, write_json_atomic
-
-    os.makedirs(output, exist_ok=True)
-    trials_dir = os.path.join(output, "trials")
-    # check_output found no trials/ under the lock; never delete or merge into one.
-    if os.path.lexists(trials_dir):
-        raise UsageError(f"{trials_dir!r} appeared while the tune ran; the trials' logs stay "
-                         f"in {workdir!r}", "a new --output")
-    shutil.move(workdir, trials_dir)
-    try:
-        write_atomic(os.path.join(output, "tune.png"), report.render_png(doc))
-    except ImportError:
-        doc["notes"].append("matplotlib is not installed: no tune.png")
-    write_json_atomic(os.path.join(output, "tune.json"), doc)

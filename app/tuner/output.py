@@ -1,0 +1,61 @@
+"""The tune's output folder: its default name, what it may already hold (one tune per folder,
+never over a training run), and writing the results into it (tune.json, tune.png, trials/)."""
+from __future__ import annotations
+
+import os
+import shutil
+
+from app.core.errors import UsageError
+from app.training import config
+from app.tuner import report
+
+
+def default_output(model: str, dataset: str, workspace: str) -> str:
+    """``<workspace>/tune/<UTC>-<model>-<dataset>``, named like train's run folders."""
+    return os.path.join(workspace, "tune",
+                        f"{config.utc_stamp()}-{config.short_name(model)}-{config.short_name(dataset)}")
+
+
+# What a tune writes into its folder, and what a training run's folder holds.
+TUNE_NAMES = ("tune.json", "tune.png", "trials")
+RUN_NAMES = ("metrics.json", "checkpoints")
+
+
+def check_output(path: str) -> None:
+    """Refuse a folder that holds a tune, a training run, or something else under the names a
+    tune writes (one line, exit 2, naming what is there); a folder that cannot be written."""
+    def there(names):
+        return [n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in names
+                if os.path.lexists(os.path.join(path, n))]
+
+    if there(("tune.json",)):
+        raise UsageError(f"output directory {path!r} already holds a tune",
+                         "a new --output, or delete the old tune.json")
+    run = there(RUN_NAMES)
+    if run:
+        raise UsageError(f"output directory {path!r} holds a training run ({', '.join(run)})",
+                         "a new --output (a tune writes tune.json, tune.png and trials/)")
+    other = there(TUNE_NAMES)
+    if other:
+        raise UsageError(f"output directory {path!r} already holds {', '.join(other)}, "
+                         "which are not from a finished tune",
+                         "a new --output, or move those away (a tune writes tune.json, "
+                         "tune.png and trials/ and deletes nothing)")
+    config.check_output_writable(path)
+
+
+def write_outputs(output: str, doc: dict, workdir: str) -> None:
+    from app.core.files import write_atomic, write_json_atomic
+
+    os.makedirs(output, exist_ok=True)
+    trials_dir = os.path.join(output, "trials")
+    # check_output found no trials/ under the lock; never delete or merge into one.
+    if os.path.lexists(trials_dir):
+        raise UsageError(f"{trials_dir!r} appeared while the tune ran; the trials' logs stay "
+                         f"in {workdir!r}", "a new --output")
+    shutil.move(workdir, trials_dir)
+    try:
+        write_atomic(os.path.join(output, "tune.png"), report.render_png(doc))
+    except ImportError:
+        doc["notes"].append("matplotlib is not installed: no tune.png")
+    write_json_atomic(os.path.join(output, "tune.json"), doc)
