@@ -21,6 +21,8 @@
 # 08-jupyter-tls.sh.
 [[ $MODE == serve ]] || return 0
 
+readonly HOME_TOKEN_DIR=${HOME_TOKEN_FILE%/*}
+
 # The token goes to $TOKEN_FILE, where the server reads it (jupyter_server_config.py):
 # never in argv or the environment of kernels and terminals.
 setup_jupyter() {
@@ -64,6 +66,7 @@ setup_jupyter() {
 # the healthcheck as root) and the user's ($HOME_TOKEN_FILE, written as the user: the
 # home is the user's, and root would follow a ~/.jupyter made a symlink to /etc).
 # Without root both are the same file.  The token goes through stdin, never argv.
+# shellcheck disable=SC2016  # the sh -c scripts are expanded by the user's shell
 write_token() {
   if is_root; then
     install -d -m 750 -o root -g "$NB_GID" "$(dirname "$TOKEN_FILE")"
@@ -71,9 +74,11 @@ write_token() {
     chgrp "$NB_GID" "$TOKEN_FILE"
     chmod 640 "$TOKEN_FILE"
   fi
-  # shellcheck disable=SC2016  # expanded by the user's shell
-  printf '%s\n' "$1" | "${USER_CMD[@]}" sh -c \
-    'umask 077 && mkdir -p "$(dirname "$1")" && cat >"$1" && chmod 600 "$1"' sh "$HOME_TOKEN_FILE" 2>/dev/null || {
+  # The server writes its settings there, as the user: a ~/.jupyter the user cannot write
+  # (a link to /root, say) would stop it with a traceback; one line instead.
+  "${USER_CMD[@]}" sh -c 'umask 077 && mkdir -p "$1"; test -d "$1" -a -w "$1"' sh "$HOME_TOKEN_DIR" 2>/dev/null ||
+    fatal "$HOME_TOKEN_DIR is not a folder UID $NB_UID can write (a link to a folder of root's?): JupyterLab keeps its settings there; remove it (the next start makes a new one) or make it a folder of the user's"
+  printf '%s\n' "$1" | "${USER_CMD[@]}" sh -c 'umask 077 && cat >"$1" && chmod 600 "$1"' sh "$HOME_TOKEN_FILE" 2>/dev/null || {
     is_root || fatal "could not write the Jupyter token to $HOME_TOKEN_FILE"
     warn "could not write the user's copy of the Jupyter token to $HOME_TOKEN_FILE (as UID $NB_UID); the server's is $TOKEN_FILE"
   }
