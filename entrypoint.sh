@@ -35,6 +35,7 @@
 # What the parts may use (set here once, read-only before any part runs):
 #   MODE                serve | self-test | command
 #   NB_USER USER_HOME WORKSPACE  the user, its home, the Jupyter root folder
+#   STATE_DIR           /run/tfmp: root's own (root:root 755) after a root start
 #   NB_UID NB_GID       the user's IDs after remapping (or the --user IDs)
 #   TOKEN_FILE          where the Jupyter server and the healthcheck read the token: root's
 #                       $STATE_DIR/jupyter/token (group NB_GID may read), under $HOME when not root
@@ -44,6 +45,11 @@
 #   log/info/warn/fatal, is_root, secret_from_env    (below)
 #   service NAME LABEL HEALTH_JSON FUNCTION          register a supervised process
 #   announce LINE                                    a "==>" line once services run
+#
+# Root at start never follows or writes a path the user controls (the home, the
+# workspace): it does such things as the user (USER_CMD), or keeps its own files where
+# the user cannot write (docs/image.md, "Security: root at start and the user's files";
+# tests/image/test_static.py and test_home.py check it).
 set -euo pipefail
 
 readonly NB_USER=tf
