@@ -42,7 +42,7 @@
 #   HOME_TOKEN_FILE     the user's copy, ~/.jupyter/token (written as the user)
 #   USER_CMD            prefix running a command as the user, without PRIVATE_VARS
 #   PRIVATE_VARS        start-up secrets never passed to user processes
-#   log/info/warn/fatal, is_root, secret_from_env    (below)
+#   log/info/warn/fatal, is_root, secret_from_env, refuse_user_path    (below)
 #   service NAME LABEL HEALTH_JSON FUNCTION          register a supervised process
 #   announce LINE                                    a "==>" line once services run
 #
@@ -71,8 +71,24 @@ fatal() {
 
 is_root() { [[ $(id -u) -eq 0 ]]; }
 
+# A file root reads at start (a secret, a key, a certificate) must not be one the user
+# controls: in the home or the workspace the user could make it a link to /etc/shadow or an
+# SSH host key between starts.  Checked on the path as given and as resolved; --user
+# starts read as the user anyway.  $1 = variable name holding a path.
+refuse_user_path() {
+  local var=$1 path=${!1} real dir
+  is_root || return 0
+  real=$(realpath -m -- "$path")
+  for dir in "$USER_HOME" "$WORKSPACE"; do
+    if [[ $path == "$dir"/* || $real == "$dir"/* ]]; then
+      fatal "$var='$path' is in $dir, which the user controls, and root reads it at start: mount it elsewhere (e.g. under /run/secrets or /certs)"
+    fi
+  done
+}
+
 read_secret_file() { # $1 = variable name holding a path
   local var=$1 path=${!1}
+  refuse_user_path "$var"
   [[ -f $path && -r $path ]] || fatal "$var='$path' is not a readable file"
   tr -d '\r\n' <"$path"
 }

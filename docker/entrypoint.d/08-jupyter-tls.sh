@@ -102,6 +102,7 @@ tls_end_date() {
 # One variable holding a path to a PEM file the user mounted: it must be there and readable.
 tls_check_file() { # $1 = variable name, $2 = what the file holds
   local var=$1 path=${!1}
+  refuse_user_path "$var"
   [[ -e $path ]] || fatal "$var='$path' does not exist in the container; mount the $2 (e.g. -v /host/certs:/certs:ro) and give its path there"
   [[ -f $path ]] || fatal "$var='$path' is not a file; give the path of the $2 (PEM)"
   [[ -r $path ]] || fatal "$var='$path' is not readable by UID $(id -u) (started with --user?); make it readable for that user"

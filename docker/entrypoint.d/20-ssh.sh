@@ -71,6 +71,7 @@ setup_ssh() {
   fi
   if [[ ${PUBLIC_KEY_FILE+set} == set ]]; then
     [[ -n $PUBLIC_KEY_FILE ]] || fatal "PUBLIC_KEY_FILE is set but empty; unset it or give the path of a file of public keys"
+    refuse_user_path PUBLIC_KEY_FILE
     [[ -f $PUBLIC_KEY_FILE && -r $PUBLIC_KEY_FILE ]] || fatal "PUBLIC_KEY_FILE='$PUBLIC_KEY_FILE' is not a readable file"
     validate_keys "$PUBLIC_KEY_FILE" PUBLIC_KEY_FILE "$keys"
     ((KEYS_FOUND > 0)) || fatal "PUBLIC_KEY_FILE='$PUBLIC_KEY_FILE' holds no public key"

@@ -401,6 +401,8 @@ BAD_SETTINGS = {
                                 "JUPYTER_KEYFILE is set without JUPYTER_CERTFILE"),
     "key too weak for the server": (["JUPYTER_CERTFILE=/certs/weak.crt", "JUPYTER_KEYFILE=/certs/weak.key"],
                                     "JUPYTER_CERTFILE/JUPYTER_KEYFILE: Python's ssl refuses the certificate and key"),
+    "key in the home": (["JUPYTER_CERTFILE=/certs/server.crt", "JUPYTER_KEYFILE=/home/tf/server.key"],
+                        "JUPYTER_KEYFILE='/home/tf/server.key' is in /home/tf, which the user controls"),
     "bad JUPYTER_TLS": (["JUPYTER_TLS=yes"], "JUPYTER_TLS must be self-signed or off"),
     "both kinds": (["JUPYTER_TLS=self-signed", "JUPYTER_CERTFILE=/certs/server.crt",
                     "JUPYTER_KEYFILE=/certs/server.key"],
