@@ -109,6 +109,7 @@ ROOT_ON_THE_TOP = [
     re.compile(r'^usermod -d "\$USER_HOME" "\$NB_USER"$'),               # the passwd field only
     re.compile(r'^printf \'%s\\0\' HOME="\$USER_HOME" USER='),  # text: the user's environment
     re.compile(r'^validate_keys "\$user_keys" "\$home_keys"$'),     # root's copy; a name in messages
+    re.compile(r'^for dir in "\$USER_HOME" "\$WORKSPACE"$'),        # refuse_user_path: text only
 ]
 TEXT_ONLY = re.compile(r"^(?:(?:local|readonly)\s+)?[A-Za-z_][A-Za-z0-9_]*=|^(?:info|warn|fatal|announce|log)\b|^#")
 KEYWORD = re.compile(r"^(?:then|do|else|if|elif|while|until|!|\{)\s+")
