@@ -466,6 +466,7 @@ def test_re_owning_a_hostile_home_for_a_new_uid_follows_no_link(image, container
     links = {r: (FILE_TARGETS + DIR_TARGETS)[i % 8] for i, r in enumerate(leaves)}
     lines = [real_folders_then(r, f"ln -s {shlex.quote(t)} {shlex.quote(f'{HOME}/{r}')}")
              for r, t in links.items()]
+    name = ""
     try:
         planted = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{volume}:{HOME}",
                              command=["bash", "-ec", " && ".join(lines)], timeout=120)
@@ -487,6 +488,8 @@ def test_re_owning_a_hostile_home_for_a_new_uid_follows_no_link(image, container
         assert len(owners) == len(links) and all(o.startswith("4500 ") for o in owners), owners
         assert sum(" -> " in o for o in owners) >= len(links) - 1, owners
     finally:
+        if name:  # the volume can go only with the container that uses it
+            run(["docker", "rm", "-f", "-v", name], check=False, timeout=60)
         run(["docker", "volume", "rm", "-f", volume], check=False, timeout=60)
 
 
