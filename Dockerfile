@@ -61,6 +61,12 @@ RUN groupadd -o -g 1000 tf \
  && cp -a /home/tf /usr/local/share/tfmp/home \
  && chown -R root:root /usr/local/share/tfmp/home \
  && chmod -R go-w,a+rX /usr/local/share/tfmp/home \
+ # The marker of a home the image made (not in the pristine copy, so never copied into a
+ # bind mount): "UID:GID" it was made for.  Docker copies it into a new named volume; the
+ # entrypoint re-owns only such a home (entrypoint.sh, fit_home; docs/image.md, "Security").
+ && install -d -o tf -g tf -m 755 /home/tf/.local /home/tf/.local/state /home/tf/.local/state/tfmp \
+ && echo 1000:1000 >/home/tf/.local/state/tfmp/home-owner \
+ && chown tf:tf /home/tf/.local/state/tfmp/home-owner \
  # Shell history written at every prompt: a terminal killed with its container keeps it.
  && printf '%s\n' '' '# tfmp: history survives a container stopped with the shell open' \
       'PROMPT_COMMAND="history -a${PROMPT_COMMAND:+; $PROMPT_COMMAND}"' >>/etc/bash.bashrc \

@@ -35,13 +35,21 @@
 # What the parts may use (set here once, read-only before any part runs):
 #   MODE                serve | self-test | command
 #   NB_USER USER_HOME WORKSPACE  the user, its home, the Jupyter root folder
+#   STATE_DIR           /run/tfmp: root's own (root:root 755) after a root start
 #   NB_UID NB_GID       the user's IDs after remapping (or the --user IDs)
-#   TOKEN_FILE          where the Jupyter token goes (under $HOME when not root)
+#   TOKEN_FILE          where the Jupyter server and the healthcheck read the token: root's
+#                       $STATE_DIR/jupyter/token (group NB_GID may read), under $HOME when not root
+#   HOME_TOKEN_FILE     the user's copy, ~/.jupyter/token (written as the user)
 #   USER_CMD            prefix running a command as the user, without PRIVATE_VARS
 #   PRIVATE_VARS        start-up secrets never passed to user processes
-#   log/info/warn/fatal, is_root, secret_from_env    (below)
+#   log/info/warn/fatal, is_root, secret_from_env, refuse_user_path    (below)
 #   service NAME LABEL HEALTH_JSON FUNCTION          register a supervised process
 #   announce LINE                                    a "==>" line once services run
+#
+# Root at start never follows or writes a path the user controls (the home, the
+# workspace): it does such things as the user (USER_CMD), or keeps its own files where
+# the user cannot write (docs/image.md, "Security: root at start and the user's files";
+# tests/image/test_static.py and test_home.py check it).
 set -euo pipefail
 
 readonly NB_USER=tf
@@ -63,8 +71,24 @@ fatal() {
 
 is_root() { [[ $(id -u) -eq 0 ]]; }
 
+# A file root reads at start (a secret, a key, a certificate) must not be one the user
+# controls: in the home or the workspace the user could make it a link to /etc/shadow or an
+# SSH host key between starts.  Checked on the path as given and as resolved; --user
+# starts read as the user anyway.  $1 = variable name holding a path.
+refuse_user_path() {
+  local var=$1 path=${!1} real dir
+  is_root || return 0
+  real=$(realpath -m -- "$path")
+  for dir in "$USER_HOME" "$WORKSPACE"; do
+    if [[ $path == "$dir"/* || $real == "$dir"/* ]]; then
+      fatal "$var='$path' is in $dir, which the user controls, and root reads it at start: mount it elsewhere (e.g. under /run/secrets or /certs)"
+    fi
+  done
+}
+
 read_secret_file() { # $1 = variable name holding a path
   local var=$1 path=${!1}
+  refuse_user_path "$var"
   [[ -f $path && -r $path ]] || fatal "$var='$path' is not a readable file"
   tr -d '\r\n' <"$path"
 }
@@ -113,23 +137,90 @@ remap_user() {
     info "group $NB_USER now has GID $NB_GID"
   fi
   if [[ $NB_UID != "$cur_uid" ]]; then
-    usermod -o -u "$NB_UID" "$NB_USER"
+    # `usermod -u` alone also re-owns, by path, every file of the old UID in the home
+    # whenever the home's top belongs to the old or the new UID: a bind-mounted host
+    # folder included.  Pointed at a home that does not exist it touches no file;
+    # fit_home decides about the home.
+    usermod -o -u "$NB_UID" -d /nonexistent "$NB_USER"
+    usermod -d "$USER_HOME" "$NB_USER"
     info "user $NB_USER now has UID $NB_UID"
   fi
-  # The home's owner decides, not the remap: the home may be a volume that outlives
-  # the container, so the same NB_UID in a new container costs nothing, and a home
-  # left by another UID (or copied by Docker from the image) is re-owned once.
-  if [[ $(stat -c %u:%g "$USER_HOME") != "$NB_UID:$NB_GID" ]]; then
-    # Read-only mounts below the home (an authorized_keys file) stay as they are.
-    chown -R "$NB_UID:$NB_GID" "$USER_HOME" 2>/dev/null || true
-    info "re-owned $USER_HOME for UID $NB_UID, GID $NB_GID"
-  fi
+  fit_home
   # Only the top of the workspace, and only if the user could not write there
   # (a fresh bind mount created by Docker as root, or a volume from another UID).
   if ! setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups test -w "$WORKSPACE"; then
     chown "$NB_UID:$NB_GID" "$WORKSPACE"
     info "made $WORKSPACE writable for UID $NB_UID (top directory only)"
   fi
+}
+
+# The home's owner, when it is not NB_UID:NB_GID.  Everything below $USER_HOME is the
+# user's to change (symlinks, hard links, a file swapped at any moment), so root looks
+# only at the top (a mount point or the image's folder in root's /home: the user cannot
+# replace it) and never opens a path below it (docs/image.md, "Security").
+#
+# Which homes may be re-owned: only one the image made.  Docker copies the image's
+# /home/tf into a named volume when the volume is new, and a bind mount gets nothing,
+# so the image carries $HOME_MARKER ("UID:GID" of the owner the image gave the home)
+# and every re-owning rewrites it, as the new user.  A home whose top owner is the
+# owner its marker names is the image's (a fresh volume, or one re-owned earlier);
+# anything else that is not NB_UID's is a folder someone mounted, on a shared server
+# usually another person's: refused, never re-owned.  Why a marker and not the mount
+# table: a named volume and a bind mount look alike from inside (both are bind mounts
+# of a host folder; only the folder's path differs, and that depends on the engine's
+# data root and volume driver).  Copying a whole home (hidden files too) copies the
+# marker: such a copy is treated as the image's, as the home it was copied from was.
+# The marker is read as the home's owner, who may write it anyway: it can only claim
+# the home is its own, which the owner check already needs.
+#
+# The re-owning itself: `chown -R` without -H/-L follows no symlink (a link is re-owned
+# itself), and `--from` re-owns only what the old UID (GID) owns, so a hard link in the
+# home to a file of root's (or anyone's) keeps its owner.  No process of the user runs
+# yet (a restart ends them all), so nothing swaps entries during the walk.
+readonly HOME_MARKER=.local/state/tfmp/home-owner
+fit_home() {
+  local owner old_uid old_gid marker=""
+  owner=$(stat -c %u:%g "$USER_HOME")
+  [[ $owner != "$NB_UID:$NB_GID" ]] || return 0
+  old_uid=${owner%:*} old_gid=${owner#*:}
+  if [[ -z $(find "$USER_HOME" -mindepth 1 -maxdepth 1 -print -quit) ]]; then
+    # Empty (a bind mount Docker created for a missing host folder, as root): nothing
+    # to hand over but the folder itself; 07-home.sh then fills it as the user.
+    chown "$NB_UID:$NB_GID" "$USER_HOME"
+    info "made the empty home $USER_HOME the home of UID $NB_UID, GID $NB_GID"
+    return 0
+  fi
+  if [[ $old_uid != 0 ]]; then
+    marker=$(setpriv --reuid="$old_uid" --regid="$old_gid" --clear-groups \
+      head -c 64 -- "$USER_HOME/$HOME_MARKER" 2>/dev/null || true)
+  fi
+  if [[ $marker != "$owner" ]]; then
+    if [[ $old_uid == "$NB_UID" ]]; then
+      info "the home $USER_HOME has GID $old_gid, not NB_GID=$NB_GID: used as it is (a folder you mounted is never re-owned)"
+      return 0
+    fi
+    fatal "the home $USER_HOME belongs to UID $old_uid, not NB_UID=$NB_UID: set NB_UID=$old_uid (and NB_GID=$old_gid) or mount a folder of UID $NB_UID; a folder you mounted is never re-owned"
+  fi
+  # Read-only mounts below the home (an authorized_keys file) stay as they are.
+  chown -R --from="$old_uid" "$NB_UID" "$USER_HOME" 2>/dev/null || true
+  chown -R --from=":$old_gid" ":$NB_GID" "$USER_HOME" 2>/dev/null || true
+  # shellcheck disable=SC2016  # expanded by the user's shell
+  setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups \
+    sh -c 'mkdir -p "$(dirname "$1")" && printf "%s\n" "$2" >"$1"' sh \
+    "$USER_HOME/$HOME_MARKER" "$NB_UID:$NB_GID" 2>/dev/null ||
+    warn "could not record the home's new owner in $USER_HOME/$HOME_MARKER (as UID $NB_UID)"
+  info "re-owned $USER_HOME for UID $NB_UID, GID $NB_GID (it was the image's, of UID $old_uid)"
+}
+
+# Root's state at start, in $STATE_DIR: the healthcheck's list, the token the server and
+# the healthcheck read, the server's certificate.  The image makes it writable by
+# everyone (a --user start needs it) and the container's files outlive a restart, so a
+# root start first takes it back (root:root 755: no one else can add an entry any more),
+# then removes whatever the last run left (find -delete follows no symlink).
+take_state_dir() {
+  chown root:root "$STATE_DIR"
+  chmod 755 "$STATE_DIR"
+  find "$STATE_DIR" -mindepth 1 -delete
 }
 
 # Prints USER_CMD, NUL-separated: the prefix that runs a command as the unprivileged
@@ -212,7 +303,9 @@ main() {
   if is_root; then
     check_ids
     remap_user
-    TOKEN_FILE=$USER_HOME/.jupyter/token
+    take_state_dir
+    TOKEN_FILE=$STATE_DIR/jupyter/token
+    HOME_TOKEN_FILE=$USER_HOME/.jupyter/token
   else
     NB_UID=$(id -u)
     NB_GID=$(id -g)
@@ -222,10 +315,11 @@ main() {
       install -d -m 700 "$HOME"
     fi
     TOKEN_FILE=$HOME/.jupyter/token
+    HOME_TOKEN_FILE=$TOKEN_FILE
   fi
   mapfile -d '' USER_CMD < <(user_cmd)
-  # shellcheck disable=SC2034  # TOKEN_FILE is read by the parts
-  readonly MODE NB_UID NB_GID TOKEN_FILE USER_CMD
+  # shellcheck disable=SC2034  # TOKEN_FILE and HOME_TOKEN_FILE are read by the parts
+  readonly MODE NB_UID NB_GID TOKEN_FILE HOME_TOKEN_FILE USER_CMD
 
   for part in "$PARTS_DIR"/*.sh; do
     # shellcheck source=/dev/null  # each part is checked on its own (tests/image/test_static.py)

@@ -10,6 +10,8 @@ With TLS on (a "certfile" beside the token file) the question goes over https,
 and the certificate the server presents must be that file's: the token is sent
 only to the server the entrypoint configured.  The certificate is pinned rather
 than verified by name because a user's own certificate need not name 127.0.0.1.
+Both files it reads are root's (/run/tfmp, written at start): it runs as root, and
+never reads a file the user could replace with a link to another.
 """
 import hashlib
 import http.client
@@ -27,11 +29,15 @@ def _pinned_context(certfile: str):
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    with open(certfile, encoding="ascii") as fh:
+    # Bytes: text around the PEM blocks may be in any encoding (`openssl pkcs12` writes a
+    # "friendlyName" as the user named the certificate, e.g. in UTF-8), and openssl and
+    # the server skip it; only the base64 block itself is ASCII.
+    with open(certfile, "rb") as fh:
         pem = fh.read()
     # The first certificate of the file is the server's own; any others are its chain.
-    end = pem.index("-----END CERTIFICATE-----") + len("-----END CERTIFICATE-----")
-    first = pem[pem.index("-----BEGIN CERTIFICATE-----"):end]
+    begin = pem.index(b"-----BEGIN CERTIFICATE-----")
+    end = pem.index(b"-----END CERTIFICATE-----", begin) + len(b"-----END CERTIFICATE-----")
+    first = pem[begin:end].decode("ascii")
     return ctx, hashlib.sha256(ssl.PEM_cert_to_DER_cert(first)).hexdigest()
 
 

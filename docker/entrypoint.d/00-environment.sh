@@ -75,7 +75,11 @@ save_environment() {
   } >"$tmp"
   chmod 0600 "$tmp"
   mv -f "$tmp" "$SSHD_ENV_CONF"
-  install -d -m 700 -o "$NB_UID" -g "$NB_GID" "$USER_HOME/.ssh"
+  # ~/.ssh private, as sshd wants it: as the user (the home is the user's to change;
+  # root would follow a ~/.ssh made a symlink to /etc).  Something else there is the
+  # user's choice: one line, and sshd reads only the keys root keeps.
+  "${USER_CMD[@]}" install -d -m 700 "$USER_HOME/.ssh" 2>/dev/null ||
+    warn "$USER_HOME/.ssh is not a folder the user can make private (mode 700): keys there may not work over SSH"
 }
 
 if is_root; then save_environment; fi

@@ -11,7 +11,9 @@
 #  - a user-site package that would break TensorFlow (outside the image's
 #    constraints, e.g. numpy 2 installed with --no-deps or PIP_CONSTRAINT unset, or a
 #    `pip check` conflict it causes) gets one WARN line naming it (`tfmp-home check`).
-# The core re-owns the home when its owner is not NB_UID (a volume from another UID).
+# Everything here runs as the user, the glob test too: root never reads a path below the
+# home (docs/image.md, "Security").  The core re-owns a home the image made for another
+# UID, and refuses any other home that NB_UID does not own (entrypoint.sh, fit_home).
 
 readonly IMAGE_HOME=/usr/local/share/tfmp/home
 
@@ -32,8 +34,10 @@ check_user_packages() {
   local home line out
   if is_root; then home=$USER_HOME; else home=$HOME; fi
   [[ -z ${PYTHONNOUSERSITE:-} ]] || return 0
+  # shellcheck disable=SC2016  # expanded by the user's shell
   if [[ -z ${PYTHONUSERBASE:-} ]] &&
-    ! compgen -G "$home/.local/lib/python3*/site-packages/*.*-info" >/dev/null; then
+    ! "${USER_CMD[@]}" bash -c 'compgen -G "$1" >/dev/null' bash \
+      "$home/.local/lib/python3*/site-packages/*.*-info"; then
     return 0
   fi
   if ! out=$("${USER_CMD[@]}" /usr/local/bin/tfmp-home check 2>&1); then

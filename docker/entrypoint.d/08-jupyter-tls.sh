@@ -25,6 +25,7 @@
 #   JUPYTER_TLS_CERT    the certificate the server serves ("" without TLS)
 #   JUPYTER_TLS_KEY     its key ("" without TLS)
 #   JUPYTER_TLS_NOTE    the fingerprint line to announce beside the URL ("" without TLS)
+#   JUPYTER_TLS_PIN     the certificate the healthcheck pins (root's copy when root; "" without TLS)
 [[ $MODE == serve ]] || return 0
 
 readonly TLS_KEEP_DIR=/etc/tfmp/tls
@@ -33,7 +34,7 @@ readonly TLS_RUN_DIR=/run/tfmp/tls
 # 825 days: the longest macOS and iOS accept for a certificate a user trusts by hand.
 readonly TLS_RENEW_BEFORE=$((7 * 86400)) TLS_DAYS=825
 
-JUPYTER_SCHEME=http JUPYTER_TLS_CERT="" JUPYTER_TLS_KEY="" JUPYTER_TLS_NOTE=""
+JUPYTER_SCHEME=http JUPYTER_TLS_CERT="" JUPYTER_TLS_KEY="" JUPYTER_TLS_NOTE="" JUPYTER_TLS_PIN=""
 # The pair chosen (the user's, or the kept self-signed one) and the setting named when
 # the server's own check of it fails.
 TLS_SOURCE_CERT="" TLS_SOURCE_KEY="" TLS_ORIGIN=""
@@ -101,6 +102,7 @@ tls_end_date() {
 # One variable holding a path to a PEM file the user mounted: it must be there and readable.
 tls_check_file() { # $1 = variable name, $2 = what the file holds
   local var=$1 path=${!1}
+  refuse_user_path "$var"
   [[ -e $path ]] || fatal "$var='$path' does not exist in the container; mount the $2 (e.g. -v /host/certs:/certs:ro) and give its path there"
   [[ -f $path ]] || fatal "$var='$path' is not a file; give the path of the $2 (PEM)"
   [[ -r $path ]] || fatal "$var='$path' is not readable by UID $(id -u) (started with --user?); make it readable for that user"
@@ -176,15 +178,24 @@ tls_self_signed() {
   TLS_SOURCE_CERT=$cert TLS_SOURCE_KEY=$key
 }
 
-# Copies the pair for the server: the key readable by the user only.
+# Copies the pair for the server: the key readable by the user only.  As root, the
+# folder stays root's until both files are in, and is handed over last: the user can
+# put nothing in it while root writes (docs/image.md, "Security").  The healthcheck
+# pins a root-owned copy of the certificate ($JUPYTER_TLS_PIN): root never reads a
+# file the user could swap.
 tls_install_for_server() {
-  local owner=()
-  if is_root; then owner=(-o "$NB_UID" -g "$NB_GID"); fi
   rm -rf "$TLS_RUN_DIR"
-  install -d -m 700 "${owner[@]}" "$TLS_RUN_DIR"
-  install -m 644 "${owner[@]}" "$TLS_SOURCE_CERT" "$TLS_RUN_DIR/jupyter.crt"
-  install -m 600 "${owner[@]}" "$TLS_SOURCE_KEY" "$TLS_RUN_DIR/jupyter.key"
+  install -d -m 700 "$TLS_RUN_DIR"
+  install -m 644 "$TLS_SOURCE_CERT" "$TLS_RUN_DIR/jupyter.crt"
+  install -m 600 "$TLS_SOURCE_KEY" "$TLS_RUN_DIR/jupyter.key"
   JUPYTER_TLS_CERT=$TLS_RUN_DIR/jupyter.crt JUPYTER_TLS_KEY=$TLS_RUN_DIR/jupyter.key
+  JUPYTER_TLS_PIN=$JUPYTER_TLS_CERT
+  if is_root; then
+    JUPYTER_TLS_PIN=$STATE_DIR/jupyter-pin.crt
+    install -m 644 "$TLS_SOURCE_CERT" "$JUPYTER_TLS_PIN"
+    chown -h "$NB_UID:$NB_GID" "$JUPYTER_TLS_CERT" "$JUPYTER_TLS_KEY"
+    chown -h "$NB_UID:$NB_GID" "$TLS_RUN_DIR"
+  fi
   # What the server will do with them (tornado loads them with Python's ssl), as the user:
   # catches what openssl's checks let through, such as a key too weak for this OpenSSL.
   local err
@@ -240,4 +251,4 @@ setup_jupyter_tls() {
 
 setup_jupyter_tls
 # shellcheck disable=SC2034  # read by 10-jupyter.sh and 40-tensorboard.sh
-readonly JUPYTER_SCHEME JUPYTER_TLS_CERT JUPYTER_TLS_KEY JUPYTER_TLS_NOTE
+readonly JUPYTER_SCHEME JUPYTER_TLS_CERT JUPYTER_TLS_KEY JUPYTER_TLS_NOTE JUPYTER_TLS_PIN

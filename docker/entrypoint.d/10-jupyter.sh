@@ -9,12 +9,19 @@
 #   JUPYTER_TOKEN        JupyterLab token (URL-safe characters)
 #   JUPYTER_TOKEN_FILE   file holding the token (e.g. a Docker secret)
 #                        neither: a random token.  The token is written to
-#                        $TOKEN_FILE (mode 600) and printed once as a full URL.
+#                        $TOKEN_FILE (root's, for the server and the healthcheck)
+#                        and, as the user, to $HOME_TOKEN_FILE (mode 600).
 #                        An empty token is refused: never no auth.
+#   JUPYTER_LOG_TOKEN    1: the start-up line is the full URL with the token; 0: the URL
+#                        without it and where the token is (log drivers ship logs off the
+#                        machine).  Default 0 when the token came from JUPYTER_TOKEN_FILE
+#                        (a secret kept out of the environment), 1 otherwise.
 #   JUPYTER_HOST_PORT    host port shown in that URL (default 8888)
 # TLS (https:// in that URL, the certificate's fingerprint beside it) is decided by
 # 08-jupyter-tls.sh.
 [[ $MODE == serve ]] || return 0
+
+readonly HOME_TOKEN_DIR=${HOME_TOKEN_FILE%/*}
 
 # The token goes to $TOKEN_FILE, where the server reads it (jupyter_server_config.py):
 # never in argv or the environment of kernels and terminals.
@@ -32,17 +39,49 @@ setup_jupyter() {
   [[ $token =~ ^[A-Za-z0-9._~-]+$ ]] ||
     fatal "$source: the Jupyter token may contain only letters, digits and . _ ~ - (it goes into URLs); found: $(printf '%q' "${token//[A-Za-z0-9._~-]/}")"
   ((${#token} >= 8)) || warn "the Jupyter token is shorter than 8 characters"
-  install -d -m 700 "$(dirname "$TOKEN_FILE")"
-  (umask 077 && printf '%s\n' "$token" >"$TOKEN_FILE")
-  chmod 600 "$TOKEN_FILE"
-  if is_root; then chown -R "$NB_UID:$NB_GID" "$(dirname "$TOKEN_FILE")"; fi
+  local log_token=${JUPYTER_LOG_TOKEN:-}
+  if [[ -z $log_token ]]; then
+    if [[ $source == JUPYTER_TOKEN_FILE ]]; then log_token=0; else log_token=1; fi
+  fi
+  [[ $log_token =~ ^[01]$ ]] ||
+    fatal "JUPYTER_LOG_TOKEN must be 1 (print the URL with the token) or 0 (print it without; unset: 0 with JUPYTER_TOKEN_FILE, else 1). Received: JUPYTER_LOG_TOKEN='$JUPYTER_LOG_TOKEN'"
+  write_token "$token"
   readonly JUPYTER_LANDING=$landing
-  local health="\"token_file\": \"$TOKEN_FILE\""
+  local health="\"token_file\": \"$TOKEN_FILE\"" url
   # The healthcheck then asks over https and checks that this certificate is the one served.
-  [[ -z $JUPYTER_TLS_CERT ]] || health+=", \"certfile\": \"$JUPYTER_TLS_CERT\""
+  [[ -z $JUPYTER_TLS_PIN ]] || health+=", \"certfile\": \"$JUPYTER_TLS_PIN\""
   service jupyter JupyterLab "{$health}" start_jupyter
-  announce "Jupyter URL: $JUPYTER_SCHEME://127.0.0.1:${JUPYTER_HOST_PORT:-8888}$landing?token=$token   (token also in $TOKEN_FILE)"
+  url="$JUPYTER_SCHEME://127.0.0.1:${JUPYTER_HOST_PORT:-8888}$landing"
+  if [[ $log_token == 1 ]]; then
+    announce "Jupyter URL: $url?token=$token   (token also in $HOME_TOKEN_FILE)"
+  else
+    local where=$HOME_TOKEN_FILE
+    [[ -z ${JUPYTER_TOKEN_FILE:-} ]] || where="JUPYTER_TOKEN_FILE='$JUPYTER_TOKEN_FILE' and $HOME_TOKEN_FILE"
+    announce "Jupyter URL: $url   (token not logged, JUPYTER_LOG_TOKEN=0: it is in $where; open $url?token=<token>)"
+  fi
   [[ -z $JUPYTER_TLS_NOTE ]] || announce "$JUPYTER_TLS_NOTE"
+}
+
+# Root's copy ($TOKEN_FILE, in root's $STATE_DIR: the server reads it through its group,
+# the healthcheck as root) and the user's ($HOME_TOKEN_FILE, written as the user: the
+# home is the user's, and root would follow a ~/.jupyter made a symlink to /etc).
+# Without root both are the same file.  The token goes through stdin, never argv.
+# shellcheck disable=SC2016  # the sh -c scripts are expanded by the user's shell
+write_token() {
+  if is_root; then
+    install -d -m 750 -o root -g "$NB_GID" "$(dirname "$TOKEN_FILE")"
+    (umask 077 && printf '%s\n' "$1" >"$TOKEN_FILE")
+    chgrp "$NB_GID" "$TOKEN_FILE"
+    chmod 640 "$TOKEN_FILE"
+  fi
+  # The server writes its settings there, as the user: a ~/.jupyter the user cannot write
+  # (a link to /root, say) would stop it with a traceback; one line instead.
+  "${USER_CMD[@]}" sh -c 'umask 077 && mkdir -p "$1"; test -d "$1" -a -w "$1"' sh "$HOME_TOKEN_DIR" 2>/dev/null ||
+    fatal "$HOME_TOKEN_DIR is not a folder UID $NB_UID can write (a link to a folder of root's?): JupyterLab keeps its settings there; remove it (the next start makes a new one) or make it a folder of the user's"
+  printf '%s\n' "$1" | "${USER_CMD[@]}" sh -c 'umask 077 && cat >"$1" && chmod 600 "$1"' sh "$HOME_TOKEN_FILE" 2>/dev/null || {
+    is_root || fatal "could not write the Jupyter token to $HOME_TOKEN_FILE"
+    warn "could not write the user's copy of the Jupyter token to $HOME_TOKEN_FILE (as UID $NB_UID); the server's is $TOKEN_FILE"
+  }
 }
 
 # One server for both interfaces; LabApp.default_url is where it sends `/`.

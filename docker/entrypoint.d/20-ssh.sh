@@ -71,12 +71,22 @@ setup_ssh() {
   fi
   if [[ ${PUBLIC_KEY_FILE+set} == set ]]; then
     [[ -n $PUBLIC_KEY_FILE ]] || fatal "PUBLIC_KEY_FILE is set but empty; unset it or give the path of a file of public keys"
+    refuse_user_path PUBLIC_KEY_FILE
     [[ -f $PUBLIC_KEY_FILE && -r $PUBLIC_KEY_FILE ]] || fatal "PUBLIC_KEY_FILE='$PUBLIC_KEY_FILE' is not a readable file"
     validate_keys "$PUBLIC_KEY_FILE" PUBLIC_KEY_FILE "$keys"
     ((KEYS_FOUND > 0)) || fatal "PUBLIC_KEY_FILE='$PUBLIC_KEY_FILE' holds no public key"
   fi
-  if [[ -f $USER_HOME/.ssh/authorized_keys ]]; then
-    validate_keys "$USER_HOME/.ssh/authorized_keys" "$USER_HOME/.ssh/authorized_keys"
+  # The user's own file (or one mounted there), read as the user, as sshd reads it:
+  # root never opens a path below the home, which the user may have made a link to
+  # /etc/shadow (docs/image.md, "Security").
+  local home_keys=$USER_HOME/.ssh/authorized_keys user_keys
+  user_keys=$(mktemp)
+  if "${USER_CMD[@]}" test -f "$home_keys"; then
+    if "${USER_CMD[@]}" cat -- "$home_keys" >"$user_keys" 2>/dev/null; then
+      validate_keys "$user_keys" "$home_keys"
+    else
+      warn "SSH: $home_keys is not readable by UID $NB_UID, so sshd cannot use it either"
+    fi
   fi
   # Root-owned copy, read by sshd whatever the ownership of mounted files.
   chmod 644 "$keys"
@@ -92,9 +102,10 @@ setup_ssh() {
     # would make sshd refuse key logins too).
     usermod -p '*' "$NB_USER"
   fi
-  if [[ ! -s $KEYS_DIR/$NB_USER && ! -s $USER_HOME/.ssh/authorized_keys && -z $password ]]; then
+  if [[ ! -s $KEYS_DIR/$NB_USER && ! -s $user_keys && -z $password ]]; then
     warn "SSH: no PUBLIC_KEY, PUBLIC_KEY_FILE, authorized_keys or SSH_PASSWORD given: nobody can log in over SSH"
   fi
+  rm -f "$user_keys"
 
   # Host keys: generated once into the volume, reused on every later start.
   install -d -m 755 "$HOST_KEY_DIR"

@@ -186,6 +186,15 @@ def one_line_two_keys(tmp_path_factory) -> str:
     ("token-dollar", ["-e", "JUPYTER_TOKEN=pa$$word123"], "JUPYTER_TOKEN: the Jupyter token may contain only"),
     ("password-two-lines", ["-e", "SSH_PASSWORD=first\nsecond"], "SSH_PASSWORD must be a single line"),
     ("key-file-empty-var", ["-e", "PUBLIC_KEY_FILE="], "PUBLIC_KEY_FILE is set but empty"),
+    # Issue 24, item 1: root reads these files at start; in the home tf could make them links.
+    ("token-file-in-home", ["-e", "JUPYTER_TOKEN_FILE=/home/tf/.bashrc"],
+     "JUPYTER_TOKEN_FILE='/home/tf/.bashrc' is in /home/tf, which the user controls, and root "
+     "reads it at start: mount it elsewhere"),
+    ("key-file-in-workspace", ["-e", "PUBLIC_KEY_FILE=/workspace/../workspace/keys.pub"],
+     "PUBLIC_KEY_FILE='/workspace/../workspace/keys.pub' is in /workspace, which the user controls"),
+    ("log-token-bad", ["-e", "JUPYTER_LOG_TOKEN=no"], "JUPYTER_LOG_TOKEN must be 1 (print the URL "
+     "with the token) or 0 (print it without; unset: 0 with JUPYTER_TOKEN_FILE, else 1). "
+     "Received: JUPYTER_LOG_TOKEN='no'"),
     ("key-quoted", ["-e", "PUBLIC_KEY=\"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA x@y\""],
      "PUBLIC_KEY line 1 is not an OpenSSH public key"),
 ])

@@ -95,3 +95,74 @@ def test_compose_files_are_valid(files):
         assert mounts["/home/tf"]["type"] == "volume" and mounts["/home/tf"]["source"] == "home"
         assert mounts["/workspace"]["source"] == "workspace"
     assert "home" in cfg["volumes"]
+
+
+# The rule of docs/image.md, "Security: root at start and the user's files", as far as it can be
+# read from the text: every command line of the start-up that names a path under the home runs
+# as the user (USER_CMD, setpriv), or is one of root's few operations on the home's top folder.
+HOME_EXPR = re.compile(r"\$\{?(USER_HOME|HOME_TOKEN_FILE|HOME_TOKEN_DIR|home|home_keys)\b")
+ROOT_ON_THE_TOP = [
+    re.compile(r'stat -c %u:%g "\$USER_HOME"'),                         # the top's owner
+    re.compile(r'find "\$USER_HOME" -mindepth 1 -maxdepth 1 -print -quit'),  # is it empty
+    re.compile(r'^chown "\$NB_UID:\$NB_GID" "\$USER_HOME"$'),             # an empty home's top
+    re.compile(r'^chown -R --from="?:?\$old_[ug]id"? "?:?\$NB_[UG]ID"? "\$USER_HOME"'),  # no -H/-L
+    re.compile(r'^usermod -d "\$USER_HOME" "\$NB_USER"$'),               # the passwd field only
+    re.compile(r'^printf \'%s\\0\' HOME="\$USER_HOME" USER='),  # text: the user's environment
+    re.compile(r'^validate_keys "\$user_keys" "\$home_keys"$'),     # root's copy; a name in messages
+    re.compile(r'^for dir in "\$USER_HOME" "\$WORKSPACE"$'),        # refuse_user_path: text only
+]
+TEXT_ONLY = re.compile(r"^(?:(?:local|readonly)\s+)?[A-Za-z_][A-Za-z0-9_]*=|^(?:info|warn|fatal|announce|log)\b|^#")
+KEYWORD = re.compile(r"^(?:then|do|else|if|elif|while|until|!|\{)\s+")
+
+
+def _commands(text: str):
+    """The script's simple commands: continuation lines joined, split at unquoted ;, &&, ||
+    and |, leading keywords (if, then, !) removed.  Quoted text (a `sh -c` script) stays whole."""
+    text = re.sub(r"\\\n\s*", " ", text)
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            continue
+        parts, cur, quote, i = [], "", "", 0
+        while i < len(line):
+            c = line[i]
+            if quote:
+                cur += c
+                if c == quote:
+                    quote = ""
+                elif c == "\\" and quote == '"' and i + 1 < len(line):
+                    cur += line[i + 1]
+                    i += 1
+            elif c in "'\"":
+                quote, cur = c, cur + c
+            elif line.startswith(("&&", "||"), i) or c in ";|":
+                parts.append(cur)
+                cur = ""
+                i += 1 if line.startswith(("&&", "||"), i) else 0
+            elif c == "#" and (not cur or cur[-1].isspace()):
+                break
+            else:
+                cur += c
+            i += 1
+        parts.append(cur)
+        for part in parts:
+            part = part.strip()
+            while KEYWORD.match(part):
+                part = KEYWORD.sub("", part, count=1)
+            if part:
+                yield part
+
+
+def test_root_at_start_names_home_paths_only_as_the_user():
+    parts = [REPO / "entrypoint.sh", *sorted((REPO / "docker/entrypoint.d").glob("*.sh"))]
+    offending = []
+    for path in parts:
+        for line in _commands(path.read_text()):
+            if not HOME_EXPR.search(line) or TEXT_ONLY.match(line) or line.startswith("[["):
+                continue
+            if "${USER_CMD[@]}" in line or line.startswith("setpriv ") or " setpriv " in line:
+                continue
+            if any(p.search(line) for p in ROOT_ON_THE_TOP):
+                continue
+            offending.append(f"{path.relative_to(REPO)}: {line}")
+    assert not offending, "root acts on a path under the home:\n" + "\n".join(offending)

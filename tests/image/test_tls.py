@@ -32,6 +32,7 @@ pytestmark = pytest.mark.docker
 
 HOSTNAMES = "tfmp-tls.test, 10.9.8.7"
 SANS = ["DNS:localhost", "DNS:tfmp-tls.test", "IP:10.9.8.7", "IP:127.0.0.1"]
+SECRET_TOKEN = "token-from-a-secret-file-0123"
 FINGERPRINT = re.compile(r"==> TLS certificate SHA-256 fingerprint: ((?:[0-9A-F]{2}:){31}[0-9A-F]{2})")
 
 
@@ -189,7 +190,10 @@ def test_healthcheck_reports_healthy_over_tls(self_signed):
     out = exec_in(self_signed.name, "python3", "/usr/local/bin/tfmp-healthcheck").stdout
     assert out.strip() == "healthy: jupyter", out
     services = json.loads(exec_in(self_signed.name, "cat", "/run/tfmp/services").stdout)
-    assert services["jupyter"]["certfile"] == "/run/tfmp/tls/jupyter.crt", services
+    # Root's copy: the healthcheck (root) never reads the user's /run/tfmp/tls.
+    assert services["jupyter"]["certfile"] == "/run/tfmp/jupyter-pin.crt", services
+    owner = exec_in(self_signed.name, "stat", "-c", "%U %a", "/run/tfmp/jupyter-pin.crt").stdout
+    assert owner.split() == ["root", "644"], owner
 
 
 def test_kernel_and_terminal_over_wss(self_signed):
@@ -330,7 +334,16 @@ def user_certs(tmp_path_factory) -> Path:
     run(["openssl", "x509", "-req", "-in", str(d / "server.csr"), "-CA", str(d / "ca.crt"),
          "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "30",
          "-extfile", str(d / "server.ext"), "-out", str(d / "server.crt")])
-    (d / "fullchain.pem").write_text((d / "server.crt").read_text() + (d / "ca.crt").read_text())
+    # As `openssl pkcs12 -nokeys` writes it from a certificate its user named with a non-ASCII
+    # friendly name: text before the PEM block, in UTF-8 (issue 24, item 9: the healthcheck
+    # read the file as ASCII, and the container stayed unhealthy).
+    (d / "fullchain.pem").write_bytes(
+        "Bag Attributes\n    friendlyName: Jupyter-Zertifikat für München ✓\n"
+        "subject=CN = localhost\n".encode("utf-8")
+        + (d / "server.crt").read_bytes() + (d / "ca.crt").read_bytes())
+    # A token from a secret file: the log then shows the URL without it (JUPYTER_LOG_TOKEN's
+    # default with JUPYTER_TOKEN_FILE; issue 24, item 12).
+    (d / "token.txt").write_text(SECRET_TOKEN + "\n")
     run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
          "-out", str(d / "other.key")])
     (d / "not-a-cert.pem").write_text("hello\n")
@@ -345,18 +358,34 @@ def user_certs(tmp_path_factory) -> Path:
 
 
 def test_own_certificate_is_served_and_trusted_through_its_ca(image, user_certs, container):
+    """The user's certificate (a non-ASCII friendly name before it), with the token from a
+    secret file: healthy, the token kept out of the log."""
     port = free_port()
     name = container("-p", f"127.0.0.1:{port}:8888", "-v", f"{user_certs}:/certs:ro",
                      "-e", "ENABLE_SSH=0", "-e", "JUPYTER_CERTFILE=/certs/fullchain.pem",
-                     "-e", "JUPYTER_KEYFILE=/certs/server.key")
+                     "-e", "JUPYTER_KEYFILE=/certs/server.key",
+                     "-e", "JUPYTER_TOKEN_FILE=/certs/token.txt")
     wait_healthy(name)   # over https to 127.0.0.1, which this certificate does not name
     token = exec_in(name, "cat", "/home/tf/.jupyter/token").stdout.strip()
+    assert token == SECRET_TOKEN
     resp = requests.get(f"https://localhost:{port}/api/status", verify=str(user_certs / "ca.crt"),
                         headers={"Authorization": f"token {token}"}, timeout=30)
     assert resp.status_code == 200, resp.text[:200]
-    printed = FINGERPRINT.findall(logs_of(name))
+    logs = logs_of(name)
+    printed = FINGERPRINT.findall(logs)
     assert printed == [fingerprint_of((user_certs / "server.crt").read_text())], printed
-    assert lines_with(logs_of(name), "==> Jupyter URL: https://127.0.0.1:8888/lab?token=")
+    # The healthcheck pins root's copy of the certificate it was given.
+    services = json.loads(exec_in(name, "cat", "/run/tfmp/services").stdout)
+    assert services["jupyter"]["certfile"] == "/run/tfmp/jupyter-pin.crt", services
+    # JUPYTER_LOG_TOKEN's default with a token file: one line, the URL without the token and
+    # where the token is; the token nowhere in the log.
+    urls = lines_with(logs, "==> Jupyter URL: ")
+    assert len(urls) == 1, urls
+    assert urls[0].endswith("==> Jupyter URL: https://127.0.0.1:8888/lab   (token not logged, "
+                            "JUPYTER_LOG_TOKEN=0: it is in JUPYTER_TOKEN_FILE='/certs/token.txt' "
+                            "and /home/tf/.jupyter/token; open "
+                            "https://127.0.0.1:8888/lab?token=<token>)"), urls
+    assert SECRET_TOKEN not in logs
 
 
 BAD_SETTINGS = {
@@ -372,6 +401,8 @@ BAD_SETTINGS = {
                                 "JUPYTER_KEYFILE is set without JUPYTER_CERTFILE"),
     "key too weak for the server": (["JUPYTER_CERTFILE=/certs/weak.crt", "JUPYTER_KEYFILE=/certs/weak.key"],
                                     "JUPYTER_CERTFILE/JUPYTER_KEYFILE: Python's ssl refuses the certificate and key"),
+    "key in the home": (["JUPYTER_CERTFILE=/certs/server.crt", "JUPYTER_KEYFILE=/home/tf/server.key"],
+                        "JUPYTER_KEYFILE='/home/tf/server.key' is in /home/tf, which the user controls"),
     "bad JUPYTER_TLS": (["JUPYTER_TLS=yes"], "JUPYTER_TLS must be self-signed or off"),
     "both kinds": (["JUPYTER_TLS=self-signed", "JUPYTER_CERTFILE=/certs/server.crt",
                     "JUPYTER_KEYFILE=/certs/server.key"],
