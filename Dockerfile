@@ -55,7 +55,7 @@ RUN groupadd -o -g 1000 tf \
  && install -d -o tf -g tf -m 700 /home/tf/.ssh /home/tf/.jupyter \
  && install -d -m 755 /etc/tfmp /etc/ssh/host_keys /etc/ssh/authorized_keys \
  # The image's own files in the home, pristine: /home/tf is a volume that outlives
- # the image, and entrypoint.d/07-home.sh adds or refreshes them from here (readable
+ # the image, and docker/start/always/07-home.sh adds or refreshes them from here (readable
  # by any NB_UID; folders are created private there).
  && mkdir -p /usr/local/share/tfmp \
  && cp -a /home/tf /usr/local/share/tfmp/home \
@@ -88,8 +88,8 @@ ARG PIP_TRUSTED_HOST=""
 # pip (TF's own images pinned pip<20.3, the legacy resolver, which installs
 # conflicting versions without a word).  25.0.1 is the last pip for Python 3.8.
 ARG PIP_VERSION=25.0.1
-COPY docker/constraints.txt /etc/tfmp/constraints.txt
-COPY docker/requirements.txt docker/pip-install.sh /tmp/tfmp-build/
+COPY docker/build/constraints.txt /etc/tfmp/constraints.txt
+COPY docker/build/requirements.txt docker/build/pip-install.sh /tmp/tfmp-build/
 RUN --mount=type=secret,id=pip_ca \
     PIP_CONSTRAINT=/etc/tfmp/constraints.txt TFMP_PIP_VERSION="${PIP_VERSION}" \
       /tmp/tfmp-build/pip-install.sh -r /tmp/tfmp-build/requirements.txt \
@@ -105,18 +105,18 @@ ENV PIP_CONSTRAINT=/etc/tfmp/constraints.txt \
     TFMP_WORKSPACE=/workspace
 
 # --- configuration and start-up ---------------------------------------------------
-COPY docker/sshd_config /etc/ssh/sshd_config
-COPY docker/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
+COPY docker/config/sshd_config /etc/ssh/sshd_config
+COPY docker/config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.py
 # The login page, with where the token is (loaded by that config).
-COPY docker/jupyter-templates/ /usr/local/share/tfmp/jupyter-templates/
+COPY docker/config/jupyter-templates/ /usr/local/share/tfmp/jupyter-templates/
 # Server extension loaded by that config: `sandbox` in the /nbconvert/ pages' CSP.
-COPY docker/tfmp_nbconvert_csp.py /opt/tfmp/src/tfmp_nbconvert_csp.py
+COPY docker/python/tfmp_nbconvert_csp.py /opt/tfmp/src/tfmp_nbconvert_csp.py
 # No "news"/update checks: training boxes are often offline; no pop-up over the launcher.
-COPY docker/jupyterlab-overrides.json /usr/local/share/jupyter/lab/settings/overrides.json
-COPY docker/profile-container-env.sh /etc/profile.d/zz-container-env.sh
-# `tfmp`, the package's command (docker/tfmp-cli.py): its first line names this
+COPY docker/config/jupyterlab-overrides.json /usr/local/share/jupyter/lab/settings/overrides.json
+COPY docker/config/profile-container-env.sh /etc/profile.d/zz-container-env.sh
+# `tfmp`, the package's command (docker/bin/tfmp): its first line names this
 # image's interpreter, as pip's console scripts do.
-COPY docker/tfmp-cli.py /usr/local/bin/tfmp
+COPY docker/bin/tfmp /usr/local/bin/tfmp
 # `ssh host 'command'`: values sshd's SetEnv cannot carry (a " or #) come from a
 # root-owned file that entrypoint.sh writes; bash reads /etc/bash.bashrc when
 # sshd starts it (Debian/Ubuntu build it with SSH_SOURCE_BASHRC).  First line,
@@ -124,14 +124,16 @@ COPY docker/tfmp-cli.py /usr/local/bin/tfmp
 RUN sed -i '1i [ -r /etc/tfmp/ssh-extra-env.sh ] && . /etc/tfmp/ssh-extra-env.sh' /etc/bash.bashrc \
  && sed -i "1i #!$(python3 -c 'import sys; print(sys.executable)')" /usr/local/bin/tfmp \
  && chmod 755 /usr/local/bin/tfmp
-COPY docker/healthcheck.py /usr/local/bin/tfmp-healthcheck
-# The persistent home's start-up jobs (entrypoint.d/07-home.sh).
-COPY docker/home-setup.py /usr/local/bin/tfmp-home
+COPY docker/bin/tfmp-healthcheck /usr/local/bin/tfmp-healthcheck
+# The start-up parts' helpers (docker/start/always/05-banner.sh, serve/08-jupyter-tls.sh).
+COPY docker/bin/tfmp-versions docker/bin/tfmp-tls /usr/local/bin/
+# The persistent home's start-up jobs (docker/start/always/07-home.sh).
+COPY docker/bin/tfmp-home /usr/local/bin/tfmp-home
 # TensorBoard behind JupyterLab's token: the launcher tile's server (jupyter_server_config.py).
-COPY docker/tensorboard-launch.py /usr/local/bin/tfmp-tensorboard
-COPY docker/tensorboard-icon.svg /usr/local/share/tfmp/tensorboard-icon.svg
+COPY docker/bin/tfmp-tensorboard /usr/local/bin/tfmp-tensorboard
+COPY docker/config/tensorboard-icon.svg /usr/local/share/tfmp/tensorboard-icon.svg
 # The start-up core and its parts (sourced in name order; see entrypoint.sh).
-COPY docker/entrypoint.d/ /usr/local/lib/tfmp/entrypoint.d/
+COPY docker/start/ /usr/local/lib/tfmp/start/
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
 
 # --- the project's own files, last: an app/ change rebuilds only these layers ----

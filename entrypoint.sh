@@ -14,18 +14,20 @@
 #   anything else       run as user tf, exit status passed through
 #                       (e.g. `tfmp train ...`, `bash -lc '...'`)
 #
-# This file is the core: it fits the user (UID/GID, home), sources the parts in
-# $PARTS_DIR in name order (every mode; a part returns early when its mode is
-# not running), then starts and supervises the services they registered, runs
-# the self-test or execs the command.  Each part documents its own variables:
-#   00-environment.sh  the container's environment for login shells and SSH
-#   05-banner.sh       versions, GPUs, /dev/shm      (TFMP_QUIET)
-#   07-home.sh         the persistent home: image files refreshed, user packages checked
-#   08-jupyter-tls.sh  JupyterLab over TLS           (JUPYTER_TLS[_HOSTNAMES], JUPYTER_CERTFILE, JUPYTER_KEYFILE)
-#   10-jupyter.sh      token, Jupyter server         (JUPYTER_UI, JUPYTER_TOKEN[_FILE], JUPYTER_HOST_PORT)
-#   20-ssh.sh          keys, password, sshd          (ENABLE_SSH, PUBLIC_KEY[_FILE], SSH_PASSWORD[_FILE])
-#   30-notebooks.sh    guide notebooks in /workspace/notebooks
-#   40-tensorboard.sh  TensorBoard's runs folder     (TFMP_TENSORBOARD_LOGDIR)
+# This file is the core: it fits the user (UID/GID, home), then sources the parts
+# by phase, each folder in name order:
+#   $PARTS_DIR/always/  every mode: the environment for SSH and login shells, the
+#                       banner, the persistent home
+#   $PARTS_DIR/serve/   serve only: TLS, the Jupyter token and server, sshd, the
+#                       guide notebooks, TensorBoard's folder
+# then starts and supervises the services they registered, runs the self-test or
+# execs the command.  A part's variables are listed once, in its "Environment:"
+# block (docs/image.md's table is checked against those blocks).  Between the
+# phases and just before the services or the command start, the user's own hooks
+# run, as jupyter/docker-stacks runs them (run_hooks, below):
+#   $HOOKS_DIR/start-notebook.d/   after the "always" parts
+#   $HOOKS_DIR/before-notebook.d/  last, before the services or the command
+# (not for self-test, which checks the image as shipped).
 #
 # Environment read here:
 #   NB_UID, NB_GID       UID/GID for user tf (default 1000/1000).  Set them to
@@ -57,7 +59,10 @@ readonly USER_HOME=/home/tf
 readonly WORKSPACE=/workspace
 readonly STATE_DIR=/run/tfmp
 readonly TESTS_ROOT=/opt/tfmp
-readonly PARTS_DIR=/usr/local/lib/tfmp/entrypoint.d
+readonly PARTS_DIR=/usr/local/lib/tfmp/start
+# docker-stacks' folders for a user's own start-up hooks (root's; an image built FROM
+# this one, or a read-only mount, puts files there).
+readonly HOOKS_DIR=/usr/local/bin
 # Start-up secrets and internal variables: never passed to user processes.
 readonly PRIVATE_VARS=(JUPYTER_TOKEN SSH_PASSWORD PUBLIC_KEY TFMP_JUPYTER_TOKEN_PATH)
 
@@ -290,8 +295,39 @@ self_test() {
     python3 -m pytest -p no:cacheprovider -q --image-self-test "${suites[@]}" "$@"
 }
 
-main() {
+# Sources every part of a phase ($PARTS_DIR/$1/*.sh) in name order.
+source_parts() {
   local part
+  for part in "$PARTS_DIR/$1"/*.sh; do
+    # shellcheck source=/dev/null  # each part is checked on its own (tests/image/test_static.py)
+    source "$part"
+  done
+}
+
+# A user's hooks in $HOOKS_DIR/$1, in name order, as docker-stacks' run-hooks does: a
+# *.sh file is sourced (it may export variables for what follows), an executable file
+# is run (a failure stops the start), anything else is skipped with a warning.
+run_hooks() {
+  local dir=$HOOKS_DIR/$1 hook status
+  [[ -d $dir ]] || return 0
+  for hook in "$dir"/*; do
+    [[ -e $hook ]] || continue
+    if [[ $hook == *.sh ]]; then
+      info "hook: sourcing $hook"
+      # shellcheck source=/dev/null  # the user's own file
+      source "$hook"
+    elif [[ -f $hook && -x $hook ]]; then
+      info "hook: running $hook"
+      status=0
+      "$hook" || status=$?
+      ((status == 0)) || fatal "hook $hook exited with status $status"
+    else
+      warn "hook: skipped $hook (neither *.sh nor executable)"
+    fi
+  done
+}
+
+main() {
   case ${1:-serve} in
     serve)
       MODE=serve
@@ -321,10 +357,10 @@ main() {
   # shellcheck disable=SC2034  # TOKEN_FILE and HOME_TOKEN_FILE are read by the parts
   readonly MODE NB_UID NB_GID TOKEN_FILE HOME_TOKEN_FILE USER_CMD
 
-  for part in "$PARTS_DIR"/*.sh; do
-    # shellcheck source=/dev/null  # each part is checked on its own (tests/image/test_static.py)
-    source "$part"
-  done
+  source_parts always
+  [[ $MODE == self-test ]] || run_hooks start-notebook.d
+  if [[ $MODE == serve ]]; then source_parts serve; fi
+  [[ $MODE == self-test ]] || run_hooks before-notebook.d
 
   case $MODE in
     serve) supervise ;;

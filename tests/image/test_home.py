@@ -197,8 +197,8 @@ def test_home_survives_down_and_up_on_a_rebuilt_image_with_a_new_uid(own_stack, 
 
 # --- root at start and a home the user controls (issue 24, items 1 and 2) -------------------
 
-START_PARTS = [REPO / "entrypoint.sh", *sorted((REPO / "docker/entrypoint.d").glob("*.sh")),
-               REPO / "docker/home-setup.py"]
+START_PARTS = [REPO / "entrypoint.sh", *sorted((REPO / "docker/start").rglob("*.sh")),
+               REPO / "docker/bin/tfmp-home"]
 HOME = "/home/tf"
 # Shell assignments (`NAME=value`, `readonly NAME=value`, `local name=value`) the home paths
 # are built from, e.g. TOKEN_FILE=$USER_HOME/.jupyter/token, HOME_MARKER=.local/state/...

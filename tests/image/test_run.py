@@ -24,6 +24,35 @@ def test_batch_run_passes_the_exit_status_through(image, status):
     assert proc.returncode == status, proc.stderr
 
 
+def test_user_start_hooks_run_in_docker_stacks_folders(image, tmp_path):
+    """start-notebook.d and before-notebook.d, as docker-stacks runs them: *.sh sourced (an
+    exported variable reaches the command), executables run, anything else skipped."""
+    start, before = tmp_path / "start-notebook.d", tmp_path / "before-notebook.d"
+    start.mkdir()
+    before.mkdir()
+    (start / "10-export.sh").write_text("export HOOKED_BY_START=yes\n")
+    (before / "20-mark").write_text("#!/bin/sh\necho \"before hook ran as $(id -u)\" >&2\n")
+    (before / "20-mark").chmod(0o755)
+    (before / "README.txt").write_text("not a hook\n")
+    for d in (start, before):
+        d.chmod(0o755)
+    proc = docker_run(image, "-e", "TFMP_QUIET=1",
+                      "-v", f"{start}:/usr/local/bin/start-notebook.d:ro",
+                      "-v", f"{before}:/usr/local/bin/before-notebook.d:ro",
+                      command=["bash", "-c", "echo \"var=$HOOKED_BY_START\""])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "var=yes"
+    assert "hook: sourcing /usr/local/bin/start-notebook.d/10-export.sh" in proc.stderr
+    assert "before hook ran as 0" in proc.stderr   # as root, before the command's user switch
+    assert "hook: skipped /usr/local/bin/before-notebook.d/README.txt" in proc.stderr
+    # A hook that fails stops the start with one line.
+    (before / "20-mark").write_text("#!/bin/sh\nexit 7\n")
+    proc = docker_run(image, "-e", "TFMP_QUIET=1",
+                      "-v", f"{before}:/usr/local/bin/before-notebook.d:ro", command=["true"])
+    assert proc.returncode != 0
+    assert "FATAL hook /usr/local/bin/before-notebook.d/20-mark exited with status 7" in proc.stderr
+
+
 def test_batch_python_module_runs_as_the_user(image):
     proc = docker_run(image, "-e", "TFMP_QUIET=1", command=[
         "python", "-c", "import os, app, tensorflow as tf; print(os.getuid(), tf.__version__)"])

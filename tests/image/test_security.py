@@ -303,7 +303,7 @@ def test_cookie_secret_is_fresh_per_start_and_not_on_disk(hostile):
 def test_sandbox_is_added_once_and_keeps_the_policy():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("csp", REPO / "docker/tfmp_nbconvert_csp.py")
+    spec = importlib.util.spec_from_file_location("csp", REPO / "docker/python/tfmp_nbconvert_csp.py")
     csp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(csp)
     assert csp.with_sandbox("frame-ancestors 'self'") == "frame-ancestors 'self'; sandbox allow-scripts"
@@ -388,7 +388,9 @@ def _tool(name: str) -> str:
 def _in_image_python_files() -> list[Path]:
     """app/, docker/ and the tests the image ships (.dockerignore keeps out
     tests/image and tests/benchmarks, which run on the host)."""
-    files = [*(REPO / "app").rglob("*.py"), *(REPO / "docker").glob("*.py")]
+    # docker/bin holds the programs named as installed (no .py); all of them are Python.
+    programs = list((REPO / "docker/bin").iterdir())
+    files = [*(REPO / "app").rglob("*.py"), *(REPO / "docker").rglob("*.py"), *programs]
     files += [p for p in (REPO / "tests").rglob("*.py")
               if not {"image", "benchmarks"} & set(p.relative_to(REPO / "tests").parts)]
     return sorted(p for p in files if "__pycache__" not in p.parts)

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,9 +15,8 @@ from image_helpers import REPO, run
 pytestmark = pytest.mark.docker
 
 SHELL_SCRIPTS = sorted(
-    {REPO / "entrypoint.sh", REPO / ".ci/run", REPO / "docker/profile-container-env.sh"}
-    | set((REPO / "docker").glob("*.sh"))
-    | set((REPO / "docker/entrypoint.d").glob("*.sh"))
+    {REPO / "entrypoint.sh", REPO / ".ci/run", REPO / "docker/config/profile-container-env.sh"}
+    | set((REPO / "docker").rglob("*.sh"))
     | set((REPO / "tests/image").glob("*.sh"))
     | set((REPO / "tests/benchmarks").glob("*.sh"))
 )
@@ -51,20 +51,20 @@ def _requirement_names(lines) -> set[str]:
 
 def test_image_requirements_cover_the_package_dependencies():
     """The image installs `app` without resolving its dependencies (fast rebuilds),
-    so docker/requirements.txt must list every runtime dependency of pyproject.toml."""
+    so docker/build/requirements.txt must list every runtime dependency of pyproject.toml."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # the test extra installs tomli (the same parser) on older Pythons
         import tomli as tomllib
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    image_reqs = _requirement_names((REPO / "docker/requirements.txt").read_text().splitlines())
+    image_reqs = _requirement_names((REPO / "docker/build/requirements.txt").read_text().splitlines())
     missing = _requirement_names(deps) - image_reqs
-    assert not missing, f"add to docker/requirements.txt: {sorted(missing)}"
+    assert not missing, f"add to docker/build/requirements.txt: {sorted(missing)}"
 
 
 def test_constraints_pin_what_tf_2_9_needs():
-    text = (REPO / "docker/constraints.txt").read_text()
+    text = (REPO / "docker/build/constraints.txt").read_text()
     assert re.search(r"^numpy[^\n]*<2\b", text, re.M)
     assert re.search(r"^protobuf[^\n]*<3\.20\b", text, re.M)
     assert re.search(r"^tensorflow==2\.9\.3$", text, re.M)
@@ -154,7 +154,7 @@ def _commands(text: str):
 
 
 def test_root_at_start_names_home_paths_only_as_the_user():
-    parts = [REPO / "entrypoint.sh", *sorted((REPO / "docker/entrypoint.d").glob("*.sh"))]
+    parts = [REPO / "entrypoint.sh", *sorted((REPO / "docker/start").rglob("*.sh"))]
     offending = []
     for path in parts:
         for line in _commands(path.read_text()):
@@ -166,3 +166,42 @@ def test_root_at_start_names_home_paths_only_as_the_user():
                 continue
             offending.append(f"{path.relative_to(REPO)}: {line}")
     assert not offending, "root acts on a path under the home:\n" + "\n".join(offending)
+
+
+# --- each start-up part's variables, listed once (its "Environment:" block) ------------------
+
+ENV_BLOCK = re.compile(r"^#\s*Environment( read here)?:\s*$")
+ENV_LINE = re.compile(r"^#   ([A-Z][A-Z0-9_]+(?:, [A-Z][A-Z0-9_]+)*)\b")
+DOCS_ROW = re.compile(r"^\| `([A-Z][A-Z0-9_]+)`(?:, `([A-Z][A-Z0-9_]+)`)? \|", re.M)
+
+
+def _part_variables(path: Path) -> list:
+    """The variables a part's header "Environment:" block names (the one place they are
+    listed; the core's own block is "Environment read here:")."""
+    names, inside = [], False
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            if inside:
+                break
+            continue
+        if ENV_BLOCK.match(line):
+            inside = True
+        elif inside and ENV_LINE.match(line):
+            names += ENV_LINE.match(line).group(1).split(", ")
+        elif inside and line.strip() == "#":
+            break
+    return names
+
+
+def test_the_docs_variable_table_is_the_parts_environment_blocks():
+    parts = [REPO / "entrypoint.sh", *sorted((REPO / "docker/start").rglob("*.sh"))]
+    in_parts = [n for p in parts for n in _part_variables(p)]
+    assert len(in_parts) == len(set(in_parts)), "a variable is listed by two parts"
+    table = {n for row in DOCS_ROW.findall((REPO / "docs/image.md").read_text()) for n in row if n}
+    assert set(in_parts) == table
+
+
+def test_serve_parts_carry_no_mode_guard():
+    """The phase is the folder (docker/start/always, docker/start/serve), not a guard."""
+    for path in (REPO / "docker/start").rglob("*.sh"):
+        assert "$MODE == serve ]] || return" not in path.read_text(), path

@@ -1,4 +1,4 @@
-"""JupyterLab over TLS (docker/entrypoint.d/08-jupyter-tls.sh), driven from the host.
+"""JupyterLab over TLS (docker/start/serve/08-jupyter-tls.sh), driven from the host.
 
 One container with JUPYTER_TLS=self-signed and a named volume for its certificate carries most
 checks: that certificate, taken from the container, is the only CA given to requests,

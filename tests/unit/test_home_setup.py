@@ -1,4 +1,4 @@
-"""tfmp-home, the persistent home's start-up jobs (docker/home-setup.py in the checkout,
+"""tfmp-home, the persistent home's start-up jobs (docker/bin/tfmp-home in the checkout,
 /usr/local/bin/tfmp-home in the image): the image's files brought into a home that outlives
 the image without touching the user's edits, and user-site packages that would break
 TensorFlow named, one line each."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CANDIDATES = [ROOT / "docker" / "home-setup.py", Path("/usr/local/bin/tfmp-home")]
+CANDIDATES = [ROOT / "docker/bin/tfmp-home", Path("/usr/local/bin/tfmp-home")]
 SCRIPT = next((p for p in CANDIDATES if p.is_file()), None)
 pytestmark = pytest.mark.skipif(SCRIPT is None, reason="tfmp-home is not here")
 

@@ -1,5 +1,5 @@
 """tfmp-tensorboard, the command behind JupyterLab's TensorBoard tile: which folder it serves,
-and one clear line for every bad setting (docker/tensorboard-launch.py in the checkout,
+and one clear line for every bad setting (docker/bin/tfmp-tensorboard in the checkout,
 /usr/local/bin/tfmp-tensorboard in the image)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CANDIDATES = [ROOT / "docker" / "tensorboard-launch.py", Path("/usr/local/bin/tfmp-tensorboard")]
+CANDIDATES = [ROOT / "docker/bin/tfmp-tensorboard", Path("/usr/local/bin/tfmp-tensorboard")]
 SCRIPT = next((p for p in CANDIDATES if p.is_file()), None)
 pytestmark = pytest.mark.skipif(SCRIPT is None, reason="tfmp-tensorboard is not here")
 

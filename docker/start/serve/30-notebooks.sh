@@ -1,9 +1,8 @@
 # shellcheck shell=bash
-# Part of entrypoint.sh (sourced; serve mode): the package's guide notebooks in
+# Part of entrypoint.sh (sourced in serve mode only): the package's guide notebooks in
 # $WORKSPACE/notebooks, copied as the user: missing ones are added, unedited copies
 # refreshed, edited ones never touched (`tfmp notebooks --install` decides).  A
 # failure costs the notebooks, not the service.
-[[ $MODE == serve ]] || return 0
 
 install_notebooks() {
   local out

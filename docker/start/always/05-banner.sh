@@ -7,23 +7,7 @@
 
 banner() {
   local versions gpus shm_kb line
-  versions=$(python3 - <<'PY' 2>/dev/null || true
-import platform
-from importlib import metadata
-
-def version(*names):
-    for name in names:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return "not installed"
-
-print(f"Python {platform.python_version()}, "
-      f"TensorFlow {version('tensorflow', 'tensorflow-gpu', 'tensorflow-cpu')}, "
-      f"JupyterLab {version('jupyterlab')}, numpy {version('numpy')}")
-PY
-  )
+  versions=$(tfmp-versions 2>/dev/null || true)
   info "== Mixed-precision TensorFlow training image ${TFMP_IMAGE_VERSION:-dev} =="
   info "${versions:-versions unknown}; CUDA ${CUDA_VERSION:-n/a}, cuDNN ${CUDNN_VERSION:-n/a}"
   gpus=""

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Part of entrypoint.sh (sourced; serve mode): the Jupyter token and the Jupyter server,
+# Part of entrypoint.sh (sourced in serve mode only): the Jupyter token and the Jupyter server,
 # which serves both interfaces behind that token: JupyterLab (/lab) and the Notebook
 # interface (/tree, /notebooks/..., /edit/...).
 #
@@ -19,7 +19,6 @@
 #   JUPYTER_HOST_PORT    host port shown in that URL (default 8888)
 # TLS (https:// in that URL, the certificate's fingerprint beside it) is decided by
 # 08-jupyter-tls.sh.
-[[ $MODE == serve ]] || return 0
 
 readonly HOME_TOKEN_DIR=${HOME_TOKEN_FILE%/*}
 
@@ -34,7 +33,7 @@ setup_jupyter() {
   esac
   [[ -z ${JUPYTER_TOKEN_FILE:-} ]] || source=JUPYTER_TOKEN_FILE
   token=$(secret_from_env JUPYTER_TOKEN "an empty token would disable authentication (unset it for a random one)")
-  [[ -n $token ]] || token=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
+  [[ -n $token ]] || token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
   # Only the offending characters are shown, never the token.
   [[ $token =~ ^[A-Za-z0-9._~-]+$ ]] ||
     fatal "$source: the Jupyter token may contain only letters, digits and . _ ~ - (it goes into URLs); found: $(printf '%q' "${token//[A-Za-z0-9._~-]/}")"

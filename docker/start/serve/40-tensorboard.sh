@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Part of entrypoint.sh (sourced; serve mode): TensorBoard, a JupyterLab tile at
+# Part of entrypoint.sh (sourced in serve mode only): TensorBoard, a JupyterLab tile at
 # /tensorboard/ started on first use (jupyter_server_config.py, tfmp-tensorboard).
 #
 # Environment:
@@ -7,7 +7,6 @@
 #                        (default $TFMP_WORKSPACE/runs, where `tfmp train`
 #                        writes runs); an absolute path (created if missing) or a
 #                        URL such as gs://bucket/runs
-[[ $MODE == serve ]] || return 0
 
 # Checked at start, as the user: a bad TFMP_TENSORBOARD_LOGDIR stops here with one
 # line instead of a tile that fails later.  The default folder the user did not ask

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Part of entrypoint.sh (sourced; serve mode): JupyterLab over TLS, off by default.
+# Part of entrypoint.sh (sourced in serve mode only): JupyterLab over TLS, off by default.
 # Runs before 10-jupyter.sh, which serves and announces what this part decides.
 #
 # Environment:
@@ -26,7 +26,6 @@
 #   JUPYTER_TLS_KEY     its key ("" without TLS)
 #   JUPYTER_TLS_NOTE    the fingerprint line to announce beside the URL ("" without TLS)
 #   JUPYTER_TLS_PIN     the certificate the healthcheck pins (root's copy when root; "" without TLS)
-[[ $MODE == serve ]] || return 0
 
 readonly TLS_KEEP_DIR=/etc/tfmp/tls
 readonly TLS_RUN_DIR=/run/tfmp/tls
@@ -48,34 +47,7 @@ is_loopback() {
 # prints them, so a kept certificate's names compare as text.  A bad name: its one
 # line on stdout, status 1.
 tls_wanted_names() {
-  JUPYTER_TLS_HOSTNAMES=${JUPYTER_TLS_HOSTNAMES:-} python3 - <<'PY'
-import ipaddress, os, re, sys
-
-LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
-names = {"DNS:localhost", "IP:127.0.0.1"}
-for word in re.split(r"[\s,]+", os.environ["JUPYTER_TLS_HOSTNAMES"].strip()):
-    if not word:
-        continue
-    try:
-        ip = ipaddress.ip_address(word.strip("[]"))
-    except ValueError:
-        name = word.lower().rstrip(".")
-        labels = name.split(".")
-        if labels[0] == "*" and len(labels) > 2:
-            labels = labels[1:]
-        if len(name) > 253 or not all(LABEL.match(label) for label in labels):
-            print(f"JUPYTER_TLS_HOSTNAMES: {word!r} is neither a host name nor an IP address; "
-                  "allowed: names such as gpu-box.example.org or *.example.org, IPv4 or IPv6 "
-                  "addresses, separated by commas or spaces")
-            sys.exit(1)
-        names.add("DNS:" + name)
-        continue
-    if ip.version == 4:
-        names.add(f"IP:{ip}")
-    else:  # OpenSSL prints IPv6 as eight groups, uppercase, no leading zeros
-        names.add("IP:" + ":".join(f"{int(group, 16):X}" for group in ip.exploded.split(":")))
-print("\n".join(sorted(names)))
-PY
+  tfmp-tls names "${JUPYTER_TLS_HOSTNAMES:-}"
 }
 
 # A certificate's subjectAltName entries, one a line, sorted, as tls_wanted_names writes them.
@@ -199,9 +171,7 @@ tls_install_for_server() {
   # What the server will do with them (tornado loads them with Python's ssl), as the user:
   # catches what openssl's checks let through, such as a key too weak for this OpenSSL.
   local err
-  err=$("${USER_CMD[@]}" python3 -c 'import ssl, sys
-ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(sys.argv[1], sys.argv[2])' \
-    "$JUPYTER_TLS_CERT" "$JUPYTER_TLS_KEY" 2>&1) ||
+  err=$("${USER_CMD[@]}" tfmp-tls check "$JUPYTER_TLS_CERT" "$JUPYTER_TLS_KEY" 2>&1) ||
     fatal "$TLS_ORIGIN: Python's ssl refuses the certificate and key: $(tail -n 1 <<<"$err")"
 }
 

@@ -22,7 +22,7 @@ c.ServerApp.jpserver_extensions.update({"tfmp_nbconvert_csp": True})
 # cookies end with the server (jupyter_server < 2.18 keeps one secret file
 # forever, CVE-2026-40934).  Changing the token means a restart, so old cookies die.
 c.ServerApp.cookie_secret = os.urandom(32)
-# The login page says where this image's token is: docker/jupyter-templates/login.html
+# The login page says where this image's token is: docker/config/jupyter-templates/login.html
 # extends jupyter_server's own page, reached as templates/login.html through the package's
 # folder (the same name in the first folder would only find itself).
 import jupyter_server  # noqa: E402
@@ -38,7 +38,7 @@ if _token_file:
 if not c.IdentityProvider.token:
     raise SystemExit("jupyter_server_config: no token; start the server through entrypoint.sh")
 
-# TLS: the certificate and key copies entrypoint.d/08-jupyter-tls.sh made for this user.
+# TLS: the certificate and key copies docker/start/serve/08-jupyter-tls.sh made for this user.
 # Tornado then speaks only TLS on 8888: a plain-HTTP request fails its handshake and the
 # connection is closed without an answer (no page, no redirect carrying the token).
 _certfile = os.environ.get("TFMP_JUPYTER_CERTFILE", "")

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Part of entrypoint.sh (sourced; serve mode, as root): SSH logins as user tf.
+# Part of entrypoint.sh (sourced in serve mode only, as root): SSH logins as user tf.
 #
 # Environment:
 #   ENABLE_SSH           1 (default) or 0 to run JupyterLab only
@@ -11,7 +11,6 @@
 #   SSH_PASSWORD         enables password login for tf (off by default)
 #   SSH_PASSWORD_FILE    same, read from a file
 #   SSH_HOST_PORT        host port shown in the start-up line (default 2222)
-[[ $MODE == serve ]] || return 0
 
 readonly HOST_KEY_DIR=/etc/ssh/host_keys
 readonly KEYS_DIR=/etc/ssh/authorized_keys
