@@ -9,7 +9,7 @@ from app.doctor import compare as compare_mod
 from app.doctor import layers as layers_mod
 from app.doctor import probe as probe_mod
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding, counts, sort_findings, verdict
-from app.errors import UsageError, UserCodeError
+from app.errors import PrecisionUnsupported, UsageError, UserCodeError
 
 SCHEMA_VERSION = 1
 DEFAULT_PRECISION = "mixed_float16"
@@ -160,6 +160,12 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     x0, y0 = batches[0]
     try:
         built = _build(task, bundle, policy, seed, bundle.sample_batch)
+    except PrecisionUnsupported as exc:
+        # This TensorFlow has no kernels here for one of the model's layer types under the
+        # policy (app.kernels): the model is fine, the policy cannot train it on this machine.
+        findings.append(Finding(BLOCKER, "kernels", None, exc.what,
+                                f"use {exc.allowed}" if exc.allowed else None))
+        return _finish(report, findings)
     except UserCodeError as exc:
         if mixed and dtype_clash.is_dtype_clash(exc.original):
             findings.append(_clash_finding(exc.original, policy, task))
