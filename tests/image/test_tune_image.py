@@ -114,8 +114,8 @@ def _assert_refused(folder: Path) -> None:
             out[name], out[name]
     assert not (folder / "refused-user").exists() and not (folder / "refused-cnn").exists()
     assert rc["check"] == 1 and "verdict: blocked" in out["check"], out["check"][-3000:]
-    assert "BLOCKER  mixed_bfloat16 cannot run the Conv2D layers of model 'cnn' here" in \
-        out["check"], out["check"]
+    assert "BLOCKER  mixed_bfloat16 cannot run layer 'conv2d' (Conv2D) of model 'cnn' here: " \
+        + CAUSE in out["check"], out["check"]
     assert rc["env"] == 0, out["env"]
     assert "oneDNN:        off (TF_ENABLE_ONEDNN_OPTS=0 turns it off)" in out["env"], out["env"]
     assert "mixed_bfloat16: runs Dense, Embedding, MaxPooling2D (probed)" in out["env"]
