@@ -5,10 +5,15 @@
 * ``docker``-marked tests need a Docker engine.  On a developer machine without
   one they are skipped; under CI (``CI=true``) a missing engine is an error,
   never a silent skip, because CI is supposed to have started it.
+* ``bf16_kernels(KIND, ...)``-marked tests need this TensorFlow to run those layer kinds
+  (``app.machine.kernels.KINDS``) under mixed_bfloat16 here (TF 2.9 has no bfloat16 convolutions
+  on a CPU without AVX-512); where ``app.machine.kernels`` says it cannot, they are skipped with a
+  reason that starts with ``BF16_SKIP`` and names the kinds and the cause.
 * ``--image-self-test`` (the image's ``self-test`` passes it): a skipped test fails the run
-  unless it is ``gpu``-marked (no GPU here) or ``host_only``-marked (it needs files the image
-  does not ship; skipped there with the marker's reason).  A test that skips because the
-  image lacks something it needs is a hole in the self-test, not a pass.
+  unless it is ``gpu``-marked (no GPU here), ``host_only``-marked (it needs files the image
+  does not ship; skipped there with the marker's reason) or skipped by the ``bf16_kernels``
+  rule above (not any other skip of such a test).  A test that skips because the image
+  lacks something it needs is a hole in the self-test, not a pass.
 """
 from __future__ import annotations
 
@@ -72,7 +77,38 @@ def pytest_addoption(parser):
 
 def _skip_allowed(item) -> bool:
     return item.get_closest_marker("gpu") is not None or \
-        item.get_closest_marker("host_only") is not None
+        item.get_closest_marker("host_only") is not None or \
+        getattr(item, "_tfmp_kernels_skip", False)
+
+
+# The start of a bf16_kernels skip's reason (tests/image/test_run.py accepts exactly this).
+BF16_SKIP = "this TensorFlow cannot run mixed_bfloat16 "
+
+
+@functools.lru_cache(maxsize=None)
+def _bf16_support():
+    from app.machine import kernels  # imports TensorFlow: only when a marked test runs
+
+    return kernels.support(kernels.PROBED_POLICY)
+
+
+def bf16_missing(kinds) -> str | None:
+    """The skip reason when mixed_bfloat16 cannot run one of ``kinds`` here, else None."""
+    support = _bf16_support()
+    bad = [k for k in kinds if not support.runs(k)]
+    if not bad:
+        return None
+    cause = support.failing[bad[0]]
+    return f"{BF16_SKIP}{', '.join(bad)} layers here: {cause.text(bad[0])}"
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("bf16_kernels")
+    if marker is not None:
+        reason = bf16_missing(marker.args)
+        if reason:
+            item._tfmp_kernels_skip = True
+            pytest.skip(reason)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -61,15 +61,20 @@ def skip_reason(policy: str, hw: HardwareInfo) -> Optional[str]:
             "emulated and slower than float32; name it in --policies to measure it anyway")
 
 
-def plan_policies(requested: Optional[Sequence[str]], hw: HardwareInfo) -> Plan:
+def plan_policies(requested: Optional[Sequence[str]], hw: HardwareInfo,
+                  cannot_run: Optional[Mapping[str, str]] = None) -> Plan:
     """Policies to run, in order, and the ones left out with their reasons.
 
     ``requested`` is None for the default (all three, minus those without a meaningful
-    number here).  Named policies always run.  float32 is the reference of every relative
-    column, so it is added first when missing (``baseline_added``).
+    number here).  Named policies run, unless this TensorFlow cannot run the model's layer
+    types under them here (``cannot_run``: policy -> reason, from ``app.machine.kernels``).  float32
+    is the reference of every relative column, so it is added first when missing
+    (``baseline_added``).
     """
+    cannot_run = dict(cannot_run or {})
     if requested is None:
-        skipped = {p: r for p in POLICIES if (r := skip_reason(p, hw)) is not None}
+        skipped = {p: r for p in POLICIES if (r := cannot_run.get(p) or skip_reason(p, hw))
+                   is not None}
         return Plan(run=tuple(p for p in POLICIES if p not in skipped), skipped=skipped)
     ordered: List[str] = []
     for p in requested:
@@ -80,7 +85,9 @@ def plan_policies(requested: Optional[Sequence[str]], hw: HardwareInfo) -> Plan:
     added = BASELINE not in ordered
     if added:
         ordered.insert(0, BASELINE)
-    return Plan(run=tuple(ordered), skipped={}, baseline_added=added)
+    skipped = {p: cannot_run[p] for p in ordered if p in cannot_run}
+    return Plan(run=tuple(p for p in ordered if p not in skipped), skipped=skipped,
+                baseline_added=added)
 
 
 def interleaved_schedule(policies: Sequence[str], repeats: int) -> List[Dict[str, object]]:

@@ -155,20 +155,30 @@ def run_schedule(schedule: Sequence[Mapping[str, Any]], settings: Mapping[str, A
                  timeout: Optional[float] = None,
                  extra_flags: Sequence[str] = (),
                  progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+                 left_out: Optional[Dict[str, str]] = None,
                  ) -> List[Dict[str, Any]]:
-    """Run every entry of ``schedule`` in order; one record per run, failures included."""
+    """Run every entry of ``schedule`` in order; one record per run, failures included.
+
+    A run that ``train`` refuses because this TensorFlow cannot run the model's layer types
+    under its policy here (``app.machine.kernels``) leaves that policy out: its reason goes into
+    ``left_out`` (policy -> reason), its later runs are not started, and no record is kept."""
     with sigterm_as_exit():
         return _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout,
-                             extra_flags, progress)
+                             extra_flags, progress,
+                             left_out if left_out is not None else {})
 
 
 def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout, extra_flags,
-                  progress) -> List[Dict[str, Any]]:
+                  progress, left_out) -> List[Dict[str, Any]]:
+    from app.machine import kernels
+
     env = child_env()
     records: List[Dict[str, Any]] = []
     total = len(schedule)
     for entry in schedule:
         policy, repeat, order = entry["policy"], entry["repeat"], entry["order"]
+        if policy in left_out:
+            continue
         # An entry with its own batch size: a policy at its best batch (benchmark --tuned).
         batch = entry.get("batch_size")
         run_settings = dict(settings, batch_size=batch) if batch else settings
@@ -202,7 +212,12 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
             rec["metrics_status"] = metrics.get("status")
             rec["measured"] = stats.measure_run(metrics, warmup_epochs)
         if rc == EXIT_USAGE:
-            raise TrainRejectedInput(_error_line(log_path) or "train rejected its arguments")
+            line = _error_line(log_path)
+            if kernels.refused_policy(line) == policy:
+                left_out[policy] = line
+                progress(f"[benchmark]   left out: {left_out[policy]}")
+                continue
+            raise TrainRejectedInput(line or "train rejected its arguments")
         if rc == -9:
             rec["error"] = f"timed out after {timeout:g} s"
         elif rc != 0:

@@ -48,8 +48,15 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     policy runs again at its own best batch (the guide's real comparison)."""
     env = dict(environment) if environment is not None else runner.collect_environment()
     hw = hardware_from_env(env)
-    the_plan = plan.plan_policies(requested, hw)
+    # A built-in model's layer kinds are known: a policy this TensorFlow cannot run them
+    # under here is left out now; a user's model tells in its first run (``left_out``).
+    from app.machine import kernels
+
+    cannot_run = {p: e.line()[len("error: "):]
+                  for p, e in kernels.builtin_refusals(settings["model"], env).items()}
+    the_plan = plan.plan_policies(requested, hw, cannot_run)
     schedule = plan.interleaved_schedule(the_plan.run, repeats)
+    left_out: Dict[str, str] = {}
 
     # The command checked that ``output`` is new or empty, so removing it on a rejected
     # input takes nothing of the user's with it.
@@ -64,7 +71,8 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         best_schedule = plan.best_batch_schedule(best_batches or {}, the_plan.run, repeats,
                                                  len(schedule))
         all_records = runner.run_schedule(schedule + best_schedule, settings, runs_dir,
-                                          warmup_epochs, launcher=launcher, timeout=timeout)
+                                          warmup_epochs, launcher=launcher, timeout=timeout,
+                                          left_out=left_out)
     except runner.TrainRejectedInput as exc:
         if existed:  # the user's empty folder stays; what we put in it goes
             for name in os.listdir(output):
@@ -75,6 +83,10 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         # The trainer's line already says what is allowed.
         raise UsageError(f"tfmp train rejected the settings: {exc.line}") from None
 
+    if left_out:
+        the_plan = plan.Plan(run=tuple(p for p in the_plan.run if p not in left_out),
+                             skipped={**the_plan.skipped, **left_out},
+                             baseline_added=the_plan.baseline_added)
     records = [r for r in all_records if r["series"] == "equal_batch"]
     results = stats.summarize(records, the_plan.run)
     at_best = _best_batch_results(best_batches, all_records, the_plan.run,

@@ -12,8 +12,10 @@ from app.doctor.run import DEFAULT_BATCH, DEFAULT_PRECISION, DEFAULT_STEPS
 
 EPILOG = """\
 what it checks (each finding has a severity, the layer and the fix):
-  per layer: class, compute dtype, variable dtype, output dtype; layers computing in
-  float32 under a mixed policy and why; the model's output must be float32; one real
+  that this TensorFlow can run the model's layer types under the policy here (bfloat16
+  convolutions on TF 2.9 need a CPU with AVX-512; `tfmp env` lists them); per layer:
+  class, compute dtype, variable dtype, output dtype; layers computing in float32 under a
+  mixed policy and why; the model's output must be float32; one real
   forward and backward step with loss scaling (dtype clashes in custom layers, NaN/inf,
   gradients that underflow without loss scaling); sizes that are not multiples of 8
   (Tensor Cores); a few steps under float32 and the policy from the same weights.

@@ -1,6 +1,6 @@
 """The names the package knows, written once and free of TensorFlow.
 
-The built-in models with their input shapes and hidden widths, the built-in datasets with
+The built-in models with their input shapes, hidden widths and layer kinds, the built-in datasets with
 their sample shapes, the dtype policies, the default initial loss scale, which built-in
 model fits which built-in dataset, and which policy has a fast path on given hardware.
 Everything else (argparse choices, validation, the benchmark's plan and diagnoses, the
@@ -22,6 +22,10 @@ class BuiltinModel:
     # the real models.
     hidden_widths: Tuple[int, ...]
     gray_28: bool   # trained on 28x28x1 images (else 32x32x3 colour images)
+    # The kinds of layer it computes with (``app.machine.kernels.KINDS``), so a policy this
+    # TensorFlow cannot run here for one of them is refused before any data loads.
+    # tests/unit/test_kernels.py compares them with the real models.
+    layer_kinds: Tuple[str, ...]
 
     def input_shape(self, image_size: int = 32) -> tuple:
         """The shape the guide trains this model on (resnet: square colour images)."""
@@ -31,10 +35,13 @@ class BuiltinModel:
 
 
 _MODELS = (
-    BuiltinModel("mlp", "the guide's 784-512-256-10 multilayer perceptron", (512, 256), True),
-    BuiltinModel("cnn", "the guide's Conv2D(32, 3) + Flatten + Dense", (32,), True),
+    BuiltinModel("mlp", "the guide's 784-512-256-10 multilayer perceptron", (512, 256), True,
+                 ("Dense",)),
+    BuiltinModel("cnn", "the guide's Conv2D(32, 3) + Flatten + Dense", (32,), True,
+                 ("Conv2D", "Dense")),
     BuiltinModel("resnet", "a small residual CNN for 32x32x3 images",
-                 (32, 32, 32, 64, 64, 64, 128, 128, 128), False),
+                 (32, 32, 32, 64, 64, 64, 128, 128, 128), False,
+                 ("Conv2D", "BatchNormalization", "Dense")),
 )
 MODELS: Dict[str, BuiltinModel] = {m.name: m for m in _MODELS}
 MODEL_NAMES: Tuple[str, ...] = tuple(MODELS)
@@ -57,6 +64,11 @@ DEFAULT_INITIAL_LOSS_SCALE = 2.0 ** 15
 
 def builtin_input_shape(name: str, image_size: int = 32) -> tuple:
     return MODELS[name].input_shape(image_size)
+
+
+def layer_kinds(model: str) -> Optional[Tuple[str, ...]]:
+    """A built-in model's layer kinds; None for a user's model (known once it is built)."""
+    return MODELS[model].layer_kinds if model in MODELS else None
 
 
 def pairing_problem(model: str, dataset: str) -> Optional[Tuple[str, str]]:

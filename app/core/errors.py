@@ -1,5 +1,6 @@
 """The errors the command line turns into one line and an exit status (app/core/exit_codes.py):
-``UsageError`` 2, ``UserCodeError`` and ``MixedPrecisionClash`` 1; ``TrainingDiverged`` (3)
+``UsageError`` 2 (``PrecisionUnsupported`` among them), ``UserCodeError`` and
+``MixedPrecisionClash`` 1; ``TrainingDiverged`` (3)
 and ``TrainingInterrupted`` (130/143) end a run and are recorded in its metrics.json."""
 from __future__ import annotations
 
@@ -38,6 +39,17 @@ class UsageError(ReportedError):
         if self.allowed:
             return f"error: {self.what}; allowed: {self.allowed}"
         return f"error: {self.what}"
+
+
+class PrecisionUnsupported(UsageError):
+    """A policy this TensorFlow cannot run here for the model's layer kinds (``app.machine.kernels``):
+    one line naming the cause (TensorFlow's version, the CPU, the layer type) and what works,
+    exit status 2.  ``check`` reports it as a finding; ``benchmark`` and ``tune`` leave the
+    policy out with it and go on with the others."""
+
+    def __init__(self, policy: str, what: str, allowed: str, kinds=()):
+        self.policy, self.kinds = policy, tuple(kinds)
+        super().__init__(what, allowed)
 
 
 class TrainingDiverged(Exception):

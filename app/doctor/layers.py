@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding
+from app.task.model_layers import is_model
 from app.precision.policy import TENSOR_CORE_MULTIPLE, off_tensor_core_tiles, round_to_tiles
 
 SIXTEEN = ("float16", "bfloat16")
@@ -28,40 +29,6 @@ def dtype_name(d) -> Optional[str]:
         return None
     name = getattr(d, "name", d)
     return str(name)
-
-
-def _is_model(layer) -> bool:
-    import tensorflow as tf
-
-    return isinstance(layer, tf.keras.Model)
-
-
-def _is_input(layer) -> bool:
-    return type(layer).__name__ == "InputLayer"
-
-
-def _children(layer) -> list:
-    try:
-        return list(layer._flatten_layers(include_self=False, recursive=False))
-    except (AttributeError, TypeError):
-        return list(getattr(layer, "layers", []) or [])
-
-
-def walk(model) -> List[tuple]:
-    """[(path, layer, parent_model_or_None)] depth first, each layer once, inputs left out."""
-    seen, out = set(), []
-
-    def visit(layer, prefix, parent):
-        for child in _children(layer):
-            if id(child) in seen:
-                continue
-            seen.add(id(child))
-            path = f"{prefix}{child.name}"
-            if not _is_input(child):
-                out.append((path, child, parent))
-            visit(child, path + "/", child if _is_model(child) else parent)
-    visit(model, "", None)
-    return out
 
 
 def _policy_name(layer) -> str:
@@ -101,7 +68,7 @@ def table(entries, captured: Dict[int, dict]) -> List[dict]:
             "variable_dtype": (",".join(variables) if variables
                                else dtype_name(getattr(layer, "variable_dtype", None))),
             "output_dtype": cap.get("dtype") or _functional_output_dtype(layer),
-            "nested_model": _is_model(layer),
+            "nested_model": is_model(layer),
         })
     return rows
 
@@ -126,7 +93,7 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs) -> List[Fin
     findings: List[Finding] = []
     mixed = policy.startswith("mixed_")
     by_path = {r["name"]: r for r in rows}
-    layers = [(p, l, parent) for p, l, parent in entries if not _is_model(l)]
+    layers = [(p, l, parent) for p, l, parent in entries if not is_model(l)]
     computing = [(p, l, parent) for p, l, parent in layers
                  if by_path[p]["compute_dtype"] is not None]
 
@@ -252,7 +219,7 @@ def tensor_core_findings(entries, rows, batch_size: int, num_classes: Optional[i
     off = off_tensor_core_tiles
 
     sixteen = [(p, l) for p, l, _ in entries
-               if not _is_model(l) and by_path[p]["compute_dtype"] in SIXTEEN]
+               if not is_model(l) and by_path[p]["compute_dtype"] in SIXTEEN]
     dense = [(p, l) for p, l in sixteen if hasattr(l, "units") and _kernel_shape(l)]
     output_dense = dense[-1][0] if dense and num_classes and \
         int(dense[-1][1].units) == int(num_classes) else None

@@ -7,9 +7,10 @@ from typing import Optional
 
 from app.doctor import compare as compare_mod
 from app.doctor import layers as layers_mod
+from app.task import model_layers
 from app.doctor import probe as probe_mod
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding, counts, sort_findings, verdict
-from app.core.errors import UsageError, UserCodeError
+from app.core.errors import PrecisionUnsupported, UsageError, UserCodeError
 
 SCHEMA_VERSION = 1
 DEFAULT_PRECISION = "mixed_float16"
@@ -160,6 +161,12 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     x0, y0 = batches[0]
     try:
         built = _build(task, bundle, policy, seed, bundle.sample_batch)
+    except PrecisionUnsupported as exc:
+        # This TensorFlow has no kernels here for one of the model's layer types under the
+        # policy (app.machine.kernels): the model is fine, the policy cannot train it on this machine.
+        findings.append(Finding(BLOCKER, "kernels", None, exc.what,
+                                f"use {exc.allowed}" if exc.allowed else None))
+        return _finish(report, findings)
     except UserCodeError as exc:
         if mixed and dtype_clash.is_dtype_clash(exc.original):
             findings.append(_clash_finding(exc.original, policy, task))
@@ -167,7 +174,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
         raise
     model = built.model
     report["notes"] = list(built.notes)
-    entries = layers_mod.walk(model)
+    entries = model_layers.walk(model)
     weights0 = model.get_weights()
 
     # --- forward pass, capturing every layer's output -----------------------------------------

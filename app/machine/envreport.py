@@ -5,13 +5,16 @@ import platform
 import sys
 
 
-def collect(hardware=None) -> dict:
+def collect(hardware=None, probe: bool = False) -> dict:
+    """The report.  ``probe``: also run ``app.machine.kernels``' probe (``tfmp env`` does; a
+    training run records what its own checks already probed)."""
     import numpy as np
     import tensorflow as tf
 
     from app.machine import gpu_problems
+    from app.machine import kernels
     from app.machine import hardware as hw_mod
-    from app.precision.keras_version import KERAS_MAJOR
+    from app.precision.loss_scale import KERAS_MAJOR
     from app.precision.policy import choose_policy
 
     hw = hardware or hw_mod.detect()
@@ -32,6 +35,8 @@ def collect(hardware=None) -> dict:
         "cudnn_version": build.get("cudnn_version"),
         "hardware": hw.to_dict(),
         "auto_precision": {"policy": auto.policy, "reason": auto.reason},
+        # Which layer kinds each probed policy runs here (app.machine.kernels), and why not.
+        "precision_support": {p: s.to_dict() for p, s in kernels.supports(probe, hw).items()},
         "executable": sys.executable,
         # Why no GPU (or no fast one), most fundamental first; [] on a working GPU box.
         "gpu_problems": gpu_problems.problems_here(tf=tf, tf_gpus=hw.gpus),
@@ -61,8 +66,26 @@ def format_text(r: dict) -> str:
     lines.append(f"CPU bfloat16:  AVX512_BF16 {'yes' if r['hardware']['cpu_avx512_bf16'] else 'no'}, "
                  f"AMX {'yes' if r['hardware']['cpu_amx'] else 'no'}")
     lines.append(f"auto precision: {r['auto_precision']['policy']} ({r['auto_precision']['reason']})")
+    for policy, sup in (r.get("precision_support") or {}).items():
+        lines += support_lines(policy, sup)
     if "gpu_problems" in r:
         from app.machine.gpu_problems import format_problems
 
         lines += ["GPU problems:"] + (format_problems(r["gpu_problems"]) or ["  none"])
     return "\n".join(lines)
+
+
+def support_lines(policy: str, sup: dict) -> list:
+    """``tfmp env``'s lines for one probed policy: the kinds that run, those that cannot
+    and why (one line per cause), and oneDNN's state where it matters (TF 2.9 on a CPU)."""
+    how = "probed" if sup.get("probed") else "not probed: it would crash here"
+    lines = []
+    if sup.get("onednn") is not None:
+        lines.append(f"oneDNN:        {'on' if sup['onednn']['on'] else 'off'} "
+                     f"({sup['onednn']['why']})")
+    runs = ", ".join(sup.get("runs") or []) or "none"
+    lines.append(f"{policy}: runs {runs} ({how})")
+    for cause in sup.get("causes") or []:
+        lines.append(f"  cannot run {', '.join(cause['kinds'])}: {cause['why']}; "
+                     f"works: {cause['allowed']}")
+    return lines

@@ -118,6 +118,12 @@ class Task:
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
         model = _call_model(self.model, bundle)
+        # Before the first forward pass: a layer computing in a dtype this TensorFlow has no
+        # kernels for here (bfloat16 convolutions on TF 2.9 without AVX-512) is one line
+        # naming the cause, not "your code raised".
+        from app.task import model_layers
+
+        model_layers.check_model(model, self.model.spec)
         # One forward pass on a few samples: it builds a subclassed model, and its output
         # gives the unit count, the dtype and whether the outputs are probabilities.
         prediction = (_forward(model, sample_batch[0], self.model.spec)

@@ -1,8 +1,9 @@
 """Training: ``train(config)`` runs a whole job and returns the metrics dict.
 
 Order of work (nothing is written before every input has been checked):
-  1. ``prepare``: validate the config, resolve the precision, load the data, check the
-     output folder and, with --resume, the run being continued;
+  1. ``prepare``: validate the config, resolve the precision, check the output folder,
+     and that this TensorFlow can run a built-in model's layer kinds under the policy here
+     (``app.machine.kernels``), load the data and, with --resume, check the run being continued;
   2. ``build_parts``: inside ``get_strategy().scope()``, set the policy, build the model
      and the optimizer (wrapped in a LossScaleOptimizer for mixed_float16), the step
      statistics and the checkpointer; with --resume, restore the checkpoint;
@@ -35,8 +36,8 @@ from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
 from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,
                         default_output, validate)
-from app.core.errors import (MixedPrecisionClash, TrainingDiverged, TrainingInterrupted, UsageError,
-                        UserCodeError)
+from app.core.errors import (MixedPrecisionClash, PrecisionUnsupported, TrainingDiverged,
+                        TrainingInterrupted, UsageError, UserCodeError)
 from app.training.interrupts import StopFlag, signal_handlers
 from app.training.monitor import StepMonitor
 from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
@@ -85,6 +86,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     decision = prec.resolve(cfg.precision, hw)
     # Before the data: the strategy must exist before TensorFlow's first tensor.
     dist = distribute.setup(cfg.strategy, cfg.batch_size, len(hw.gpus))
+    decision = _runnable(decision, cfg.model if task is None else task.model.spec, hw)
     if cfg.resume and not cfg.output:
         raise UsageError("--resume needs --output (or TFMP_OUTPUT) naming the run to continue",
                          "--resume --output <folder of the interrupted run>")
@@ -122,6 +124,37 @@ def check_holds_no_run(output: str) -> None:
     if os.path.exists(os.path.join(output, "metrics.json")):
         raise UsageError(f"output directory {output!r} already holds a run",
                          "--resume to continue it, or a new --output")
+
+
+def _runnable(decision: prec.PrecisionDecision, model: str, hw) -> prec.PrecisionDecision:
+    """A built-in model's layer kinds are known (``app.core.catalog``): a policy this TensorFlow
+    cannot run here for one of them is one line before any data loads (``app.machine.kernels``;
+    a user's model is checked in ``Task.build``, once built).  ``auto`` falls back to
+    float32 and says why, for a built-in model, and for any model where oneDNN is off on
+    TF 2.9 (no bfloat16 convolutions at all)."""
+    from app.machine import kernels
+    from app.core import catalog as registry
+
+    if decision.policy != kernels.PROBED_POLICY:
+        return decision
+    auto = decision.requested == "auto"
+    if auto:
+        sup = kernels.support(decision.policy, hw)
+        if sup.failing and (sup.everything or (sup.onednn is not None and not sup.onednn[0])):
+            cause = next(iter(sup.failing.values())).text("convolutions")
+            return prec.PrecisionDecision(registry.BASELINE_POLICY,
+                                          f"{decision.reason}, but {cause}", requested="auto")
+    kinds = registry.layer_kinds(model)
+    if kinds is None:
+        return decision
+    try:
+        kernels.check_kinds(decision.policy, kinds, model, hw)
+    except PrecisionUnsupported as exc:
+        if not auto:
+            raise
+        return prec.PrecisionDecision(registry.BASELINE_POLICY,
+                                      f"{decision.reason}, but {exc.what}", requested="auto")
+    return decision
 
 
 def read_previous_metrics(output: str) -> Optional[dict]:

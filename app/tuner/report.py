@@ -4,7 +4,8 @@ Scripts read tune.json, so these keys are kept (issue 16): ``budget_bytes``, ``m
 ``precisions`` (by policy: ``max_batch``, ``best_batch``, ``best_samples_per_second``,
 ``trials``: ``batch_size``, ``fits``, ``peak_memory_bytes``, ``samples_per_second``,
 ``reason``), ``choice`` (``precision``, ``batch_size``, ``samples_per_second``),
-``verified``.
+``verified``; ``left_out`` lists the policies this TensorFlow cannot run the model under
+here (``policy``, ``reason``).
 """
 from __future__ import annotations
 
@@ -70,6 +71,8 @@ def table(doc: Mapping[str, Any]) -> str:
                      f"({c['samples_per_second']:,.0f} samples/s)"
                      + (f", verified over {v.get('steps')} steps at "
                         f"{format_size(v.get('peak_memory_bytes'))}" if v.get("fits") else ""))
+    for entry in doc.get("left_out", []):
+        lines.append(f"left out: {entry['reason']}")
     for note in doc.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

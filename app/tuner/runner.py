@@ -33,6 +33,15 @@ WATCH_SECONDS = 0.01
 DEFAULT_TRIAL_TIMEOUT = 900.0
 
 
+class PolicyLeftOut(Exception):
+    """This TensorFlow cannot run the model's layer types under the trial's policy here
+    (``app.machine.kernels``): the tune leaves the policy out, with ``reason``, and goes on."""
+
+    def __init__(self, reason: str):
+        self.reason = reason[len("error: "):] if reason.startswith("error: ") else reason
+        super().__init__(self.reason)
+
+
 class TrialFailed(Exception):
     """A trial failed for a reason that is not memory (the user's code raised, say)."""
 
@@ -155,10 +164,13 @@ def _died_of(end: ChildEnd, kill_above: Optional[int]) -> str:
 
 def outcome_of(end: ChildEnd, kill_above: Optional[int], any_fit: bool) -> Outcome:
     """How a trial ended, as the search sees it.  Raises UsageError (the specs are wrong:
-    every size would fail) and TrialFailed (a non-memory failure before anything fitted)."""
+    every size would fail), PolicyLeftOut (the policy cannot run the model here) and
+    TrialFailed (a non-memory failure before anything fitted)."""
     r = end.result or {}
     status = r.get("status")
     seconds = round(end.seconds, 2)
+    if status == "unsupported":
+        raise PolicyLeftOut(r.get("reason") or "the policy cannot run this model here")
     if status == "usage":
         line = r.get("reason") or "the trial rejected its input"
         raise UsageError(line[len("error: "):] if line.startswith("error: ") else line)

@@ -16,8 +16,9 @@ slots, activations and gradients.  Warm-up steps (tracing, first allocations) ar
 of the speed, not of the peak.
 
 Result ``status``: ``ok``; ``oom`` (TensorFlow's ResourceExhaustedError or a MemoryError:
-the size does not fit); ``data`` (the training set is smaller than the batch); ``usage``
-(bad input, exit 2); ``error`` (anything else; the traceback is in the log, exit 1).  A
+the size does not fit); ``data`` (the training set is smaller than the batch);
+``unsupported`` (this TensorFlow cannot run the model's layer types under the policy here,
+``app.machine.kernels``: the tune leaves the policy out, exit 2); ``usage`` (bad input, exit 2); ``error`` (anything else; the traceback is in the log, exit 1).  A
 child killed outright (the kernel's OOM killer, the tuner's memory watchdog) writes nothing;
 the parent reads its death instead.
 """
@@ -166,11 +167,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     req = json.loads(args.request)
-    from app.core.errors import UsageError, UserCodeError
+    from app.core.errors import PrecisionUnsupported, UsageError, UserCodeError
     from app.core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
     try:
         doc = run(req)
+    except PrecisionUnsupported as exc:
+        _write(args.result, {"status": "unsupported", "reason": exc.line(),
+                             "policy": exc.policy})
+        sys.stderr.write(exc.line() + "\n")
+        return EXIT_USAGE
     except UsageError as exc:
         _write(args.result, {"status": "usage", "reason": exc.line()})
         sys.stderr.write(exc.line() + "\n")

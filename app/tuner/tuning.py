@@ -38,7 +38,7 @@ from app.tuner import output as output_folder
 from app.tuner import report, search
 from app.tuner.progress import Progress
 from app.core.launch import sigterm_as_exit
-from app.tuner.runner import TrialRunner, collect_environment
+from app.tuner.runner import PolicyLeftOut, TrialRunner, collect_environment
 
 PRECISION_CHOICES = registry.PRECISIONS
 DEFAULT_MARGIN = 0.1
@@ -247,6 +247,14 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
         if p not in policies:
             policies.append(p)
     notes: List[str] = []
+    # Policies this TensorFlow cannot run the model's layer types under here (app.machine.kernels):
+    # a built-in's kinds are known now, a user's model tells in its first trial.
+    from app.machine import kernels
+
+    left_out = {p: e for p, e in kernels.builtin_refusals(model, env).items() if p in policies}
+    policies = [p for p in policies if p not in left_out]
+    if not policies:
+        raise next(iter(left_out.values()))
     if "mixed_float16" in policies and not gpus:
         notes.append("mixed_float16 on a CPU is very slow (no float16 kernels): its speeds "
                      "are measured, not recommended")
@@ -277,14 +285,15 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
     try:
         with sigterm_as_exit():
             outcome = _search_and_verify(policies, runner, bar, budget.bytes, margin, cap,
-                                         start, deadline, steps, min_seconds, notes)
+                                         start, deadline, steps, min_seconds, notes,
+                                         left_out)
     except (UsageError, KeyboardInterrupt, SystemExit):
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     finally:
         bar.close()
     precisions = {p: report.precision_entry(outcome.results[p], outcome.verify_trials.get(p, []))
-                  for p in policies}
+                  for p in policies if p in outcome.results}
     if outcome.stepped_down and outcome.verified.get("fits"):
         # The larger sizes did not hold in the longer run: the verified size is the largest.
         entry, final = precisions[outcome.choice["precision"]], outcome.verified
@@ -306,6 +315,8 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
                            "min_seconds": min_seconds, "verify_steps": verify_steps_for(steps),
                            "speed_tie": search.SPEED_TIE},
         "precisions": precisions,
+        "left_out": [{"policy": p, "reason": e.line()[len("error: "):]}
+                     for p, e in left_out.items()],
         "speedup_vs_float32": report.speedups(precisions),
         "choice": outcome.choice,
         "verified": outcome.verified,
@@ -320,7 +331,9 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
 
 
 def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, deadline,
-                       steps, min_seconds, notes) -> "_Outcome":
+                       steps, min_seconds, notes, left_out) -> "_Outcome":
+    from app.core.errors import PrecisionUnsupported
+
     limit = search.memory_limit(budget_bytes, margin)
     results: Dict[str, search.SearchResult] = {}
     for policy in policies:
@@ -334,9 +347,16 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
             fitted["any"] = fitted["any"] or trial.fits
             bar.finish(policy, trial)
 
-        results[policy] = search.find_max_batch(
-            run_trial, budget_bytes=budget_bytes, margin=margin, cap=cap, start=start,
-            deadline=deadline, on_trial=seen)
+        try:
+            results[policy] = search.find_max_batch(
+                run_trial, budget_bytes=budget_bytes, margin=margin, cap=cap, start=start,
+                deadline=deadline, on_trial=seen)
+        except PolicyLeftOut as exc:
+            # The first trial built the model: this TensorFlow cannot run its layer types
+            # under the policy here.  The other policies go on.
+            bar.say(f"[tune] {policy} left out: {exc.reason}")
+            left_out[policy] = PrecisionUnsupported(policy, exc.reason, None)
+            continue
         r = results[policy]
         if r.stopped == "time":
             notes.append(f"{policy}: the time budget ended the search"
@@ -346,6 +366,8 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
             notes.append(f"{policy}: the cap {r.cap} fits; a larger --max-batch may fit too")
         elif r.stopped == "data":
             notes.append(f"{policy}: the training set limits the batch to {r.cap}")
+    if not results:
+        raise next(iter(left_out.values()))
     if all(r.max_batch is None for r in results.values()):
         tried = [(p, r.smallest_tried()) for p, r in results.items() if r.trials]
         if not tried:

@@ -176,10 +176,14 @@ def test_unbatched_datasets_as_data(user_models):
     y = rng.integers(0, 3, 24)
     train = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True)  # size unknown
     val = tf.data.Dataset.from_tensor_slices((x[:8], y[:8]))
+    # mixed_float16: a mixed policy every TensorFlow here runs for Conv2D and the normalization
+    # layers (TF 2.9 has no bfloat16 convolutions on a CPU without AVX-512).
     report = _check(user_models("normalized").build, data=(train, val), input_shape=None,
-                    precision="mixed_bfloat16")
-    assert report["verdict"] == "ready", report["findings"]
-    assert report["policy"] == "mixed_bfloat16" and report["data"]["num_classes"] == 3
+                    precision="mixed_float16")
+    assert report["verdict"] in ("ready", "ready with warnings"), report["findings"]
+    assert not [f for f in report["findings"] if f["severity"] == "blocker"], report["findings"]
+    assert report["policy"] == "mixed_float16" and report["data"]["num_classes"] == 3
+    assert report["comparison"]["ran"]
 
 
 # ---- the command line -----------------------------------------------------------------------------

@@ -5,11 +5,17 @@ import tensorflow as tf
 from app.precision import policy as precision
 from app.task.models import build_model, input_shape_for
 
+from app.core import catalog as registry
+
 POLICIES = ["float32", "mixed_float16", "mixed_bfloat16"]
+# bfloat16 runs only where this TensorFlow has the model's kernels here (tests/conftest.py).
+CASES = [pytest.param(name, policy, id=f"{name}-{policy}",
+                      marks=[pytest.mark.bf16_kernels(*registry.layer_kinds(name))]
+                      if policy == "mixed_bfloat16" else [])
+         for name in registry.MODEL_NAMES for policy in POLICIES]
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet"])
+@pytest.mark.parametrize("name, policy", CASES)
 def test_output_is_float32_and_body_uses_the_policy(name, policy):
     precision.apply_policy(policy)
     model = build_model(name, input_shape_for(name), 10)

@@ -58,6 +58,7 @@ def test_dotted_module_and_unknown_size_tf_data(tmp_path):
     assert m["epochs"][-1]["samples_per_second"] > 0
 
 
+@pytest.mark.bf16_kernels("Conv2D", "BatchNormalization", "LayerNormalization", "Dense")
 def test_functional_model_with_batch_and_layer_normalization(tiny_config):
     from app.training.job import train
 

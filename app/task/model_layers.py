@@ -1,0 +1,68 @@
+"""A model's layers as a tree: each layer once, depth first, named by its full path (a layer
+of a layer: ``outer/inner``).  ``check`` reads its findings off it, and a model just built is
+checked here against the layer kinds this TensorFlow can run (``app.machine.kernels``)."""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from app.machine import kernels
+
+
+def is_model(layer) -> bool:
+    import tensorflow as tf
+
+    return isinstance(layer, tf.keras.Model)
+
+
+def is_input(layer) -> bool:
+    return type(layer).__name__ == "InputLayer"
+
+
+def children(layer) -> list:
+    try:
+        return list(layer._flatten_layers(include_self=False, recursive=False))
+    except (AttributeError, TypeError):
+        return list(getattr(layer, "layers", []) or [])
+
+
+def walk(model) -> List[tuple]:
+    """[(path, layer, parent_model_or_None)] depth first, each layer once, inputs left out."""
+    seen, out = set(), []
+
+    def visit(layer, prefix, parent):
+        for child in children(layer):
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            path = f"{prefix}{child.name}"
+            if not is_input(child):
+                out.append((path, child, parent))
+            visit(child, path + "/", child if is_model(child) else parent)
+    visit(model, "", None)
+    return out
+
+
+def sixteen_bit_layers(model) -> List[Tuple[str, str, Optional[str]]]:
+    """(path, class name, kind or None) of the model's layers that compute in bfloat16
+    (nested models left out: their own layers are listed)."""
+    import tensorflow as tf
+
+    out = []
+    for path, layer, _parent in walk(model):
+        dtype = getattr(layer, "compute_dtype", None)
+        if str(getattr(dtype, "name", dtype)) == kernels.SIXTEEN_BIT and \
+                not isinstance(layer, tf.keras.Model):
+            out.append((path, type(layer).__name__, kernels.kind_of(layer)))
+    return out
+
+
+def check_model(model, spec: str) -> None:
+    """A model just built (before its first forward pass): raise the refusal when a layer
+    computing in bfloat16 is of a kind this TensorFlow cannot run here.  Models without a
+    bfloat16 layer are not probed."""
+    layers = sixteen_bit_layers(model)
+    if not layers:
+        return
+    refusal = kernels.refusal_for_layers(kernels.support(kernels.PROBED_POLICY), layers, spec)
+    if refusal is not None:
+        raise refusal

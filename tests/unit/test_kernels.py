@@ -1,0 +1,309 @@
+"""app.machine.kernels: the rule (fake CPUs of both kinds), the refusal lines, and the probe against
+the rule on the TensorFlow that runs the suite (TF 2.9 in the image, a current one on the host)."""
+from __future__ import annotations
+
+import pytest
+
+from app.machine import kernels
+from app.core import catalog as registry
+from app.core.errors import PrecisionUnsupported
+from app.machine.kernels import Machine
+
+BF16 = "mixed_bfloat16"
+# /proc/cpuinfo flags of the two kinds of CPU these machines have.
+AMD_EPYC_ZEN3 = frozenset("fpu sse2 avx avx2 fma bmi2 sha_ni vaes vpclmulqdq".split())
+INTEL_SPR = frozenset("avx avx2 fma avx512f avx512bw avx512vl avx512dq avx512cd avx512_vnni "
+                      "avx512_bf16 amx_tile amx_bf16 amx_int8".split())
+INTEL_SKYLAKE = frozenset("avx avx2 fma avx512f avx512bw avx512vl avx512dq avx512cd".split())
+CONVS = ("Conv1D", "Conv2D", "Conv2DTranspose", "Conv3D", "DepthwiseConv2D", "SeparableConv2D")
+
+
+def test_tf29_on_a_cpu_without_avx512_has_no_bfloat16_convolutions():
+    m = Machine("2.9.3", AMD_EPYC_ZEN3)
+    assert kernels.onednn(m)[0] is False and "none of them" in kernels.onednn(m)[1]
+    fails = kernels.expected_failures(BF16, m)
+    assert set(fails) == set(kernels.KINDS) - {"Dense", "Embedding", "MaxPooling2D"}
+    assert set(CONVS) | {"BatchNormalization", "LayerNormalization"} <= set(fails)
+    why = fails["Conv2D"].text("Conv2D")
+    assert "TensorFlow 2.9" in why and "this CPU lacks AVX-512" in why and "Conv2D" in why
+    assert fails["Conv2D"].allowed == kernels.ALLOWED
+    assert kernels.probe_is_safe(BF16, m)
+
+
+def test_tf29_on_an_avx512_bf16_cpu_runs_convolutions_but_not_every_gradient():
+    m = Machine("2.9.3", INTEL_SPR)
+    assert kernels.onednn(m) == (True, "on by default: the CPU has AVX512_VNNI, AVX512_BF16, "
+                                       "AMX_TILE, AMX_INT8, AMX_BF16")
+    fails = kernels.expected_failures(BF16, m)
+    assert set(fails) == {"Conv3D", "DepthwiseConv2D", "SeparableConv2D"}
+    assert "gradient" in fails["DepthwiseConv2D"].text("DepthwiseConv2D")
+    assert "Ampere" in fails["DepthwiseConv2D"].allowed
+
+
+@pytest.mark.parametrize("env, flags, expect", [
+    ("0", INTEL_SPR, "TF_ENABLE_ONEDNN_OPTS=0 turns it off"),   # how this suite forces it
+    ("false", INTEL_SPR, "TF_ENABLE_ONEDNN_OPTS=0 turns it off"),
+    (None, INTEL_SKYLAKE, "neither VNNI nor BF16"),
+])
+def test_oneDNN_off_on_an_avx512_cpu_names_the_reason(env, flags, expect):
+    fails = kernels.expected_failures(BF16, Machine("2.9.3", flags, env))
+    assert "Conv2D" in fails and expect in fails["Conv2D"].text("Conv2D")
+    if env is None:
+        assert "TF_ENABLE_ONEDNN_OPTS=1" in fails["Conv2D"].allowed
+
+
+def test_oneDNN_forced_on_without_avx512_is_never_probed():
+    """oneDNN's bfloat16 needs AVX-512: limited to AVX2 it segfaults in the first MatMul."""
+    for m in (Machine("2.9.3", AMD_EPYC_ZEN3, "1"), Machine("2.9.3", INTEL_SPR, None, 0, "AVX2")):
+        assert not kernels.probe_is_safe(BF16, m)
+        fails = kernels.expected_failures(BF16, m)
+        assert set(fails) == set(kernels.KINDS) and "crashes" in fails["Dense"].text("Dense")
+        support = kernels.reconcile(BF16, m, None)
+        assert support.everything and not support.probed
+        refusal = kernels.refusal_for_layers(support, [("act", "MyLayer", None)], "m.py:build")
+        assert refusal is not None and "layer 'act' (MyLayer)" in refusal.line()
+
+
+@pytest.mark.parametrize("m", [Machine("2.16.1", AMD_EPYC_ZEN3), Machine("2.9.3", AMD_EPYC_ZEN3,
+                                                                         gpus=1)])
+def test_no_rule_outside_tf29_on_a_cpu(m):
+    assert kernels.expected_failures(BF16, m) is None
+    assert kernels.expected_failures("float32", Machine("2.9.3", AMD_EPYC_ZEN3)) is None
+
+
+def test_refusal_lines_name_the_layer_the_cause_and_what_works():
+    m = Machine("2.9.3", AMD_EPYC_ZEN3)
+    support = kernels.reconcile(BF16, m, {"Conv2D": "ValueError: x",
+                                          "BatchNormalization": "ValueError: y"})
+    line = kernels.refusal_for_kinds(support, registry.layer_kinds("resnet"), "resnet").line()
+    assert line == (
+        "error: mixed_bfloat16 cannot run the Conv2D layers of model 'resnet' (also "
+        "BatchNormalization) here: TensorFlow 2.9 has bfloat16 CPU kernels for Conv2D only in "
+        "oneDNN, which it turns on only on CPUs with AVX-512 (VNNI or BF16) or AMX, and this "
+        "CPU lacks AVX-512; allowed: --precision float32, or mixed_bfloat16 on a CPU with "
+        "AVX-512 (VNNI or BF16) or AMX, or a GPU from Ampere on")
+    assert kernels.refused_policy(line) == BF16 and kernels.refused_policy(line[7:]) == BF16
+    assert kernels.refused_policy("error: output directory 'x' already holds a run") is None
+    assert kernels.refusal_for_kinds(support, registry.layer_kinds("mlp"), "mlp") is None
+    layers = [("dense", "Dense", "Dense"), ("block/conv", "MyConv", "Conv2D")]
+    err = kernels.refusal_for_layers(support, layers, "./heavy.py:build")
+    assert isinstance(err, PrecisionUnsupported) and err.policy == BF16
+    assert err.line().startswith("error: mixed_bfloat16 cannot run layer 'block/conv' (MyConv) of "
+                                 "model './heavy.py:build' here: TensorFlow 2.9 has bfloat16 CPU "
+                                 "kernels for Conv2D only in oneDNN")
+    # A kind the rule did not foresee: the probe's own error, in words.
+    odd = kernels.reconcile(BF16, Machine("2.9.3", INTEL_SPR), {"Embedding": "NotFoundError: z"})
+    assert odd.failing["Embedding"].text("Embedding") == (
+        "TensorFlow 2.9.3 has no bfloat16 kernel for Embedding here (a tiny Embedding failed "
+        "forward or backward: NotFoundError: z)")
+
+
+def test_support_survives_the_env_report_and_refuses_builtins_from_it():
+    support = kernels.reconcile(BF16, Machine("2.9.3", AMD_EPYC_ZEN3, "0"), {"Conv2D": "E: 1"})
+    d = support.to_dict()
+    assert d["runs"] == [k for k in kernels.KINDS if k != "Conv2D"] and d["probed"]
+    assert d["onednn"] == {"on": False, "why": "TF_ENABLE_ONEDNN_OPTS=0 turns it off"}
+    assert d["causes"][0]["kinds"] == ["Conv2D"] and "these layer types" in d["causes"][0]["why"]
+    env = {"precision_support": {BF16: d}}
+    assert set(kernels.builtin_refusals("cnn", env)) == {BF16}
+    assert kernels.builtin_refusals("mlp", env) == {}
+    assert kernels.builtin_refusals("./net.py:build", env) == {}
+    assert kernels.builtin_refusals("cnn", {}) == {}
+
+
+def test_fake_cpus_through_the_benchmark_plan():
+    from app.benchmark import plan
+    from app.machine.hardware import HardwareInfo
+
+    hw = HardwareInfo(cpu_flags=INTEL_SPR)
+    cannot = {BF16: "mixed_bfloat16 cannot run the Conv2D layers of model 'cnn' here: ..."}
+    for requested in (None, ["float32", BF16]):
+        p = plan.plan_policies(requested, hw, cannot)
+        assert p.run == ("float32",) and p.skipped[BF16] == cannot[BF16]
+    assert plan.plan_policies([BF16], hw).run == ("float32", BF16)
+
+
+# ---- the real TensorFlow ---------------------------------------------------------------------
+
+def test_registry_kinds_are_the_builtin_models_kinds():
+    import tensorflow as tf
+
+    from app.task import model_layers, models
+
+    for name in registry.MODEL_NAMES:
+        model = models.build_model(name, registry.builtin_input_shape(name), 10)
+        found = {kernels.kind_of(l) for l in model.layers if not isinstance(l, tf.keras.Model)}
+        assert found - {None} == set(registry.layer_kinds(name)), name
+
+
+def test_the_probe_agrees_with_the_rule_here_and_leaves_no_trace():
+    """On TF 2.9 (the image) the rule must foresee exactly what the probe finds, on this
+    CPU and with this machine's oneDNN setting; elsewhere the probe alone decides."""
+    import tensorflow as tf
+
+    before = tf.keras.mixed_precision.global_policy().name
+    support = kernels.support(BF16)
+    assert kernels.support(BF16) is support            # once per process
+    assert tf.keras.mixed_precision.global_policy().name == before
+    m = kernels.this_machine()
+    rule = kernels.expected_failures(BF16, m)
+    if rule is not None and support.probed:
+        assert set(support.failing) == set(rule), (support.errors, m)
+    assert "Dense" in support.to_dict()["runs"] or support.everything
+    # no automatic layer name used up: a new Dense is still "dense" if none was made before
+    name = tf.keras.layers.Dense(1).name
+    assert not name.startswith("tfmp_probe")
+
+
+def test_check_model_passes_float32_models_without_probing(monkeypatch):
+    import tensorflow as tf
+
+    from app.task import model_layers, models
+
+    monkeypatch.setattr(kernels, "support", lambda *a, **k: pytest.fail("probed"))
+    tf.keras.mixed_precision.set_global_policy("float32")
+    model_layers.check_model(models.build_model("cnn", (28, 28, 1), 10), "cnn")
+
+
+# ---- the refusal where it is used, with a machine that lacks bfloat16 convolutions -----------
+
+@pytest.fixture
+def no_bf16_convs(monkeypatch):
+    """This process' probe result replaced by a TF 2.9 CPU without AVX-512's."""
+    m = Machine("2.9.3", AMD_EPYC_ZEN3)
+    fails = kernels.expected_failures(BF16, m)
+    monkeypatch.setitem(kernels._CACHE, BF16, kernels.reconcile(
+        BF16, m, {k: "ValueError: Incompatible type conversion" for k in fails}))
+
+
+def test_train_refuses_a_builtin_before_any_data_loads(no_bf16_convs, tiny_config, tmp_path):
+    from app.training.job import prepare
+
+    # mnist offline with no data folder would fail with another line if data were loaded
+    cfg = tiny_config(model="cnn", dataset="mnist", precision=BF16,
+                      data_dir=str(tmp_path / "nothing-here"))
+    with pytest.raises(PrecisionUnsupported) as err:
+        prepare(cfg)
+    assert err.value.line().startswith("error: mixed_bfloat16 cannot run the Conv2D layers of "
+                                       "model 'cnn' here: TensorFlow 2.9")
+    assert not (tmp_path / "run").exists()
+    # auto falls back to float32 and says why; a Dense-only model trains in bfloat16
+    from app.machine.hardware import HardwareInfo
+
+    auto = prepare(tiny_config(model="cnn", precision="auto", max_train_samples=64),
+                   hardware=HardwareInfo(cpu_flags=INTEL_SPR))
+    assert auto.decision.policy == "float32"
+    assert "so bfloat16 math is native, but TensorFlow 2.9 has bfloat16 CPU kernels for " \
+        "convolutions only in oneDNN" in auto.decision.reason
+    assert prepare(tiny_config(model="mlp", precision=BF16)).decision.policy == BF16
+
+
+def test_a_users_model_is_refused_after_its_build_not_blamed(no_bf16_convs, tiny_config):
+    import os
+
+    from app.task.task import Task
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    task = Task.from_specs(os.path.join(here, "user_models", "normalized.py") + ":build",
+                           "synthetic", input_shape=(8, 8, 1))
+    import tensorflow as tf
+
+    bundle = task.load_data(8, max_train_samples=16, max_val_samples=8)
+    tf.keras.mixed_precision.set_global_policy(BF16)
+    with pytest.raises(PrecisionUnsupported) as err:
+        task.build(bundle, bundle.sample_batch)
+    line = err.value.line()
+    assert "your code raised" not in line and line.startswith("error: mixed_bfloat16 cannot run "
+                                                             "layer 'conv2d")
+    assert "(also BatchNormalization, LayerNormalization)" in line
+    assert line.endswith("allowed: " + kernels.ALLOWED)
+
+
+def test_check_reports_it_as_a_blocker(no_bf16_convs):
+    from app.doctor.check import check
+
+    report = check("cnn", precision=BF16, batch_size=8, steps=1, verbose=False)
+    assert report["verdict"] == "blocked"
+    (finding,) = [f for f in report["findings"] if f["check"] == "kernels"]
+    assert finding["severity"] == "blocker" and "Conv2D" in finding["what"]
+    assert finding["fix"] == "use " + kernels.ALLOWED
+
+
+def test_benchmark_leaves_a_refused_policy_out_and_goes_on(tmp_path):
+    """A user's model: its first run under the policy exits 2 with the refusal line."""
+    import json
+    import os
+
+    from app.benchmark import suite
+    from test_benchmark_report import FAKE_ENV, SETTINGS, FakeTrain
+
+    line = ("error: mixed_bfloat16 cannot run layer 'conv2d' (Conv2D) of model 'n.py:build' "
+            "here: TensorFlow 2.9 ...; allowed: --precision float32")
+
+    class Refusing(FakeTrain):
+        def __call__(self, cmd, log_path, timeout, env):
+            if "--precision" in cmd and cmd[cmd.index("--precision") + 1] == BF16:
+                self.calls.append(BF16)
+                with open(log_path, "w") as fh:
+                    fh.write(line + "\n")
+                return 2
+            return super().__call__(cmd, log_path, timeout, env)
+
+    fake, out = Refusing(), str(tmp_path / "bench")
+    rc = suite.run_benchmark(dict(SETTINGS), ["float32", BF16], out, repeats=2, warmup_epochs=1,
+                             max_accuracy_gap=1.0, launcher=fake, environment=FAKE_ENV,
+                             echo=lambda s: None)
+    doc = json.load(open(os.path.join(out, "benchmark.json")))
+    assert rc == 0 and fake.calls == ["float32", BF16, "float32"]   # tried once, then left out
+    assert doc["policies_run"] == ["float32"]
+    assert doc["skipped"] == [{"policy": BF16, "reason": line[len("error: "):]}]
+    # a built-in model: left out from the env report, no run at all
+    env = dict(FAKE_ENV, precision_support={BF16: kernels.reconcile(
+        BF16, Machine("2.9.3", AMD_EPYC_ZEN3), {"Conv2D": "E"}).to_dict()})
+    fake2 = FakeTrain()
+    suite.run_benchmark(dict(SETTINGS, model="cnn"), None, str(tmp_path / "b2"), repeats=1,
+                        warmup_epochs=1, max_accuracy_gap=1.0, launcher=fake2, environment=env,
+                        echo=lambda s: None)
+    assert fake2.calls == ["float32"]
+
+
+def test_tune_leaves_a_refused_policy_out_and_goes_on(monkeypatch, tmp_path):
+    """A user's model: the first trial under the policy reports it unsupported; a built-in
+    model: left out from the env report before any trial; every policy refused: exit 2."""
+    import json
+
+    from app.tuner import runner
+    from app.tuner import tuning as api
+    from app.tuner.search import Outcome
+
+    env = {"hardware": {"gpus": []}, "auto_precision": {"policy": "float32"},
+           "tensorflow": "2.9.3",
+           "precision_support": {BF16: kernels.reconcile(BF16, Machine("2.9.3", AMD_EPYC_ZEN3),
+                                                         {"Conv2D": "E"}).to_dict()}}
+    monkeypatch.setattr(api, "collect_environment", lambda: env)
+    calls = []
+
+    def trial(self, policy, batch, any_fit, phase="search", **kw):
+        calls.append((policy, batch))
+        if policy == BF16:
+            raise runner.PolicyLeftOut("error: mixed_bfloat16 cannot run layer 'c' (Conv2D) "
+                                       "of model 'm:build' here: ...; allowed: float32")
+        return Outcome(batch <= 16, 2**20 * batch, 100.0 * batch, "" if batch <= 16 else "x", 1.0)
+
+    monkeypatch.setattr(runner.TrialRunner, "__call__", trial)
+    monkeypatch.setattr(runner.TrialRunner, "verify",
+                        lambda self, p, b, steps: Outcome(True, 2**20 * b, 100.0 * b, "", 1.0))
+    kw = dict(memory_budget="1GiB", max_batch=32, progress=False, workspace=str(tmp_path))
+    doc = api.tune("tests.unit.user_models.normalized:build", "synthetic",
+                   precision=f"float32,{BF16}", output=str(tmp_path / "t1"), **kw)
+    assert set(doc["precisions"]) == {"float32"} and doc["choice"]["precision"] == "float32"
+    assert doc["left_out"][0]["policy"] == BF16
+    assert doc["left_out"][0]["reason"].startswith("mixed_bfloat16 cannot run layer 'c'")
+    assert json.load(open(tmp_path / "t1" / "tune.json"))["left_out"] == doc["left_out"]
+    calls.clear()
+    doc = api.tune("cnn", "synthetic", precision=f"float32,{BF16}", output=str(tmp_path / "t2"),
+                   **kw)
+    assert {p for p, _ in calls} == {"float32"}     # no trial under the refused policy
+    assert "the Conv2D layers of model 'cnn'" in doc["left_out"][0]["reason"]
+    with pytest.raises(PrecisionUnsupported):
+        api.tune("cnn", "synthetic", precision=BF16, output=str(tmp_path / "t3"), **kw)
