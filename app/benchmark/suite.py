@@ -26,7 +26,8 @@ def hardware_from_env(env: Mapping[str, Any]) -> HardwareInfo:
     return HardwareInfo.from_dict(hw)
 
 
-def _steps_per_epoch(runs: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) -> Optional[int]:
+def _steps_per_epoch(runs: Sequence[Mapping[str, Any]],
+                     settings: Mapping[str, Any]) -> Optional[int]:
     for r in runs:
         m = r.get("metrics_summary") or {}
         if m.get("train_samples"):
@@ -58,8 +59,6 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     schedule = plan.interleaved_schedule(the_plan.run, repeats)
     left_out: Dict[str, str] = {}
 
-    # The command checked that ``output`` is new or empty, so removing it on a rejected
-    # input takes nothing of the user's with it.
     existed = os.path.isdir(output)
     os.makedirs(output, exist_ok=True)
     runs_dir = os.path.join(output, "runs")
@@ -74,12 +73,7 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                                           warmup_epochs, launcher=launcher, timeout=timeout,
                                           left_out=left_out)
     except runner.TrainRejectedInput as exc:
-        if existed:  # the user's empty folder stays; what we put in it goes
-            for name in os.listdir(output):
-                path = os.path.join(output, name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
-        else:
-            shutil.rmtree(output, ignore_errors=True)
+        _remove_what_we_wrote(output, existed)
         # The trainer's line already says what is allowed.
         raise UsageError(f"tfmp train rejected the settings: {exc.line}") from None
 
@@ -115,19 +109,7 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                          jit=bool(settings.get("jit")),
                          steps_per_execution=settings.get("steps_per_execution") or 1,
                          max_accuracy_gap_points=max_accuracy_gap),
-        "warmup": {
-            "epochs_excluded": warmup_epochs,
-            "how": (f"the first {warmup_epochs} epoch(s) of every run are left out of s/epoch "
-                    "and samples/s (graph tracing, XLA compilation, autotuning); accuracy, loss "
-                    "scale and skipped steps come from the whole run"),
-        },
-        "interleaving": {
-            "how": "round-robin: one run of each policy per repeat, in the order listed; every "
-                   "run is a fresh `tfmp train` process",
-            "order": [f"{e['policy']}#{e['repeat']}" + (f"@b{e['batch_size']}"
-                                                        if e.get("batch_size") else "")
-                      for e in schedule + best_schedule],
-        },
+        **_method(warmup_epochs, schedule + best_schedule),
         "hardware": dict(hw.to_dict(), description=plan.describe(hw), cpu_count=os.cpu_count()),
         "load_average_max": max(loads) if loads else None,
         "environment": env,
@@ -145,6 +127,36 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     }
     _write_files(output, doc, env, echo)
     return 0 if status == "ok" else 1
+
+
+def _remove_what_we_wrote(output: str, existed: bool) -> None:
+    """A rejected input: the user's empty folder stays, what we put in it goes (the command
+    checked that ``output`` was new or empty, so nothing of the user's goes with it)."""
+    if existed:
+        for name in os.listdir(output):
+            path = os.path.join(output, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+    else:
+        shutil.rmtree(output, ignore_errors=True)
+
+
+def _method(warmup_epochs: int, order) -> Dict[str, Any]:
+    """benchmark.json's account of how it measured: the warm-up left out, the interleaving."""
+    return {
+        "warmup": {
+            "epochs_excluded": warmup_epochs,
+            "how": (f"the first {warmup_epochs} epoch(s) of every run are left out of s/epoch "
+                    "and samples/s (graph tracing, XLA compilation, autotuning); accuracy, loss "
+                    "scale and skipped steps come from the whole run"),
+        },
+        "interleaving": {
+            "how": "round-robin: one run of each policy per repeat, in the order listed; every "
+                   "run is a fresh `tfmp train` process",
+            "order": [f"{e['policy']}#{e['repeat']}" + (f"@b{e['batch_size']}"
+                                                        if e.get("batch_size") else "")
+                      for e in order],
+        },
+    }
 
 
 def _write_files(output: str, doc: Dict[str, Any], env: Mapping[str, Any],

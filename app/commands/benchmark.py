@@ -24,16 +24,15 @@ _WHAT = tuple(s.name for s in settings_table.PASSED
 
 
 def add_parser(subparsers):
-    import argparse
 
-    from app.commands.flags import SPEC_HELP, add_setting_flags, add_task_flags
+    from app.commands.flags import SPEC_HELP, add_setting_flags, add_task_flags, command_parser
 
-    p = subparsers.add_parser(
-        "benchmark", help="measure float32 against mixed precision on this machine",
+    p = command_parser(
+        subparsers, "benchmark", "measure float32 against mixed precision on this machine",
         description="Train the same model under each precision policy, interleaved, and "
                     "report speed, peak memory and accuracy with plain-word diagnoses; "
                     "also time the input pipeline alone and say when the job is input-bound.",
-        epilog=SPEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=SPEC_HELP)
     # The same task and data flags as train, passed to every `tfmp train` run.  Defaults of
     # None: resolved like `train` does (flag, then TFMP_* variable, then default).
     what = add_task_flags(p)

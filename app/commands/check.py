@@ -5,7 +5,6 @@ Exit status: 0 ready (warnings included), 1 blocked, 2 bad input.  Prints the re
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 from app.doctor.run import DEFAULT_BATCH, DEFAULT_PRECISION, DEFAULT_STEPS
@@ -30,16 +29,15 @@ examples:
 
 
 def add_parser(subparsers):
-    from app.commands.flags import SPEC_HELP, add_task_flags, require
+    from app.commands.flags import SPEC_HELP, add_task_flags, command_parser, require
     from app.precision.policy import CHOICES
 
-    p = subparsers.add_parser(
-        "check", help="check a model for mixed-precision problems (the doctor)",
+    p = command_parser(
+        subparsers, "check", "check a model for mixed-precision problems (the doctor)",
         description="Check a model under a mixed-precision policy: which layers compute in "
                     "which dtype, whether the output is float32, one real step with loss "
                     "scaling, Tensor Core sizes, and float32 against the policy.",
-        epilog=EPILOG + "\n" + SPEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-        argument_default=None)
+        epilog=EPILOG + "\n" + SPEC_HELP)
     what = add_task_flags(p, show_env=False)   # check reads no TFMP_ variables
     require(what, "model")
     # check's defaults differ from train's: say them here, not train's.

@@ -3,6 +3,7 @@ the user-code help text, and marking a flag required.  Not a command: commands i
 this, never each other."""
 from __future__ import annotations
 
+import argparse
 import re
 
 from app.core import settings
@@ -46,3 +47,10 @@ def require(group, *dests: str) -> None:
         if action.dest in dests:
             action.required = True
             action.help = re.sub(r"\s*\(default [^)]*\)$", "", action.help) + " (required)"
+
+
+def command_parser(subparsers, name: str, summary: str, description: str, epilog: str):
+    """A subcommand's parser: its one-line ``summary`` in ``tfmp --help``, the ``description``
+    and ``epilog`` (examples, the user-code forms) kept as written."""
+    return subparsers.add_parser(name, help=summary, description=description, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)

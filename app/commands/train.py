@@ -1,11 +1,10 @@
 """``tfmp train``: one training job (flag > TFMP_* environment variable > default)."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from app.commands.flags import SPEC_HELP, add_setting_flags, add_task_flags
+from app.commands.flags import SPEC_HELP, add_setting_flags, add_task_flags, command_parser
 from app.core import settings
 from app.core.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, interrupted
 
@@ -13,13 +12,12 @@ _PEER_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineE
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser(
-        "train", help="train a model with mixed precision",
+    p = command_parser(
+        subparsers, "train", "train a model with mixed precision",
         description="Train a model. Every flag can also be set with the environment variable "
                     "shown after its help in brackets (e.g. TFMP_EPOCHS=3); a flag wins over "
                     "the variable. Switches take 1/0/true/false there.",
-        epilog=SPEC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-        argument_default=None)
+        epilog=SPEC_HELP)
     add_task_flags(p)
     add_setting_flags(p, [s.name for s in settings.SETTINGS if not s.task])
     return p

@@ -6,7 +6,6 @@ the log is named), 2 bad input or no size fits (one line, nothing written).
 """
 from __future__ import annotations
 
-import argparse
 
 from app.core.exit_codes import EXIT_FAILED, EXIT_OK
 
@@ -29,16 +28,16 @@ examples:
 
 
 def add_parser(subparsers):
-    from app.commands.flags import add_setting_flags, add_task_flags, require
+    from app.commands.flags import add_setting_flags, add_task_flags, command_parser, require
     from app.tuner import search
     from app.tuner import tuning as api
 
-    p = subparsers.add_parser(
-        "tune", help="find the largest and the fastest batch size per precision",
+    p = command_parser(
+        subparsers, "tune", "find the largest and the fastest batch size per precision",
         description="Find, per precision, the largest batch size that fits the memory budget "
                     "and the fastest one, on your model and hardware; write tune.json and "
                     "tune.png.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG)
     # The same task and data flags as train (app.core.settings), read from the command line only:
     # the tune's children get every value explicitly.
     what = add_task_flags(p, show_env=False)

@@ -232,6 +232,21 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     probe.update({k: v for k, v in grads.items() if k != "grads"})
     probe["xla"] = jit and not getattr(step, "fallback", lambda: False)()
     report["probe"] = probe
+    findings += _gradient_findings(grads, policy, model, entries)
+    if not grads["gradients_finite"] or loss is None:
+        return _finish(report, findings)
+
+    # --- float32 against the policy, from the same weights --------------------------------------
+    model.set_weights(weights0)
+    report["comparison"] = _compare(task, bundle, built, model, step, batches, policy, seed,
+                                    weights0, findings, mixed)
+    return _finish(report, findings)
+
+
+def _gradient_findings(grads: dict, policy: str, model, entries) -> list:
+    """What one backward step's gradients say: non-finite ones (naming the layer owning the
+    first such variable) block; under mixed_float16, how much underflows without scaling."""
+    findings = []
     if not grads["gradients_finite"]:
         owner = probe_mod.nonfinite_variable_owner(grads["grads"], model.trainable_variables,
                                                    entries)
@@ -252,14 +267,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
             f"{grads['loss_scale']:g})",
             "keep loss scaling on: train does it; in your own loop wrap the optimizer in a "
             "LossScaleOptimizer and scale the loss (app.precision.loss_scale)"))
-    if not grads["gradients_finite"] or loss is None:
-        return _finish(report, findings)
-
-    # --- float32 against the policy, from the same weights --------------------------------------
-    model.set_weights(weights0)
-    report["comparison"] = _compare(task, bundle, built, model, step, batches, policy, seed,
-                                    weights0, findings, mixed)
-    return _finish(report, findings)
+    return findings
 
 
 def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, findings,

@@ -8,7 +8,6 @@ what was found and one line saying how to fix it (docs/image.md, "No GPU?").
 probes); ``app.machine.gpu_probe`` is the edge that fills it in.  The driver is read through
 ``libcuda.so.1`` with ctypes, so a broken TensorFlow cannot hide why; TensorFlow's own view
 (its build, its GPU list) is added only where the caller has imported it already.
-
 Importing this module does not import TensorFlow.  Python 3.8 compatible (the real base).
 """
 from __future__ import annotations
@@ -18,6 +17,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Mapping, Sequence
 
+from app.core.args import OneLineParser
 from app.machine.gpu_probe import CUDA11_LIBRARIES, GpuProbe, check_libraries, probe_machine
 from app.machine.hardware import GpuInfo, HardwareInfo
 
@@ -426,8 +426,6 @@ def format_problems(problems: Sequence[dict], indent: str = "  ") -> list:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from app.core.args import OneLineParser  # the package's one-line usage errors (exit 2)
-
     parser = OneLineParser(
         prog="python -m app.machine.gpu_problems",
         description="Why TensorFlow sees no GPU here (without importing TensorFlow).")

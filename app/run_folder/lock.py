@@ -167,15 +167,20 @@ class RunLock:
         except OSError:
             return  # not writable: acquire() will say why, with the path
         try:
-            try:
-                free = _try_lock(fd)
-            except OSError as exc:
-                raise LockUnavailable(self.output, self.path, exc) from None
-            if not free:
-                raise OutputInUse(self.output, _read_holder(self.path))
+            self._lock_or_raise(fd)
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def _lock_or_raise(self, fd: int) -> None:
+        """Take the exclusive lock on ``fd`` without waiting, or raise: ``OutputInUse`` naming
+        the live holder, ``LockUnavailable`` when the file system cannot lock."""
+        try:
+            free = _try_lock(fd)
+        except OSError as exc:
+            raise LockUnavailable(self.output, self.path, exc) from None
+        if not free:
+            raise OutputInUse(self.output, _read_holder(self.path))
 
     def acquire(self) -> "RunLock":
         """Create the folder if needed and take the lock, or raise ``OutputInUse``."""
@@ -187,12 +192,7 @@ class RunLock:
         except OSError as exc:
             raise LockUnavailable(self.output, self.path, exc) from None
         try:
-            try:
-                free = _try_lock(fd)
-            except OSError as exc:
-                raise LockUnavailable(self.output, self.path, exc) from None
-            if not free:
-                raise OutputInUse(self.output, _read_holder(self.path))
+            self._lock_or_raise(fd)
             os.ftruncate(fd, 0)
             os.write(fd, (json.dumps(_this_run(self.command)) + "\n").encode("utf-8"))
         except BaseException:

@@ -51,7 +51,7 @@ class Task:
         self.model, self.dataset = model, dataset
         self.loss_spec, self.metrics_spec = loss, (list(metrics) if metrics is not None else None)
         self.input_shape, self.num_classes, self.image_size = input_shape, num_classes, image_size
-        self.check_pairing()
+        _check_pairing(model, dataset)
 
     @classmethod
     def from_specs(cls, model: str, dataset: str, loss=None, metrics=None, input_shape=None,
@@ -71,13 +71,6 @@ class Task:
     def from_config(cls, cfg) -> "Task":
         return cls.from_specs(cfg.model, cfg.dataset, cfg.loss, cfg.metrics,
                               parse_input_shape(cfg.input_shape), cfg.num_classes, cfg.image_size)
-
-    def check_pairing(self) -> None:
-        """The built-in pairs that cannot work (a 28x28x1 model on colour images)."""
-        if self.model.builtin and self.dataset.builtin:
-            problem = registry.pairing_problem(self.model.spec, self.dataset.spec)
-            if problem:
-                raise UsageError(*problem)
 
     # --- description (metrics.json, --resume) ------------------------------------------------
     def describe(self) -> dict:
@@ -118,11 +111,10 @@ class Task:
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
         model = _call_model(self.model, bundle)
-        # Before the first forward pass: a layer computing in a dtype this TensorFlow has no
-        # kernels for here (bfloat16 convolutions on TF 2.9 without AVX-512) is one line
-        # naming the cause, not "your code raised".
+        # Before the first forward pass: a layer whose dtype this TensorFlow has no kernels
+        # for here (bfloat16 convolutions on TF 2.9 without AVX-512) is one line, not
+        # "your code raised".
         from app.task import model_layers
-
         model_layers.check_model(model, self.model.spec)
         # One forward pass on a few samples: it builds a subclassed model, and its output
         # gives the unit count, the dtype and whether the outputs are probabilities.
@@ -138,16 +130,29 @@ class Task:
         metric_specs = (self.metrics_spec if self.metrics_spec is not None
                         else compiled_metrics if compiled_metrics is not None
                         else list(losses.DEFAULT_METRICS))
-        came = [w for w, v in (("optimizer", optimizer), ("loss", compiled_loss),
-                               ("metrics", compiled_metrics)) if v]
-        if compiled_loss is not None or optimizer is not None:
-            notes.append("the model came compiled: its " + ", ".join(came) + " are used")
+        notes += _compiled_note(optimizer, compiled_loss, compiled_metrics)
 
         def make_metrics():
             return [losses.make_metric(m, bundle, units) for m in metric_specs]
         make_metrics()  # resolve now: a bad name is a usage error before anything is written
         return BuiltModel(model, optimizer, loss_fn, make_metrics, notes,
                           _output_warnings(model, prediction))
+
+def _check_pairing(model: ModelEntry, dataset: DatasetEntry) -> None:
+    """The built-in pairs that cannot work (a 28x28x1 model on colour images)."""
+    if model.builtin and dataset.builtin:
+        problem = registry.pairing_problem(model.spec, dataset.spec)
+        if problem:
+            raise UsageError(*problem)
+
+
+def _compiled_note(optimizer, loss, metrics) -> list:
+    """A compiled model brings its own optimizer, loss and metrics: say which are used."""
+    if loss is None and optimizer is None:
+        return []
+    came = [w for w, v in (("optimizer", optimizer), ("loss", loss), ("metrics", metrics)) if v]
+    return ["the model came compiled: its " + ", ".join(came) + " are used"]
+
 
 def _data_shape_for_model(entry, shape: tuple) -> tuple:
     """Built-in conv models fed user images without a channel axis get one."""

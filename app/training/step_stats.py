@@ -1,6 +1,20 @@
 """The step statistics: per-step counts and a ring of log rows kept in variables, so the
 training step never waits for Python (``StepStats``), and how ``Model.fit``'s own step feeds
-them (``attach_stats_to_optimizer``)."""
+them (``attach_stats_to_optimizer``).
+
+Every step: the step count, and under loss scaling whether the optimizer skipped the step
+(in total, in a row, the longest run), read from the optimizer's own state
+(``step_skipped``).  Every ``log_every``-th step (``steps`` a multiple of it): a log row -
+step, running loss, global norm of the gradients, loss scale, skipped steps so far - written
+into a ring of ``capacity`` rows that Python reads whenever it likes (``read_log``), without
+a per-step hook.
+
+Nothing here passes over the gradients on ordinary steps: the norm is computed in the
+logging branch only (``tf.cond``).  Without loss scaling nothing is skipped: a non-finite
+gradient is applied, poisons the weights, and from then on the loss is non-finite too, so a
+logging step that sees a non-finite loss or norm counts one in ``nonfinite_total``, which
+the training loops treat as divergence.
+"""
 from __future__ import annotations
 
 import tensorflow as tf
@@ -28,21 +42,7 @@ LOG_COLUMNS = ("step", "loss", "grad_norm", "loss_scale", "skipped_steps")
 
 
 class StepStats:
-    """Per-step statistics, kept in variables so the training step never waits for Python.
-
-    Every step: the step count, and under loss scaling whether the optimizer skipped the
-    step (in total, in a row, the longest run), read from the optimizer's own state
-    (``step_skipped``).  Every ``log_every``-th step (``steps`` a multiple of it): a log row
-    - step, running loss, global norm of the gradients, loss scale, skipped steps so far -
-    written into a ring of ``capacity`` rows that Python reads whenever it likes
-    (``read_log``), without a per-step hook.
-
-    Nothing here passes over the gradients on ordinary steps: the norm is computed in the
-    logging branch only (``tf.cond``).  Without loss scaling nothing is skipped: a
-    non-finite gradient is applied, poisons the weights, and from then on the loss is
-    non-finite too, so a logging step that sees a non-finite loss or norm counts one in
-    ``nonfinite_total``, which the training loops treat as divergence.
-    """
+    """Per-step statistics in variables (the module's docstring says what and why)."""
 
     def __init__(self, log_every: int = 1, capacity: int = 1024):
         def var(name, dtype, shape=()):
