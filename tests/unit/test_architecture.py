@@ -27,7 +27,7 @@ pytestmark = pytest.mark.host_only(reason="reads the source tree and pyproject.t
 
 def _tomllib():
     try:
-        import tomllib
+        import tomllib  # novermin  (3.11+; tomli below, as pyproject's test extra says)
     except ModuleNotFoundError:  # Python < 3.11
         import tomli as tomllib
     return tomllib
