@@ -129,7 +129,7 @@ def main(argv=None) -> int:
 
     with contextlib.redirect_stdout(sys.stderr):   # the app's set-up notes
         app = AppSide("mlp", args, work, "app")
-        sides = {"app": app, "baseline": BaselineSide(args, app.task.data),
+        sides = {"app": app, "baseline": BaselineSide(args, app.data),
                  "spec": AppSide(spec_path + ":build", args, work, "spec")}
     names = list(sides)
     for _ in range(args.warmup):
