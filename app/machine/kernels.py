@@ -19,8 +19,9 @@ Two halves, like ``app.machine.hardware``:
   answers alone where probing would crash the process.
 
 ``check_kinds`` (a built-in model's kinds, from ``app.core.catalog``, before any data loads)
-and ``check_model`` (a user's model, right after its build function returns) raise
-``app.core.errors.PrecisionUnsupported``: one line naming the cause and what works, exit 2.
+and ``app.task.model_layers.check_model`` (a user's model, right after its build function
+returns) raise ``app.core.errors.PrecisionUnsupported``: one line naming the cause and what
+works, exit 2.
 """
 from __future__ import annotations
 
@@ -189,7 +190,6 @@ class Support:
     errors: Mapping[str, str] = field(default_factory=dict)
     onednn: Optional[Tuple[bool, str]] = None
     everything: bool = False
-    tensorflow: str = ""
 
     def runs(self, kind: str) -> bool:
         return kind not in self.failing
@@ -231,18 +231,17 @@ def reconcile(policy: str, m: Machine, probe_errors: Optional[Mapping[str, str]]
     rule = expected_failures(policy, m) or {}
     dnn = onednn(m) if (policy == PROBED_POLICY and m.tf29 and not m.gpus) else None
     if probe_errors is None:
-        return Support(policy, dict(rule), False, {}, dnn, everything=True, tensorflow=m.tensorflow)
+        return Support(policy, dict(rule), False, {}, dnn, everything=True)
     failing = {}
     for kind, error in probe_errors.items():
         failing[kind] = rule.get(kind) or Cause(
             f"TensorFlow {m.tensorflow} has no {SIXTEEN_BIT} kernel for {{what}} here (a tiny "
             f"{kind} failed forward or backward: {error})")
-    return Support(policy, failing, True, dict(probe_errors), dnn, tensorflow=m.tensorflow)
+    return Support(policy, failing, True, dict(probe_errors), dnn)
 
 
 def _refusal(support: Support, what: str, kinds: Sequence[str]) -> PrecisionUnsupported:
-    first = kinds[0]
-    also = [k for k in kinds[1:] if k != first]
+    first, also = kinds[0], kinds[1:]   # distinct: the callers pass dict.fromkeys(...)
     cause = support.failing[first]
     more = f" (also {', '.join(also)})" if also else ""
     return PrecisionUnsupported(support.policy, f"{support.policy} cannot run {what}{more} "

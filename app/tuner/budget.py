@@ -162,7 +162,12 @@ def cgroup_free(proc_self_cgroup: str, read: Callable[[str], Optional[str]],
                 root: str = "/sys/fs/cgroup") -> Optional[CgroupFree]:
     """What is left under the memory limits on this process' cgroup path: at each level with a
     limit, the limit less its working set; the smallest.  None when no level has a limit.  A
-    level whose usage cannot be read counts as using nothing (its limit is the answer)."""
+    level whose usage cannot be read counts as using nothing (its limit is the answer).
+    ``read(path)`` returns a file's text or None.
+
+    Inside a container the cgroup file system is usually mounted at the container's own
+    cgroup, so the path from /proc/self/cgroup may not exist below ``root``: the mount's top
+    is tried as well (``_levels``)."""
     found: List[CgroupFree] = []
     for version, folder in _levels(proc_self_cgroup, root):
         limit_name, usage_name, cache_keys = _FILES[version]
@@ -176,23 +181,6 @@ def cgroup_free(proc_self_cgroup: str, read: Callable[[str], Optional[str]],
         used = max(0, usage - min(cache, usage))
         found.append(CgroupFree(max(0, limit - used), limit, used, path))
     return min(found, key=lambda f: f.free) if found else None
-
-
-def cgroup_limit(proc_self_cgroup: str, read: Callable[[str], Optional[str]],
-                 root: str = "/sys/fs/cgroup") -> Optional[Tuple[int, str]]:
-    """The tightest memory limit on this process' cgroup and its ancestors, with the file
-    it came from; None when there is none.  ``read(path)`` returns a file's text or None.
-
-    Inside a container the cgroup file system is usually mounted at the container's own
-    cgroup, so the path from /proc/self/cgroup may not exist below ``root``: the mount's top
-    is tried as well."""
-    found: List[Tuple[int, str]] = []
-    for version, folder in _levels(proc_self_cgroup, root):
-        path = os.path.join(folder, _FILES[version][0])
-        limit = parse_limit(read(path), version)
-        if limit is not None:
-            found.append((limit, path))
-    return min(found) if found else None
 
 
 # ---- the edge ---------------------------------------------------------------------------

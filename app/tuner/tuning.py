@@ -189,10 +189,11 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
         input_shape = ",".join(str(d) for d in input_shape)
     if isinstance(metrics, (list, tuple)):
         metrics = ",".join(str(m) for m in metrics)
-    check_task(model, dataset, loss=loss, metrics=metrics, input_shape=input_shape,
-               num_classes=num_classes, image_size=image_size, data_dir=data_dir,
-               image_dir=image_dir, max_train_samples=max_train_samples, offline=offline,
-               seed=seed, learning_rate=learning_rate, jit=jit)
+    task = dict(loss=loss, metrics=metrics, input_shape=input_shape, num_classes=num_classes,
+                image_size=image_size, data_dir=data_dir, image_dir=image_dir,
+                max_train_samples=max_train_samples, offline=offline, seed=seed,
+                learning_rate=learning_rate, jit=jit)
+    check_task(model, dataset, **task)
     workspace = workspace or os.environ.get("TFMP_WORKSPACE") or "workspace"
     output = output or output_folder.default_output(model, dataset, workspace)
     output_folder.check_output(output)
@@ -204,10 +205,7 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
         doc = _tune_locked(
             model, dataset, output, workspace, wanted, memory_budget, margin, cap, time_budget,
             reference_batch_size, steps, warmup_steps, min_seconds, start, progress, stream,
-            dict(loss=loss, metrics=metrics, input_shape=input_shape, num_classes=num_classes,
-                 image_size=image_size, data_dir=data_dir, image_dir=image_dir,
-                 max_train_samples=max_train_samples, offline=offline, seed=seed,
-                 learning_rate=learning_rate, jit=jit))
+            task)
     except BaseException:
         # Nothing of this tune's is in the folder: leave it as it was found.  A lock file
         # still there is another run's (it holds the folder); rmdir leaves a folder that
@@ -231,12 +229,9 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
 def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margin, cap,
                  time_budget, reference_batch_size, steps, warmup_steps, min_seconds, start,
                  progress, stream, task) -> Dict[str, Any]:
-    """Steps 2-5, with the output folder locked."""
-    loss, metrics, input_shape = task["loss"], task["metrics"], task["input_shape"]
-    num_classes, image_size, data_dir = task["num_classes"], task["image_size"], task["data_dir"]
-    image_dir, max_train_samples = task["image_dir"], task["max_train_samples"]
-    offline, seed, learning_rate, jit = (task["offline"], task["seed"], task["learning_rate"],
-                                         task["jit"])
+    """Steps 2-5, with the output folder locked.  ``task``: what every trial trains besides
+    the model and the dataset (loss, metrics, shapes, data, seed, learning rate, jit), as
+    ``tune`` checked it."""
     env = collect_environment()
     hardware = env.get("hardware") or {}
     gpus = hardware.get("gpus") or []
@@ -263,14 +258,11 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
     memory_kind = "gpu" if gpus else "cpu_rss"
 
     base_request = {
-        "model": model, "dataset": dataset, "loss": loss, "metrics": metrics,
-        "input_shape": input_shape, "num_classes": num_classes, "image_size": image_size,
+        "model": model, "dataset": dataset, **task,
         # As train: the workspace's data folder unless one is named (then it must exist).
-        "data_dir": data_dir or os.path.join(workspace, "data"),
-        "data_dir_explicit": data_dir is not None,
-        "image_dir": image_dir, "max_train_samples": max_train_samples, "offline": offline,
-        "seed": seed, "learning_rate": learning_rate, "jit": jit, "steps": steps,
-        "warmup_steps": warmup_steps, "min_seconds": min_seconds,
+        "data_dir": task["data_dir"] or os.path.join(workspace, "data"),
+        "data_dir_explicit": task["data_dir"] is not None,
+        "steps": steps, "warmup_steps": warmup_steps, "min_seconds": min_seconds,
         # Explicit budget on a GPU: the allocator is limited to it (a smaller GPU).
         "limit_gpu_bytes": budget.bytes if gpus and budget.source == "--memory-budget" else None,
     }
@@ -301,16 +293,16 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
                      best_samples_per_second=outcome.choice["samples_per_second"])
     doc = {
         "schema": report.SCHEMA,
-        "task": {"model": model, "dataset": dataset, "loss": loss, "metrics": metrics,
-                 "input_shape": input_shape, "num_classes": num_classes,
-                 "image_size": image_size},
+        "task": {"model": model, "dataset": dataset,
+                 **{k: task[k] for k in ("loss", "metrics", "input_shape", "num_classes",
+                                         "image_size")}},
         "budget_bytes": budget.bytes, "budget_source": budget.source, "margin": margin,
         "limit_bytes": limit, "memory_kind": memory_kind,
         "batch_sizes": {"start": start, "cap": cap, "multiple_of": search.STEP},
         "time_budget_seconds": time_budget,
         # The batch the learning rate was set for: train --tuned --scale-lr linear scales from it.
         "reference_batch_size": reference_batch_size,
-        "learning_rate": learning_rate,
+        "learning_rate": task["learning_rate"],
         "trial_settings": {"steps": steps, "warmup_steps": warmup_steps,
                            "min_seconds": min_seconds, "verify_steps": verify_steps_for(steps),
                            "speed_tie": search.SPEED_TIE},
