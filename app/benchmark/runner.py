@@ -18,6 +18,7 @@ from app.core import settings as settings_table
 from app.benchmark import stats
 from app.core.exit_codes import EXIT_USAGE  # train rejected its input
 from app.core import launch
+from app.core.errors import unprefixed
 from app.core.launch import ChildFailed, environment_report, log_tail, module_command, sigterm_as_exit
 from app.core.files import utc_now_iso
 
@@ -110,7 +111,7 @@ def _error_line(path: str) -> str:
             lines = [ln.strip() for ln in fh if ln.startswith("error:")]
     except OSError:
         return ""
-    return lines[-1][len("error:"):].strip() if lines else ""
+    return unprefixed(lines[-1]) if lines else ""
 
 
 def read_metrics(run_dir: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:

@@ -8,7 +8,7 @@ import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from app.benchmark import chart, diagnose, layout, plan, report, runner, stats
-from app.core.errors import UsageError
+from app.core.errors import UsageError, unprefixed
 from app.machine.hardware import HardwareInfo, read_cpu_flags
 from app.core.files import utc_now_iso
 
@@ -53,7 +53,7 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     # under here is left out now; a user's model tells in its first run (``left_out``).
     from app.machine import kernels
 
-    cannot_run = {p: e.line()[len("error: "):]
+    cannot_run = {p: unprefixed(e.line())
                   for p, e in kernels.builtin_refusals(settings["model"], env).items()}
     the_plan = plan.plan_policies(requested, hw, cannot_run)
     schedule = plan.interleaved_schedule(the_plan.run, repeats)

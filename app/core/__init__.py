@@ -1,1 +1,2 @@
-"""Names, settings, errors, exit codes, atomic files and child processes: no TensorFlow, no other layer."""
+"""Names, settings, errors, exit codes, argparse, atomic files and child processes: no
+TensorFlow, no other layer."""

@@ -91,6 +91,13 @@ class MixedPrecisionClash(ReportedError):
         return f"error: {self.diagnosis}"
 
 
+def unprefixed(line) -> str:
+    """A reported line (``error: ...``) without its prefix, to quote inside another message
+    or record as a reason."""
+    text = (line or "").strip()
+    return text[len("error:"):].strip() if text.startswith("error:") else text
+
+
 def report(exc: ReportedError) -> int:
     """Say what went wrong in one line (after the user's own traceback when it is their
     code that raised: it names their line); return the exit status."""

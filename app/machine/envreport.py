@@ -14,7 +14,7 @@ def collect(hardware=None, probe: bool = False) -> dict:
     from app.machine import gpu_problems
     from app.machine import kernels
     from app.machine import hardware as hw_mod
-    from app.precision.loss_scale import KERAS_MAJOR
+    from app.precision.keras_version import KERAS_MAJOR
     from app.precision.policy import choose_policy
 
     hw = hardware or hw_mod.detect()

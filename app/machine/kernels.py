@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from app.core.errors import PrecisionUnsupported
+from app.core.errors import PrecisionUnsupported, unprefixed
 
 # The only policy probed: float32 and float16 have CPU kernels for every kind here (TF 2.9.3,
 # oneDNN on and off, measured), and on GPUs float16 is what TensorFlow's kernels serve first.
@@ -296,9 +296,7 @@ REFUSAL = " cannot run "
 def refused_policy(line: Optional[str]) -> Optional[str]:
     """The policy a ``PrecisionUnsupported`` line (with or without its ``error:``) refuses,
     else None: how the benchmark tells a refused policy from other bad input in a run's log."""
-    text = (line or "").strip()
-    if text.startswith("error:"):
-        text = text[len("error:"):].strip()
+    text = unprefixed(line)
     return PROBED_POLICY if text.startswith(f"{PROBED_POLICY}{REFUSAL}") else None
 
 

@@ -26,7 +26,7 @@ from app.task import losses
 from app.core import catalog as registry
 from app.task import user_code as specs
 from app.task.entries import (DatasetEntry, ModelEntry, dataset_entry, model_entry,  # noqa: F401
-                         parse_metrics, resolve_dataset, resolve_model)
+                              parse_metrics, resolve_dataset, resolve_model)
 from app.core.errors import UsageError, UserCodeError
 from app.task.user_code import parse_input_shape  # noqa: F401  (re-exported)
 

@@ -1,1 +1,2 @@
-"""How to train: the configuration, the job, the one step, the loops, monitor, recorder, interrupts, distribution."""
+"""How to train: the configuration, a tune's use, the job, the one step, its statistics, the
+loops, monitor, recorder, interrupts and distribution."""

@@ -35,13 +35,13 @@ from app.training import step_stats
 from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
 from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,
-                        default_output, validate)
+                                 default_output, validate)
 from app.core.errors import (MixedPrecisionClash, PrecisionUnsupported, TrainingDiverged,
-                        TrainingInterrupted, UsageError, UserCodeError)
+                             TrainingInterrupted, UsageError, UserCodeError, unprefixed)
 from app.training.interrupts import StopFlag, signal_handlers
 from app.training.monitor import StepMonitor
 from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
-                          plain_lines)
+                                   plain_lines)
 from app.run_folder.lock import RunLock
 from app.task.task import BuiltModel, Task
 
@@ -403,7 +403,7 @@ def _output_fault(recorder: Recorder, exc: BaseException, code: int):
     fault = output_faults.OutputFault(output_faults.path_of(exc, output), code,
                                       f"{type(exc).__name__}", hint)
     with contextlib.suppress(Exception):   # the disk may still be full: best effort
-        recorder.finish("failed", diagnosis=fault.line()[len("error: "):])
+        recorder.finish("failed", diagnosis=unprefixed(fault.line()))
     with contextlib.suppress(Exception):
         recorder.close()
     return fault

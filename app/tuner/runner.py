@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from app.core.errors import UsageError
+from app.core.errors import UsageError, unprefixed
 from app.core.exit_codes import EXIT_FAILED
 from app.core.launch import ChildFailed, child_env, environment_report, log_tail, module_command
 from app.tuner.search import Outcome
@@ -38,7 +38,7 @@ class PolicyLeftOut(Exception):
     (``app.machine.kernels``): the tune leaves the policy out, with ``reason``, and goes on."""
 
     def __init__(self, reason: str):
-        self.reason = reason[len("error: "):] if reason.startswith("error: ") else reason
+        self.reason = unprefixed(reason)
         super().__init__(self.reason)
 
 
@@ -173,7 +173,7 @@ def outcome_of(end: ChildEnd, kill_above: Optional[int], any_fit: bool) -> Outco
         raise PolicyLeftOut(r.get("reason") or "the policy cannot run this model here")
     if status == "usage":
         line = r.get("reason") or "the trial rejected its input"
-        raise UsageError(line[len("error: "):] if line.startswith("error: ") else line)
+        raise UsageError(unprefixed(line))
     if status == "ok" and end.returncode == 0:
         return Outcome(True, r.get("peak_memory_bytes"), r.get("samples_per_second"), "",
                        seconds, r.get("train_samples"))

@@ -18,7 +18,8 @@ of the speed, not of the peak.
 Result ``status``: ``ok``; ``oom`` (TensorFlow's ResourceExhaustedError or a MemoryError:
 the size does not fit); ``data`` (the training set is smaller than the batch);
 ``unsupported`` (this TensorFlow cannot run the model's layer types under the policy here,
-``app.machine.kernels``: the tune leaves the policy out, exit 2); ``usage`` (bad input, exit 2); ``error`` (anything else; the traceback is in the log, exit 1).  A
+``app.machine.kernels``: the tune leaves the policy out, exit 2); ``usage`` (bad input,
+exit 2); ``error`` (anything else; the traceback is in the log, exit 1).  A
 child killed outright (the kernel's OOM killer, the tuner's memory watchdog) writes nothing;
 the parent reads its death instead.
 """

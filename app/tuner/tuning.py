@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from app.training import config
 from app.core import catalog as registry
 from app.core import settings as settings_table
-from app.core.errors import UsageError
+from app.core.errors import UsageError, unprefixed
 from app.precision.policy import parse_names
 from app.run_folder.lock import RunLock
 from app.tuner import budget as budget_mod
@@ -307,7 +307,7 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
                            "min_seconds": min_seconds, "verify_steps": verify_steps_for(steps),
                            "speed_tie": search.SPEED_TIE},
         "precisions": precisions,
-        "left_out": [{"policy": p, "reason": e.line()[len("error: "):]}
+        "left_out": [{"policy": p, "reason": unprefixed(e.line())}
                      for p, e in left_out.items()],
         "speedup_vs_float32": report.speedups(precisions),
         "choice": outcome.choice,

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from app.training.distribute import (Cluster, Distribution, StrategyChoice, choose_strategy,
-                            parse_logical_cpus, parse_tf_config, worker_temp_dir)
+                                     parse_logical_cpus, parse_tf_config, worker_temp_dir)
 from app.core.errors import UsageError
 
 from conftest import error_lines, run_app
