@@ -56,6 +56,15 @@ class TrainingDiverged(Exception):
     """The loss went non-finite and loss scaling could not recover it (exit status 3)."""
 
 
+class NumericsFault(TrainingDiverged):
+    """The numerics sentinel found a fault (``app.numerics.rules.Fault`` in ``fault``); the
+    run replays the failing batch and reports where it began (exit status 3)."""
+
+    def __init__(self, fault):
+        self.fault = fault
+        super().__init__(fault.headline)
+
+
 class TrainingInterrupted(Exception):
     """SIGTERM/SIGINT arrived; a checkpoint was saved (exit status 143 / 130)."""
 

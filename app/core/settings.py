@@ -122,6 +122,10 @@ SETTINGS: Tuple[Setting, ...] = (
             "step logs and skipped-step checks then happen once per call (default {default})",
             int, passed=True),
     Setting("jit", "how", "XLA-compile the train step", switch=True, passed=True),
+    Setting("sentinel", "how", "do not watch the numerics (the sentinel: every step's loss and "
+            "gradients, each layer's headroom, a replay of the step that went non-finite; "
+            "docs/numerics.md)", flag_name="--no-sentinel", switch=True,
+            env_parse=_parse_negated, passed=True),
     # where
     Setting("workspace", "where", "base folder (default {default})", passed=True),
     Setting("data_dir", "where", "dataset files (default <workspace>/data)", passed=True),
@@ -136,6 +140,9 @@ SETTINGS: Tuple[Setting, ...] = (
     # output
     Setting("log_every", "output", "log loss, gradient norm and loss scale every N steps "
             "({default})", int),
+    Setting("numerics_every", "output", "the sentinel measures each layer's headroom against "
+            "its dtype's largest value every N steps, checked at the step logs (default "
+            "{default})", int, passed=True),
     Setting("progress", "output", "progress bar, plain lines, or auto (bar on a terminal)",
             choices=("auto", "bar", "lines")),
 )

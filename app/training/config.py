@@ -51,6 +51,8 @@ class TrainConfig:
     progress: str = "auto"            # auto: progress bar on a TTY, plain lines otherwise
     steps_per_execution: int = 1      # fit only: steps per tf.function call
     jit: bool = False                 # XLA-compile the train step
+    sentinel: bool = True             # the numerics sentinel (app.training.sentinel)
+    numerics_every: int = 100         # the sentinel's headroom probe, every N steps
     strategy: str = "auto"            # tf.distribute: auto | one | mirrored | multi-worker
     loss: str | None = None           # Keras loss name or MODULE:OBJECT; None: the default
     metrics: str | None = None        # comma-separated Keras names or MODULE:OBJECT
@@ -191,7 +193,7 @@ def validate(cfg: TrainConfig) -> None:
         raise UsageError(f"scale_lr {cfg.scale_lr!r} applies with --tuned only",
                          "--scale-lr linear together with --tuned DIR/tune.json")
     for name in ("epochs", "batch_size", "log_every", "max_skipped_steps", "steps_per_execution",
-                 "image_size"):
+                 "image_size", "numerics_every"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 1:
             raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",

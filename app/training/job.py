@@ -36,10 +36,13 @@ from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
 from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,
                                  default_output, validate)
-from app.core.errors import (MixedPrecisionClash, PrecisionUnsupported, TrainingDiverged,
-                             TrainingInterrupted, UsageError, UserCodeError, unprefixed)
+from app.core.errors import (MixedPrecisionClash, NumericsFault, PrecisionUnsupported,
+                             TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
+                             unprefixed)
 from app.training.interrupts import StopFlag, signal_handlers
 from app.training.monitor import StepMonitor
+from app.training.sentinel import SentinelState
+from app.training.sentinel_watch import SentinelWatch
 from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
                                    plain_lines)
 from app.run_folder.lock import RunLock
@@ -202,6 +205,7 @@ class TrainingParts:
     built: BuiltModel                 # the task's loss and metrics factory
     stats: step_stats.StepStats
     checkpointer: checkpointing.Checkpointer
+    sentinel: Optional[SentinelState] = None   # None: --no-sentinel
 
     @property
     def loss_scaled(self) -> bool:
@@ -231,8 +235,17 @@ def build_parts(run: Prepared, stop: StopFlag | None = None) -> TrainingParts:
                                       write_dir=run.dist.write_dir(ckpt_dir))
     if stop is not None:
         stop.model = built.model
-    return TrainingParts(built.model, opt, strategy, built,
-                         step_stats.StepStats(log_every=cfg.log_every), ckpt)
+    stats = step_stats.StepStats(log_every=cfg.log_every)
+    sentinel = (SentinelState(stats, run.bundle.train.element_spec, _local_replicas(strategy))
+                if cfg.sentinel else None)
+    return TrainingParts(built.model, opt, strategy, built, stats, ckpt, sentinel)
+
+
+def _local_replicas(strategy) -> int:
+    try:
+        return len(strategy.extended.worker_devices)
+    except RuntimeError:   # the default strategy: one device
+        return 1
 
 
 def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
@@ -248,8 +261,19 @@ def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
 def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
                  stop: StopFlag | None = None) -> StepMonitor:
     cfg = run.config
+    watch = None
+    if parts.sentinel is not None:
+        watch = SentinelWatch(parts.sentinel, parts.model, parts.built.loss,
+                              every=cfg.numerics_every, policy=run.decision.policy,
+                              loss_scaled=parts.loss_scaled,
+                              max_skipped_steps=cfg.max_skipped_steps,
+                              probe_batch=run.bundle.sample_batch,
+                              global_batch=run.dist.global_batch,
+                              worker=run.dist.cluster.task_index if run.dist.multi_worker else None,
+                              on_probe=recorder.record_probe)
+        recorder.watch = watch
     return StepMonitor(cfg.log_every, cfg.max_skipped_steps, parts.loss_scaled, parts.optimizer,
-                       parts.stats, stop or StopFlag(), recorder.record_step)
+                       parts.stats, stop or StopFlag(), recorder.record_step, watch)
 
 
 # ---- the whole job ---------------------------------------------------------------------------
@@ -374,6 +398,8 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
         recorder.metrics.update(status="interrupted", signal=exc.signum)
         print(f"interrupted: checkpoint {path} saved after {done} completed epoch(s); run "
               "the same command with --resume to finish", file=sys.stderr, flush=True)
+    except NumericsFault as exc:
+        _numerics_fault(run, parts, recorder, monitor, exc.fault)
     except TrainingDiverged as exc:
         recorder.metrics.update(status="diverged", diagnosis=f"{exc}; {DIAGNOSIS}")
         print(f"error: training diverged at {recorder.metrics['diagnosis']}", file=sys.stderr,
@@ -390,6 +416,26 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
         raise
     recorder.finish(recorder.metrics["status"])
     recorder.close()
+
+
+def _numerics_fault(run: Prepared, parts: TrainingParts, recorder: Recorder,
+                    monitor: StepMonitor, fault) -> None:
+    """The sentinel stopped the run: keep the state that failed (its weights are the last
+    finite ones: no faulty update landed) as a checkpoint, replay the failing batch, and
+    say where it began (console block, metrics.json's numerics.fault)."""
+    done = len(recorder.metrics["epochs"])
+    path = parts.checkpointer.save(done, int(parts.stats.steps.numpy()))
+    watch = monitor.watch
+    diag = watch.diagnose(fault, monitor.epoch + 1, str(run.task.describe().get("loss")))
+    numerics = recorder.metrics.setdefault("numerics", {})
+    numerics["fault"] = diag.to_json() if diag is not None else {"headline": fault.headline,
+                                                                 "kind": fault.kind,
+                                                                 "step": fault.step}
+    numerics["checkpoint"] = path
+    headline = diag.lines() if diag is not None else [f"error: numerics fault: {fault.headline}"]
+    recorder.metrics.update(status="diverged", diagnosis=unprefixed(headline[0]))
+    if run.dist.is_chief or diag is not None:
+        print("\n".join(headline), file=sys.stderr, flush=True)
 
 
 def _output_fault(recorder: Recorder, exc: BaseException, code: int):

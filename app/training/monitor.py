@@ -22,7 +22,7 @@ import tensorflow as tf
 from app.precision import loss_scale
 from app.training import step_stats
 from app.precision import policy as prec
-from app.core.errors import TrainingDiverged, TrainingInterrupted
+from app.core.errors import NumericsFault, TrainingDiverged, TrainingInterrupted
 from app.training.interrupts import StopFlag
 from app.core.files import finite_or_none
 
@@ -31,7 +31,10 @@ class StepMonitor:
     poll_seconds = 0.25
 
     def __init__(self, log_every: int, max_skipped_steps: int, loss_scaled: bool, optimizer,
-                 stats: step_stats.StepStats, stop: StopFlag, emit: Callable[[dict], None]):
+                 stats: step_stats.StepStats, stop: StopFlag, emit: Callable[[dict], None],
+                 watch=None):
+        # watch: the sentinel (app.training.sentinel_watch.SentinelWatch), or None when off.
+        self.watch = watch
         self.log_every, self.max_skipped_steps = log_every, max_skipped_steps
         self.loss_scaled, self.opt, self.stats, self.stop, self.emit = (
             loss_scaled, optimizer, stats, stop, emit)
@@ -54,6 +57,8 @@ class StepMonitor:
     def begin_epoch(self, epoch: int):
         with self.lock:   # rows not yet drained belong to the epoch that just ended
             self.epoch = epoch
+            if self.watch is not None:
+                self.watch.begin_epoch(int(self.stats.steps.numpy()))
 
     def take_skipped_epoch(self) -> int:
         """Steps skipped since the last call (one epoch's, called at its end)."""
@@ -70,6 +75,7 @@ class StepMonitor:
         st = self.stats
         if log:
             self.drain()
+        self._sentinel(epoch)
         if not self.loss_scaled and ((epoch_loss is not None and finite_or_none(epoch_loss) is None)
                                      or (model is not None and not _weights_finite(model))):
             st.nonfinite_total.assign_add(1)
@@ -80,6 +86,16 @@ class StepMonitor:
         st.max_consecutive.assign(st.consecutive)
         if problem:
             raise TrainingDiverged(problem)
+
+    def _sentinel(self, epoch: int) -> None:
+        """The sentinel's fault, raised as NumericsFault (its latch, its rules, the weights
+        at a headroom probe)."""
+        if self.watch is None:
+            return
+        fault = (self.watch.fault(lambda: float(loss_scale.current_loss_scale(self.opt)))
+                 or self.watch.probe_if_due(int(self.stats.steps.numpy())))
+        if fault is not None:
+            raise NumericsFault(fault)
 
     def _divergence(self, epoch: int, total: int, worst_run: int) -> str | None:
         return divergence(f"step {int(self.stats.steps.numpy())} (epoch {epoch + 1})", total,
@@ -104,6 +120,7 @@ class StepMonitor:
             while not done.wait(self.poll_seconds):
                 try:
                     self.drain()
+                    self._sentinel(self.epoch)
                     st = self.stats
                     problem = self._divergence(self.epoch, int(st.nonfinite_total.numpy()),
                                                int(st.max_consecutive.numpy()))

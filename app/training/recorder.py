@@ -131,6 +131,11 @@ class Recorder:
         self.previous_steps = list(previous_steps or [])
         self.step_log: list[dict] = []
         self.summaries = Summaries(None)   # open() makes the real one
+        self.watch = None   # the sentinel's (app.training.sentinel_watch), when it is on
+
+    def record_probe(self, step: int, scalars: dict):
+        """The sentinel's headroom probe: a TensorBoard scalar per layer."""
+        self.summaries.scalars(step, scalars, defer=True)
 
     def open(self) -> "Recorder":
         """Create the output folder and the TensorBoard writer (after every check passed)."""
@@ -193,8 +198,21 @@ class Recorder:
         if not self.is_chief:
             return  # multi-worker: only the chief writes metrics.json
         self.metrics["peak_memory"] = peak_memory()
+        self._numerics()
         self.metrics["steps"] = (self.previous_steps + self.step_log)[-1000:]
         write_json_atomic(os.path.join(self.output, "metrics.json"), self.metrics)
+
+    def _numerics(self):
+        """metrics.json's ``numerics``: what the sentinel saw (a fault already recorded
+        there is kept)."""
+        before = self.metrics.get("numerics") or {}
+        if self.watch is None:
+            self.metrics["numerics"] = {"sentinel": False, **before}
+            return
+        skipped = sum(e.get("skipped_steps", 0) for e in self.metrics["epochs"])
+        now = self.watch.to_json(skipped)
+        now.update({k: v for k, v in before.items() if k in ("fault", "checkpoint")})
+        self.metrics["numerics"] = now
 
     def finish(self, status: str, **facts):
         """The run's end: its status (and e.g. a diagnosis), the time, metrics.json."""

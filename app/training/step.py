@@ -39,12 +39,16 @@ def forward_backward(model, loss_fn, x, y,
                            tape.gradient(scaled, model.trainable_variables))
 
 
-def train_step(model, loss_fn, opt, x, y):
+def train_step(model, loss_fn, opt, x, y, sentinel=None):
     """One optimizer step: forward, loss, loss scaling (the optimizer's), gradients, apply
-    (skipped, and the scale lowered, when a scaled gradient is not finite).  Returns the
+    (skipped, and the scale lowered, when a scaled gradient is not finite).  With a
+    ``sentinel`` (``app.training.sentinel.SentinelState``) no faulty step reaches the
+    weights and the first fault is latched with its batch.  Returns the
     ``ForwardBackward`` and ``loss_scale.Applied``."""
     out = forward_backward(model, loss_fn, x, y, lambda loss: loss_scale.scale_loss(opt, loss))
-    return out, loss_scale.unscale_and_apply(opt, out.grads, model.trainable_variables)
+    if sentinel is None:
+        return out, loss_scale.unscale_and_apply(opt, out.grads, model.trainable_variables)
+    return out, sentinel.apply(opt, out.grads, model.trainable_variables, out.loss, (x, y))
 
 
 class _LossMetric:
@@ -64,7 +68,9 @@ def compile_for_fit(parts, jit: bool, steps_per_execution: int) -> None:
     """Compile ``parts.model`` for Keras' fit with the task's loss and metrics and the step
     statistics recorded inside the train step (tests/benchmarks time exactly this)."""
     loss_metric = _LossMetric(parts.model)
-    parts.stats.attach_to(parts.optimizer, loss=loss_metric.result)
+    parts.stats.attach_to(parts.optimizer, loss=loss_metric.result, sentinel=parts.sentinel)
+    if parts.sentinel is not None:
+        parts.sentinel.attach_to_fit(parts.model)
     extra = {"jit_compile": True} if jit else {}  # else Keras' own default
     with parts.strategy.scope():  # Keras 2: metric objects must come from the model's scope
         metrics = parts.built.make_metrics()
@@ -96,7 +102,8 @@ class CustomSteps:
 
     def _train_fn(self, x, y):
         opt, train_loss = self.parts.optimizer, self.train_loss
-        out, applied = train_step(self.parts.model, self.parts.built.loss, opt, x, y)
+        out, applied = train_step(self.parts.model, self.parts.built.loss, opt, x, y,
+                                  self.parts.sentinel)
         train_loss.update_state(tf.reduce_mean(out.per_example))
         # the log row reads the running loss
         self.parts.stats.record(applied.grads, applied.skipped, applied.divide_by,

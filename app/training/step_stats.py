@@ -129,14 +129,15 @@ class StepStats:
                for i in range(oldest, count)]
         return out, count, oldest - seen
 
-    def attach_to(self, opt, loss=None) -> None:
+    def attach_to(self, opt, loss=None, sentinel=None) -> None:
         """Record the gradients ``Model.fit`` hands ``opt`` (``attach_stats_to_optimizer``)."""
-        attach_stats_to_optimizer(self, opt, loss)
+        attach_stats_to_optimizer(self, opt, loss, sentinel)
 
 
-def attach_stats_to_optimizer(stats: StepStats, opt, loss=None) -> None:
+def attach_stats_to_optimizer(stats: StepStats, opt, loss=None, sentinel=None) -> None:
     """Record into ``stats`` the gradients ``Model.fit`` hands ``opt``; ``loss``: a zero-argument
-    callable giving the running loss (read on logging steps only).
+    callable giving the running loss (read on logging steps only).  ``sentinel``: an
+    ``app.training.sentinel.SentinelState`` whose guard the update goes through.
 
     fit computes gradients inside Keras' own train step, out of our reach, so this wraps
     the optimizer's apply method on this one instance.
@@ -151,10 +152,15 @@ def attach_stats_to_optimizer(stats: StepStats, opt, loss=None) -> None:
             if scaled:
                 grads = agree_on_nonfinite(grads)  # all replicas skip together
             scale = current_loss_scale(opt) if scaled else None  # before apply changes it
-            result = original(grads, trainable_variables)
-            stats.record(grads, step_skipped(opt, scale) if scaled else None, scale, loss,
-                        lambda: current_loss_scale(opt))
-            return result
+
+            def run(g):
+                original(g, trainable_variables)
+                return step_skipped(opt, scale) if scaled else None
+            if sentinel is None:
+                skipped = run(grads)
+            else:
+                grads, skipped = sentinel.guard(opt, grads, *sentinel.fit_step(), run)
+            stats.record(grads, skipped, scale, loss, lambda: current_loss_scale(opt))
 
         object.__setattr__(opt, "apply", apply)
     else:
@@ -164,11 +170,17 @@ def attach_stats_to_optimizer(stats: StepStats, opt, loss=None) -> None:
 
         def apply_gradients(grads_and_vars, *args, **kwargs):
             grads_and_vars = list(grads_and_vars)
+            variables = [v for _, v in grads_and_vars]
             before = current_loss_scale(opt) if scaled else None
-            result = original(grads_and_vars, *args, **kwargs)
-            stats.record([g for g, _ in grads_and_vars],
-                        step_skipped(opt, before) if scaled else None, None, loss,
-                        lambda: current_loss_scale(opt))
-            return result
+
+            def run(g):
+                original(list(zip(g, variables)), *args, **kwargs)
+                return step_skipped(opt, before) if scaled else None
+            grads = [g for g, _ in grads_and_vars]
+            if sentinel is None:
+                skipped = run(grads)
+            else:
+                grads, skipped = sentinel.guard(opt, grads, *sentinel.fit_step(), run)
+            stats.record(grads, skipped, None, loss, lambda: current_loss_scale(opt))
 
         object.__setattr__(opt, "apply_gradients", apply_gradients)

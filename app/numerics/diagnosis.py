@@ -1,0 +1,135 @@
+"""The sentinel's report of a fault: where it began, the values, the float32 verdict and the
+fix, as one console block and as metrics.json's ``numerics.fault``.  No TensorFlow here.
+
+Verdicts:
+* ``precision``: the same batch from the same weights is finite in float32: the 16-bit
+  dtype is the cause; the fix names the layer (``--float32-layers``) and what else helps;
+* ``data``: samples of the batch are not finite (their positions in the epoch);
+* ``optimizer``: the weights went non-finite, or grew far from where they started, and
+  the batch is non-finite in float32 too: the learning rate;
+* ``model``: a layer or the loss is non-finite in float32 too (log(0), a division by 0);
+* ``not reproduced``: the replay of the stashed batch is finite (dropout, or the weights
+  moved since): the fault's own words are all there is.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+from app.numerics import limits
+
+FLAG = "--float32-layers"
+
+
+@dataclass
+class Where:
+    """Where the fault began: a layer (forward or backward), the input samples, the
+    weights, the loss, or nothing found."""
+    kind: str                       # layer | input samples | weights | loss | none
+    name: Optional[str] = None      # the layer's full path, the variables, the loss spec
+    class_name: Optional[str] = None
+    dtype: Optional[str] = None     # the layer's compute dtype in the run
+    phase: str = "forward"          # forward | backward
+    samples: List[int] = field(default_factory=list)   # positions in the epoch
+
+    def text(self) -> str:
+        if self.kind == "layer":
+            what = "its output" if self.phase == "forward" else "the gradient through it"
+            return (f"layer '{self.name}' ({self.class_name}, computing in {self.dtype}): "
+                    f"{what} is the first non-finite value")
+        if self.kind == "input samples":
+            return f"the input batch: samples at positions {_positions(self.samples)} of the epoch are not finite"
+        if self.kind == "weights":
+            return f"the weights after an update: {self.name} not finite"
+        if self.kind == "loss":
+            extra = (f" for samples at positions {_positions(self.samples)} of the epoch"
+                     if self.samples else "")
+            return f"the loss ({self.name}): non-finite{extra} while every layer's output is finite"
+        return "not found: the replay of the failing batch from these weights is finite"
+
+
+@dataclass
+class Diagnosis:
+    headline: str                   # the fault, one line (app.numerics.rules.Fault)
+    kind: str                       # the fault's kind
+    step: int
+    epoch: int
+    policy: str
+    where: Where
+    verdict: str                    # precision | data | optimizer | model | not reproduced
+    fix: str
+    float32_finite: Optional[bool] = None
+    largest_before: Optional[float] = None   # the largest finite magnitude going into it
+    float32_largest: Optional[float] = None  # the same value computed in float32
+    layers: List[str] = field(default_factory=list)   # for the --float32-layers flag
+    replica: Optional[int] = None
+    worker: Optional[int] = None
+    seconds: Optional[float] = None
+
+    @property
+    def flag(self) -> Optional[str]:
+        return f"{FLAG} {','.join(self.layers)}" if self.layers else None
+
+    def values_text(self) -> Optional[str]:
+        if self.largest_before is None and self.float32_largest is None:
+            return None
+        limit = limits.largest(self.where.dtype or "float32")
+        parts = []
+        if self.largest_before is not None:
+            parts.append(f"the largest finite magnitude going in was {self.largest_before:.4g}")
+        if self.float32_largest is not None:
+            parts.append(f"in float32 the value reaches {self.float32_largest:.4g} "
+                         f"({self.float32_largest / limit:.3g}x {self.where.dtype}'s "
+                         f"largest, {limit:g})")
+        else:
+            parts.append(f"{self.where.dtype}'s largest finite value is {limit:g}")
+        return "; ".join(parts)
+
+    def lines(self) -> List[str]:
+        """The console block: the first line is the error, the rest indented."""
+        at = ""
+        if self.replica is not None:
+            at = f" (replica {self.replica}" + (f", worker {self.worker}" if self.worker else "") + ")"
+        out = [f"error: numerics fault at step {self.step} (epoch {self.epoch}){at}: {self.headline}",
+               f"  where it began: {self.where.text()}"]
+        values = self.values_text()
+        if values:
+            out.append(f"  values: {values}")
+        if self.float32_finite is not None:
+            out.append("  float32: " + (
+                "the same batch from the same weights is finite in float32: a precision problem"
+                if self.float32_finite else
+                "the same batch from the same weights is not finite in float32 either: "
+                "not a precision problem"))
+        out.append(f"  verdict: {self.verdict}")
+        out.append(f"  fix: {self.fix}")
+        out.append("  then: the same command with --resume continues from the checkpoint "
+                   "saved at the fault (docs/numerics.md)")
+        return out
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["flag"] = self.flag
+        return d
+
+
+def _positions(samples: List[int], most: int = 12) -> str:
+    shown = ", ".join(str(s) for s in samples[:most])
+    return shown + (f" and {len(samples) - most} more" if len(samples) > most else "")
+
+
+def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None) -> str:
+    """The fix for a layer whose 16-bit value is the cause."""
+    flag = f"{FLAG} {path}"
+    if epsilon is not None:
+        attr, value = epsilon
+        return (f"its {attr}={value:g} is 0 in {dtype} (the smallest it holds is "
+                f"{limits.SMALLEST.get(dtype, 0):.3g}): use an epsilon {dtype} can hold "
+                f"(1e-3 or more), or run the layer in float32 without editing the model: {flag}")
+    if phase == "backward":
+        return (f"its gradients overflow {dtype} even unscaled: run the layer in float32 "
+                f"without editing the model: {flag} (or dtype='float32' on it), or clip its "
+                "input")
+    return (f"run the layer in float32 without editing the model: {flag} (or dtype='float32' "
+            "on it); or keep its output in range: clip it, or rescale what goes in "
+            "(normalise the inputs, a smaller initialiser)")

@@ -1,0 +1,270 @@
+"""The replay of a failing batch from the weights that failed, layer by layer, forward then
+backward, under the run's policy and again with every layer in float32, and what it says
+(``diagnose``: an ``app.numerics.diagnosis.Diagnosis``).
+
+Each pass is one traced function (a new one per pass: the float32 pass changes the
+layers' policies): the tap (``app.numerics.tap``) records every layer call while tracing,
+and the function returns, for each call, whether its outputs are finite, their largest
+finite magnitude, its inputs' largest, and whether the gradients through its outputs and
+inputs are; then each variable's gradient and each sample's loss.  The backward pass
+differentiates the loss times the loss scale the failing step ran with, so a float16
+gradient overflows where training's did.  The pass runs with ``training=True``, as the
+step did (dropout draws anew; BatchNormalization's moving statistics take one more step).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from app.numerics import diagnosis as dx
+from app.numerics import limits, rules
+from app.numerics.tap import Tap
+from app.precision import layer_policy
+
+# Weights this many times larger than at the start, with the batch non-finite in float32
+# too, point at the optimizer (the learning rate) rather than the model.
+GROWTH_FOR_OPTIMIZER = 1e4
+
+
+@dataclass
+class CallResult:
+    path: str
+    class_name: str
+    dtype: Optional[str]
+    layer: object
+    out_finite: bool
+    out_max: float
+    in_max: float
+    grad_out_finite: bool
+    grad_in_finite: bool
+
+
+@dataclass
+class PassResult:
+    calls: List[CallResult]
+    loss_finite: bool
+    sample_finite: np.ndarray      # per sample of the batch: its loss is finite
+    bad_variables: List[str]       # variables whose gradient is not finite, backward order
+
+    @property
+    def finite(self) -> bool:
+        return (self.loss_finite and not self.bad_variables
+                and all(c.out_finite and c.grad_in_finite for c in self.calls))
+
+
+def _max_finite(tensors):
+    """The largest finite magnitude in ``tensors`` (0 for none), in float32."""
+    vals = [tf.maximum(tf.reduce_max(tf.where(tf.math.is_finite(t), tf.abs(tf.cast(t, tf.float32)),
+                                              0.0)), 0.0) for t in tensors]
+    return tf.reduce_max(tf.stack(vals)) if vals else tf.constant(0.0)
+
+
+def _all_finite(tensors):
+    checks = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors if t is not None]
+    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def run_pass(model, loss_fn, entries, x, y, scale: float) -> PassResult:
+    """One forward and backward pass of ``x, y`` through ``model`` as its layers' policies
+    are now, gradients of ``loss * scale``."""
+    variables = list(model.trainable_variables)
+    meta: list = []
+
+    @tf.function
+    def run(x, y, scale):
+        with tf.GradientTape() as tape:
+            with Tap(entries) as tap, tap.recording() as calls:
+                preds = model(x, training=True)
+            per_example = loss_fn(y, preds)
+            loss = tf.reduce_mean(tf.cast(per_example, tf.float32))
+            if model.losses:
+                loss += tf.cast(tf.add_n(model.losses), tf.float32)
+            scaled = tf.cast(loss, tf.float32) * scale
+        meta[:] = calls
+        flat = [t for c in calls for t in c.inputs + c.outputs]
+        grads = tape.gradient(scaled, variables + flat,
+                              unconnected_gradients=tf.UnconnectedGradients.NONE)
+        var_grads, rest = grads[:len(variables)], grads[len(variables):]
+        per_call, i = [], 0
+        for c in calls:
+            g_in, g_out = rest[i:i + len(c.inputs)], rest[i + len(c.inputs):i + len(c.inputs) + len(c.outputs)]
+            i += len(c.inputs) + len(c.outputs)
+            per_call.append(tf.stack([
+                tf.cast(_all_finite(c.outputs), tf.float32), _max_finite(c.outputs),
+                _max_finite(c.inputs), tf.cast(_all_finite(g_out), tf.float32),
+                tf.cast(_all_finite(g_in), tf.float32)]))
+        sample = tf.reshape(tf.cast(per_example, tf.float32), [tf.shape(per_example)[0], -1])
+        return (tf.stack(per_call) if per_call else tf.zeros([0, 5]),
+                tf.math.is_finite(loss),
+                tf.reduce_all(tf.math.is_finite(sample), axis=1),
+                tf.stack([_all_finite([g]) for g in var_grads]) if var_grads else tf.zeros([0], tf.bool))
+
+    per_call, loss_ok, sample_ok, var_ok = run(x, y, tf.constant(scale, tf.float32))
+    per_call = per_call.numpy()
+    calls = [CallResult(c.path, c.class_name, c.dtype, c.layer, bool(r[0]), float(r[1]),
+                        float(r[2]), bool(r[3]), bool(r[4])) for c, r in zip(meta, per_call)]
+    bad = [v.name for v, ok in zip(variables, var_ok.numpy()) if not ok]
+    return PassResult(calls, bool(loss_ok), sample_ok.numpy(), list(reversed(bad)))
+
+
+@contextlib.contextmanager
+def all_float32(entries, model):
+    """Every layer (and the model) computing in float32 for the duration."""
+    layers = [model] + [layer for _path, layer, _parent in entries]
+    before = [(layer, layer_policy.policy_name(layer)) for layer in layers]
+    try:
+        for layer in layers:
+            layer_policy.set_policy(layer, "float32")
+        yield
+    finally:
+        for layer, name in before:
+            layer_policy.set_policy(layer, name)
+
+
+def nonfinite_samples(x) -> List[int]:
+    """Positions in the batch of the samples of ``x`` (any structure) that are not finite."""
+    bad = None
+    for t in tf.nest.flatten(x):
+        if not getattr(getattr(t, "dtype", None), "is_floating", False):
+            continue
+        a = np.asarray(t)
+        rows = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1) if a.ndim else None
+        if rows is not None:
+            bad = rows if bad is None else (bad | rows)
+    return [int(i) for i in np.flatnonzero(bad)] if bad is not None else []
+
+
+def nonfinite_weights(model) -> List[str]:
+    return [v.name for v in model.weights
+            if tf.as_dtype(v.dtype).is_floating and not bool(tf.reduce_all(tf.math.is_finite(v)))]
+
+
+def weights_max(model) -> float:
+    vals = [float(tf.reduce_max(tf.abs(tf.cast(v, tf.float32)))) for v in model.trainable_variables
+            if int(tf.size(v)) > 0]
+    return max(vals) if vals else 0.0
+
+
+def epsilon_of(layer, dtype: str) -> Optional[tuple]:
+    """(attribute, value) of a constant on the layer named like an epsilon that is 0 in
+    ``dtype``: the usual cause of a norm or a division that is finite in float32 only."""
+    for attr, value in sorted(vars(layer).items()):
+        if "eps" in attr.lower() and isinstance(value, float) and limits.underflows(value, dtype):
+            return attr.lstrip("_"), value
+    return None
+
+
+def first_bad(p: PassResult) -> Optional[tuple]:
+    """(call, phase) where the pass first went non-finite: the first layer (in execution
+    order) whose output is not, else, backward, the last one whose gradient went bad inside
+    it (finite through its output, not through its inputs)."""
+    for c in p.calls:
+        if not c.out_finite:
+            return c, "forward"
+    if not p.loss_finite:
+        return None
+    for c in reversed(p.calls):
+        if c.grad_out_finite and not c.grad_in_finite:
+            return c, "backward"
+    return None
+
+
+@dataclass
+class FailedStep:
+    """What the training run knows of the failing step."""
+    fault: rules.Fault
+    epoch: int                     # 1-based
+    position: int                  # the batch's first sample's position in the epoch
+    policy: str
+    loss_spec: str
+    start_weights_max: Optional[float] = None
+    replica: Optional[int] = None
+    worker: Optional[int] = None
+
+
+def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis:
+    """Replay ``batch`` ((x, y) or (x, y, sample_weight)) from the model's weights now."""
+    t0 = time.perf_counter()
+    x, y = batch[0], batch[1]
+    fault = failed.fault
+
+    def done(where, verdict, fix, **facts):
+        return dx.Diagnosis(fault.headline, fault.kind, fault.step, failed.epoch, failed.policy,
+                            where, verdict, fix, replica=failed.replica, worker=failed.worker,
+                            seconds=round(time.perf_counter() - t0, 2), **facts)
+
+    bad_samples = nonfinite_samples(x) or nonfinite_samples(y)
+    if bad_samples:
+        return done(dx.Where("input samples", samples=[failed.position + i for i in bad_samples]),
+                    "data", "repair or drop those samples (NaN or inf in the data); check how the "
+                    "data is read and normalised", float32_finite=False)
+    bad_weights = nonfinite_weights(model)
+    if bad_weights:
+        return done(dx.Where("weights", name=", ".join(bad_weights[:4])), "optimizer",
+                    "an update sent the weights out of range: lower --learning-rate (by 10x or "
+                    "more), or clip the gradients (clipnorm= on your optimizer)",
+                    float32_finite=False)
+    run = run_pass(model, loss_fn, entries, x, y, fault.loss_scale)
+    with all_float32(entries, model):
+        f32 = run_pass(model, loss_fn, entries, x, y, 1.0)
+    return _verdict(run, f32, failed, done, model)
+
+
+def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model):
+    found = first_bad(run)
+    precision = f32.finite and failed.policy != "float32"
+    if found is not None:
+        call, phase = found
+        where = dx.Where("layer", call.path, call.class_name, call.dtype, phase)
+        twin = next((c for c in f32.calls if c.path == call.path), None)
+        f32_max = twin.out_max if (twin is not None and twin.out_finite and phase == "forward") else None
+        facts = dict(float32_finite=f32.finite, largest_before=call.in_max,
+                     float32_largest=f32_max)
+        if precision:
+            fix = dx.layer_fix(call.path, call.dtype or failed.policy, phase,
+                               epsilon_of(call.layer, call.dtype or ""))
+            return done(where, "precision", fix, layers=[call.path], **facts)
+        return _not_precision(where, failed, done, model, facts)
+    if not run.loss_finite:
+        samples = [failed.position + int(i) for i in np.flatnonzero(~run.sample_finite)]
+        where = dx.Where("loss", failed.loss_spec, samples=samples)
+        if precision:
+            return done(where, "precision", "compute the loss in float32: cast the predictions "
+                        "with tf.cast(y_pred, tf.float32) first, or make the last layer float32",
+                        float32_finite=True)
+        return _not_precision(where, failed, done, model, dict(float32_finite=False))
+    if run.bad_variables:
+        where = dx.Where("layer", run.bad_variables[0], phase="backward")
+        if precision:
+            return done(where, "precision", "its gradient overflows in 16 bits: clip it, or run "
+                        f"the layer owning {run.bad_variables[0]} in float32",
+                        float32_finite=True)
+        return _not_precision(where, failed, done, model, dict(float32_finite=False))
+    return done(dx.Where("none"), "not reproduced",
+                "the batch that failed is finite when replayed (dropout draws anew, or the "
+                "weights moved since): run `tfmp check --steps N` with the same data, or "
+                "lower --learning-rate", float32_finite=f32.finite)
+
+
+def _not_precision(where, failed: FailedStep, done, model, facts):
+    grown = failed.start_weights_max and weights_max(model) >= (
+        GROWTH_FOR_OPTIMIZER * failed.start_weights_max)
+    if grown:
+        return done(where, "optimizer", _optimizer_fix(model), **facts)
+    if where.kind == "loss":
+        return done(where, "model", "the loss is non-finite in float32 too: guard it (e.g. "
+                    "tf.math.log(tf.maximum(p, 1e-7)), tf.math.divide_no_nan), or check the "
+                    "labels of those samples", **facts)
+    return done(where, "model", f"layer '{where.name}' computes a non-finite value in float32 "
+                "too: look in it for log(0), a division by 0, sqrt of a negative or exp of a "
+                "large value; or lower --learning-rate", **facts)
+
+
+def _optimizer_fix(model) -> str:
+    return (f"the weights grew to {weights_max(model):.3g}: lower --learning-rate (by 10x or "
+            "more), or clip the gradients (clipnorm= on your optimizer)")

@@ -1,0 +1,72 @@
+"""When skipped or non-finite steps are a fault, read off the step counters.  No TensorFlow.
+
+Loss scaling skips a step now and then and lowers the scale: that is how it works, and it
+is never an alarm (the count goes into metrics.json).  A fault is
+* ``forward``: a step's loss was not finite (a non-finite value in the forward pass, which
+  loss scaling cannot help: it scales the backward pass only);
+* ``gradients``: non-finite gradients without loss scaling (float32, mixed_bfloat16);
+* ``floor``: the loss scale reached its floor and steps are still skipped;
+* ``skipped``: more steps in a row skipped than ``--max-skipped-steps``;
+* ``weights``: a weight is not finite (an update that overflowed).
+The first three are latched inside the training step (``app.training.sentinel``), at the
+step they happen, and from then on no update reaches the weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+# The loss scale's floor: Keras 2 never lowers it under 1; Keras 3 would go on halving, but
+# a float16 gradient that overflows at scale 1 overflows unscaled: nothing left to recover.
+FLOOR = 1.0
+# Steps in a row skipped at the floor before it is a fault (one can be a transient spike).
+FLOOR_PATIENCE = 3
+
+# The latch's codes inside the step (int64 variable): 0 means none.
+KIND_CODES = {1: "forward", 2: "gradients", 3: "floor"}
+CODE_OF = {v: k for k, v in KIND_CODES.items()}
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The step counters as the monitor reads them between steps."""
+    step: int               # steps so far
+    fault_step: int         # the step the latch was set at, -1 when none
+    fault_code: int         # KIND_CODES, 0 when none
+    fault_scale: float      # the loss scale at the latched step
+    run_start: int          # the first step of the latest run of skipped steps
+    skipped_total: int      # steps loss scaling skipped (expected)
+    worst_run: int          # the longest run of skipped steps since the last check
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str               # forward | gradients | floor | skipped | weights
+    step: int               # the step it began at
+    headline: str           # what happened, one line
+    loss_scale: float = 1.0  # the scale the failing step ran with (the replay uses it)
+
+
+def fault(c: Counters, *, loss_scaled: bool, policy: str, max_skipped_steps: int,
+          loss_scale_now: float) -> Optional[Fault]:
+    """The fault these counters show, or None.  A headline says what happened; the
+    diagnosis puts the step and epoch in front of it."""
+    kind = KIND_CODES.get(c.fault_code)
+    if kind == "forward":
+        return Fault(kind, c.fault_step, "the loss was not finite (a non-finite value in the "
+                     "forward pass, which loss scaling cannot help)", c.fault_scale)
+    if kind == "gradients":
+        return Fault(kind, c.fault_step, f"non-finite gradients under {policy}, which has no "
+                     "loss scaling to recover with", c.fault_scale)
+    if kind == "floor":
+        return Fault(kind, c.fault_step, f"the loss scale reached its floor ({FLOOR:g}); every "
+                     f"step since step {c.run_start} was skipped", c.fault_scale)
+    if loss_scaled and c.worst_run > max_skipped_steps:
+        return Fault("skipped", c.run_start, f"{c.worst_run} steps in a row had "
+                     f"non-finite gradients (more than --max-skipped-steps {max_skipped_steps}; "
+                     f"loss scale now {loss_scale_now:g})", loss_scale_now)
+    return None
+
+
+def weights_fault(step: int) -> Fault:
+    return Fault("weights", step, "the weights are not finite (an update overflowed them)")

@@ -1,0 +1,96 @@
+"""Each layer's inputs and outputs during a forward pass, for every model form (functional,
+Sequential, subclassed, nested): the ``call`` of each layer *instance* is wrapped
+(``object.__setattr__``, past Keras' attribute tracking) and records only while this
+thread is ``recording()``, so a step traced meanwhile (fit's, in another thread) is left
+as it was.  Used as a context manager: on leaving, every layer is put back (a traced
+function keeps what it recorded, so the tap is needed only while tracing).
+
+A record is made when a call returns, so a layer of a layer comes before its parent:
+the first record with a non-finite output is the innermost layer where the value began.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class Call:
+    """One layer call: its full path, class, compute dtype, and the floating tensors it
+    took and gave."""
+    path: str
+    layer: object
+    order: int
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+
+    @property
+    def class_name(self) -> str:
+        return type(self.layer).__name__
+
+    @property
+    def dtype(self) -> Optional[str]:
+        return _dtype(self.outputs[0]) if self.outputs else None
+
+
+def _dtype(t) -> Optional[str]:
+    d = getattr(t, "dtype", None)
+    return str(getattr(d, "name", d)) if d is not None else None
+
+
+def floating(values) -> list:
+    import tensorflow as tf
+
+    return [t for t in tf.nest.flatten(values)
+            if getattr(getattr(t, "dtype", None), "is_floating", False)]
+
+
+class Tap:
+    """Wraps the layers of ``entries`` (``app.task.model_layers.walk``) once; ``recording()``
+    yields the list of ``Call`` records a forward pass in this thread fills."""
+
+    def __init__(self, entries):
+        self._local = threading.local()
+        self._wrapped = []
+        for path, layer, _parent in entries:
+            if "call" in vars(layer):   # already an instance attribute: leave it alone
+                continue
+            object.__setattr__(layer, "call", self._make(layer, layer.call, path))
+            self._wrapped.append(layer)
+
+    def _make(self, layer, original, path):
+        local = self._local
+
+        def call(*args, **kwargs):
+            out = original(*args, **kwargs)
+            calls = getattr(local, "calls", None)
+            if calls is not None:
+                calls.append(Call(path, layer, len(calls), floating((args, kwargs)),
+                                  floating(out)))
+            return out
+        return call
+
+    @contextlib.contextmanager
+    def recording(self):
+        calls: List[Call] = []
+        self._local.calls = calls
+        try:
+            yield calls
+        finally:
+            self._local.calls = None
+
+    def __enter__(self) -> "Tap":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        for layer in self._wrapped:
+            try:
+                object.__delattr__(layer, "call")
+            except AttributeError:  # pragma: no cover - removed by someone else
+                pass
+        self._wrapped = []

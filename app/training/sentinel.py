@@ -1,0 +1,245 @@
+"""The numerics sentinel inside the training step: every step, is the loss finite, are the
+gradients; a step that is not never reaches the weights, and the first fault is latched
+with its batch, so the state that failed can be replayed (``app.numerics.replay``).
+
+Cost per step: one scalar test of the loss; without loss scaling one pass over the
+gradients (``all_finite``, the pass a LossScaleOptimizer makes anyway) and a ``tf.cond``
+around the apply; under loss scaling nothing more than the optimizer's own check (a
+faulty step is handed to it poisoned, so it skips it).  Several replicas agree with one
+scalar all-reduce.  No ``check_numerics`` ops: they break XLA.
+
+The latch (``fault_step``, ``fault_code``: ``app.numerics.rules``) is set at the step:
+* the loss is not finite (forward);
+* without loss scaling, a gradient is not finite;
+* under loss scaling, ``rules.FLOOR_PATIENCE`` steps in a row skipped at the floor.
+From then on every update is skipped; the monitor reads the latch between steps.
+
+The variables live outside the strategy's scope, like ``StepStats``: the first replica of
+each worker writes the latch, each replica stashes its own batch.
+"""
+from __future__ import annotations
+
+import threading
+from typing import List
+
+import tensorflow as tf
+
+from app.numerics import rules
+from app.precision import loss_scale
+
+
+def _var(name, dtype, value=0):
+    return tf.Variable(tf.constant(value, dtype), trainable=False, name=name)
+
+
+class SentinelState:
+    """The latch and the stashed batches, in variables the step writes."""
+
+    def __init__(self, stats, element_spec, local_replicas: int = 1):
+        self.stats = stats
+        self.fault_step = _var("sentinel_fault_step", tf.int64, -1)
+        self.fault_code = _var("sentinel_fault_code", tf.int64)
+        self.fault_scale = _var("sentinel_fault_scale", tf.float32, 1.0)
+        self.run_start = _var("sentinel_run_start", tf.int64)
+        self.floor_in_a_row = _var("sentinel_floor_in_a_row", tf.int64)
+        self.structure = element_spec
+        specs = tf.nest.flatten(element_spec)
+        # One stash per local replica, each any shape (the last batch may be short).
+        self.stash: List[List[tf.Variable]] = [
+            [tf.Variable(tf.zeros([0] * max(len(s.shape), 1), s.dtype), trainable=False,
+                         shape=tf.TensorShape(None), name=f"sentinel_batch_{r}_{i}")
+             for i, s in enumerate(specs)] for r in range(max(1, local_replicas))]
+        self.stashed = _var("sentinel_stashed_replicas", tf.int64)
+        self._fit = threading.local()   # the batch and loss of the step being traced (fit)
+
+    # ---- read from Python, between steps ------------------------------------------------
+    def counters(self) -> rules.Counters:
+        st = self.stats
+        return rules.Counters(
+            step=int(st.steps.numpy()), fault_step=int(self.fault_step.numpy()),
+            fault_code=int(self.fault_code.numpy()), fault_scale=float(self.fault_scale.numpy()),
+            run_start=int(self.run_start.numpy()), skipped_total=int(st.nonfinite_total.numpy()),
+            worst_run=int(st.max_consecutive.numpy()))
+
+    def latched(self) -> bool:
+        return int(self.fault_step.numpy()) >= 0
+
+    def batches(self) -> list:
+        """The stashed batch of each local replica, as the dataset's structure."""
+        n = int(self.stashed.numpy())
+        return [tf.nest.pack_sequence_as(self.structure, [tf.convert_to_tensor(v) for v in vs])
+                for vs in self.stash[:n]]
+
+    def reset(self) -> None:
+        """Clear the latch (a replay's own step, or a test)."""
+        self.fault_step.assign(-1)
+        self.fault_code.assign(0)
+        self.stashed.assign(0)
+
+    # ---- inside the step ----------------------------------------------------------------
+    def apply(self, opt, grads, variables, loss, batch) -> loss_scale.Applied:
+        """``loss_scale.unscale_and_apply`` behind the guard (the custom loop's step):
+        ``grads`` of the scaled loss, ``loss`` the step's unscaled loss, ``batch`` its data."""
+        if loss_scale.is_loss_scaled(opt):
+            done = []
+
+            def run(g):
+                done.append(loss_scale.unscale_and_apply(opt, g, variables))
+                return done[-1].skipped
+            self.guard(opt, grads, loss, batch, run)
+            return done[-1]
+        self.guard(opt, grads, loss, batch, lambda g: opt.apply_gradients(zip(g, variables)))
+        return loss_scale.Applied(list(grads), None, None)
+
+    def guard(self, opt, grads, loss, batch, apply) -> tuple:
+        """Apply ``grads`` with ``apply(grads)`` (which returns whether the LossScaleOptimizer
+        skipped the step, or None without one) unless the step is faulty or a fault is
+        latched; latch a new fault with ``batch``.  Returns (the gradients as applied, the
+        skipped tensor or None).
+        ``loss`` None (a fit step whose train_step never called compute_loss): the
+        gradients alone decide."""
+        grads = list(grads)
+        latched = self.fault_step >= 0
+        loss_ok = tf.constant(True) if loss is None else _agreed(
+            tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32))))
+        step = self.stats.steps + 1
+        none, forward = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
+        if loss_scale.is_loss_scaled(opt):
+            before = loss_scale.current_loss_scale(opt)
+            grads = _poisoned(grads, tf.logical_or(latched, tf.logical_not(loss_ok)))
+            skipped = apply(grads)
+            at_floor = tf.logical_and(skipped, before <= rules.FLOOR)
+            floor = tf.where(self._floor_run(at_floor) >= rules.FLOOR_PATIENCE,
+                             tf.constant(3, tf.int64), none)
+            code = tf.where(loss_ok, floor, forward)
+            self._note_skips(skipped, step)
+        else:
+            before, skipped = tf.constant(1.0), None
+            grads_ok = _agreed(loss_scale.all_finite(grads))
+            ok = tf.logical_and(tf.logical_not(latched), tf.logical_and(loss_ok, grads_ok))
+            _apply_if(ok, lambda *g: apply(list(g)), grads)
+            code = tf.where(loss_ok, tf.where(grads_ok, none, tf.constant(2, tf.int64)), forward)
+        if batch is not None:
+            self._latch(tf.logical_and(tf.logical_not(latched), code > 0), code, step, before,
+                        batch)
+        return grads, skipped
+
+    def _floor_run(self, at_floor):
+        """Steps in a row skipped at the floor, this one counted."""
+        return _first_replica_assign(self.floor_in_a_row, tf.where(
+            at_floor, self.floor_in_a_row + 1, tf.constant(0, tf.int64)))
+
+    def _note_skips(self, skipped, step):
+        # stats.consecutive still holds the run before this step: a run begins here.
+        begins = tf.logical_and(skipped, tf.equal(self.stats.consecutive, 0))
+        _first_replica_assign(self.run_start, tf.where(begins, step, self.run_start))
+
+    def _latch(self, new, code, step, scale, batch):
+        """At a new fault: the code, the step and the scale (first replica), and each
+        replica's own batch."""
+        replica = _replica_index()
+
+        def write():
+            values = [tf.cast(t, v.dtype) for t, v in
+                      zip(tf.nest.flatten(batch), self.stash[replica])]
+            ops = [v.assign(t, read_value=False) for v, t in zip(self.stash[replica], values)]
+            with tf.control_dependencies(ops):
+                if replica == 0:
+                    self.fault_step.assign(step)
+                    self.fault_code.assign(code)
+                    self.fault_scale.assign(tf.cast(scale, tf.float32))
+                self.stashed.assign_add(1)
+            return tf.constant(True)
+        tf.cond(new, write, lambda: tf.constant(False))
+
+    # ---- Model.fit: its own step, seen through the model and the optimizer ----------------
+    def attach_to_fit(self, model) -> None:
+        """Let the optimizer wrapper (``step_stats.attach_stats_to_optimizer``) see the
+        batch and the loss of fit's own train step: wrap this model instance's
+        ``train_step`` and ``compute_loss`` (both Kerases call them by attribute)."""
+        local, train_step, compute_loss = self._fit, model.train_step, model.compute_loss
+
+        def watched_train_step(data):
+            local.batch = data
+            try:
+                return train_step(data)
+            finally:
+                local.batch = local.loss = None
+
+        def watched_compute_loss(*args, **kwargs):
+            loss = compute_loss(*args, **kwargs)
+            local.loss = loss
+            return loss
+        object.__setattr__(model, "train_step", watched_train_step)
+        object.__setattr__(model, "compute_loss", watched_compute_loss)
+
+    def fit_step(self):
+        """(loss, batch) of the fit step being traced in this thread (loss None when the
+        model's own train_step does not call compute_loss)."""
+        loss, batch = getattr(self._fit, "loss", None), getattr(self._fit, "batch", None)
+        graph = tf.compat.v1.get_default_graph()
+        if loss is not None and getattr(loss, "graph", graph) is not graph:
+            loss = None
+        return loss, batch
+
+
+def _poisoned(grads, poison):
+    """``grads`` with NaN in the first one when ``poison``: the LossScaleOptimizer then skips
+    the step (and lowers the scale), every replica alike.  One small op, not a pass."""
+    out, done = [], False
+    for g in grads:
+        if g is not None and not done and not isinstance(g, tf.IndexedSlices):
+            g = g + tf.cast(tf.where(poison, float("nan"), 0.0), g.dtype)
+            done = True
+        out.append(g)
+    return out
+
+
+def _agreed(ok):
+    """Several replicas: True only where every replica's ``ok`` is (one scalar all-reduce)."""
+    ctx = loss_scale.multi_replica_context()
+    if ctx is None:
+        return ok
+    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(ok), tf.float32))
+    return tf.equal(bad, 0.0)
+
+
+def _replica_index() -> int:
+    """This replica's index among the worker's local replicas (a Python int in the graph)."""
+    ctx = loss_scale.multi_replica_context()
+    if ctx is None:
+        return 0
+    local = len(tf.distribute.get_strategy().extended.worker_devices)
+    rid = tf.get_static_value(ctx.replica_id_in_sync_group)
+    return int(rid) % local if rid is not None else 0
+
+
+def _first_replica_assign(var, value):
+    """Assign in the first replica only (the others read it); returns the new value."""
+    if _replica_index() != 0:
+        return value
+    var.assign(value)
+    return value
+
+
+def _apply_if(ok, apply, grads) -> None:
+    """Run ``apply(*grads)`` only when ``ok`` (the same on every replica).  Several replicas:
+    the ``cond`` is taken in the cross-replica context, since TensorFlow refuses a cond in a
+    replica context whose branch synchronises (the optimizer's all-reduce), as Keras'
+    LossScaleOptimizer does."""
+    ctx = loss_scale.multi_replica_context()
+
+    def yes_one():
+        apply(*grads)
+        return tf.constant(True)
+    if ctx is None:
+        tf.cond(ok, yes_one, lambda: tf.constant(False))
+        return
+
+    def cross(distribution, ok, *per_replica):
+        def yes():
+            distribution.extended.call_for_each_replica(apply, args=per_replica)
+            return tf.constant(True)
+        first = distribution.experimental_local_results(ok)[0]
+        return tf.cond(first, yes, lambda: tf.constant(False))
+    ctx.merge_call(cross, args=(ok, *grads))

@@ -1,0 +1,97 @@
+"""The sentinel between steps: the monitor asks it, at every check, whether the step
+counters show a fault (``app.numerics.rules``) and lets it probe each layer's headroom
+every ``--numerics-every`` steps; at a fault the run asks it for the diagnosis
+(``app.numerics.replay``).  What it saw goes into metrics.json's ``numerics``."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from app.numerics import replay, rules
+from app.numerics.headroom import Headroom, HeadroomProbe
+from app.task import model_layers
+
+
+class SentinelWatch:
+    def __init__(self, state, model, loss_fn, *, every: int, policy: str, loss_scaled: bool,
+                 max_skipped_steps: int, probe_batch=None, global_batch: int = 1,
+                 worker: Optional[int] = None, warn: Optional[Callable[[str], None]] = None,
+                 on_probe: Optional[Callable[[int, dict], None]] = None):
+        self.state, self.model, self.loss_fn = state, model, loss_fn
+        self.every, self.policy, self.loss_scaled = every, policy, loss_scaled
+        self.max_skipped_steps, self.global_batch, self.worker = (
+            max_skipped_steps, global_batch, worker)
+        self.entries = model_layers.walk(model)
+        self.probe = HeadroomProbe(model, self.entries) if probe_batch is not None else None
+        self.probe_x = None if probe_batch is None else tf.convert_to_tensor(probe_batch[0])
+        self.headroom = Headroom()
+        self.warnings: list = []
+        self.last_probe = 0
+        self.epoch_start_step = 0
+        self.start_weights_max = replay.weights_max(model)
+        self.lock = threading.Lock()
+        self.warn = warn or (lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
+        self.probe_seconds = 0.0
+        self.on_probe = on_probe
+
+    def begin_epoch(self, step: int) -> None:
+        self.epoch_start_step = step
+
+    def fault(self, loss_scale_now: Callable[[], float]) -> Optional[rules.Fault]:
+        """The fault the counters show now (the latch, or a rule over the skipped steps)."""
+        c = self.state.counters()
+        if c.fault_code == 0 and not (self.loss_scaled and c.worst_run > self.max_skipped_steps):
+            return None
+        return rules.fault(c, loss_scaled=self.loss_scaled, policy=self.policy,
+                           max_skipped_steps=self.max_skipped_steps,
+                           loss_scale_now=loss_scale_now())
+
+    def probe_if_due(self, step: int) -> Optional[rules.Fault]:
+        """Every ``every`` steps: each layer's headroom (warnings once a layer) and the
+        weights; a non-finite weight is a fault."""
+        if self.probe is None or step - self.last_probe < self.every:
+            return None
+        with self.lock:
+            self.last_probe = step - step % self.every
+            t0 = time.perf_counter()
+            measured = self.probe.measure(self.probe_x)
+            for line in self.headroom.update(step, measured):
+                self.warnings.append(line)
+                self.warn(line)
+            if self.on_probe is not None:
+                self.on_probe(step, self.headroom.scalars())
+            bad = replay.nonfinite_weights(self.model)
+            self.probe_seconds += time.perf_counter() - t0
+        return rules.weights_fault(step) if bad else None
+
+    def diagnose(self, fault: rules.Fault, epoch: int, loss_spec: str):
+        """Replay the stashed batch of each local replica (the first whose replay shows the
+        fault is the one named); without a stash (a rule, not the latch) the probe batch."""
+        batches = self.state.batches() if self.state.latched() else []
+        in_epoch = max(0, fault.step - self.epoch_start_step - 1)
+        per_replica = max(1, self.global_batch // max(1, len(self.state.stash)))
+        found = None
+        for i, batch in enumerate(batches or [None]):
+            if batch is None:
+                if self.probe_x is None:
+                    break
+                batch = (self.probe_x, None)
+            failed = replay.FailedStep(
+                fault, epoch, in_epoch * self.global_batch + i * per_replica, self.policy,
+                loss_spec, self.start_weights_max,
+                replica=i if len(batches) > 1 else None, worker=self.worker)
+            if batch[1] is None:
+                return None
+            found = replay.diagnose(self.model, self.loss_fn, self.entries, batch, failed)
+            if found.verdict != "not reproduced":
+                return found
+        return found
+
+    def to_json(self, skipped_steps: int) -> dict:
+        return {"sentinel": True, "every": self.every, "skipped_steps": skipped_steps,
+                "headroom": self.headroom.to_json(), "warnings": list(self.warnings),
+                "probe_seconds": round(self.probe_seconds, 3), "fault": None}
