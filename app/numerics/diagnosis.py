@@ -90,7 +90,8 @@ class Diagnosis:
         at = ""
         if self.replica is not None:
             at = f" (replica {self.replica}" + (f", worker {self.worker}" if self.worker else "") + ")"
-        out = [f"error: numerics fault at step {self.step} (epoch {self.epoch}){at}: {self.headline}",
+        out = [f"error: training diverged at step {self.step} (epoch {self.epoch}){at}: "
+               f"{self.headline}",
                f"  where it began: {self.where.text()}"]
         values = self.values_text()
         if values:
@@ -106,6 +107,11 @@ class Diagnosis:
         out.append("  then: the same command with --resume continues from the checkpoint "
                    "saved at the fault (docs/numerics.md)")
         return out
+
+    def summary(self) -> str:
+        """One line for metrics.json's ``diagnosis``: what happened, where, the fix."""
+        return (f"step {self.step} (epoch {self.epoch}): {self.headline}; where it began: "
+                f"{self.where.text()}; verdict: {self.verdict}; fix: {self.fix}")
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -236,8 +236,8 @@ def build_parts(run: Prepared, stop: StopFlag | None = None) -> TrainingParts:
     if stop is not None:
         stop.model = built.model
     stats = step_stats.StepStats(log_every=cfg.log_every)
-    sentinel = (SentinelState(stats, run.bundle.train.element_spec, _local_replicas(strategy))
-                if cfg.sentinel else None)
+    sentinel = (SentinelState(stats, run.bundle.train.element_spec, _local_replicas(strategy),
+                              cfg.batch_size) if cfg.sentinel else None)
     return TrainingParts(built.model, opt, strategy, built, stats, ckpt, sentinel)
 
 
@@ -432,10 +432,12 @@ def _numerics_fault(run: Prepared, parts: TrainingParts, recorder: Recorder,
                                                                  "kind": fault.kind,
                                                                  "step": fault.step}
     numerics["checkpoint"] = path
-    headline = diag.lines() if diag is not None else [f"error: numerics fault: {fault.headline}"]
-    recorder.metrics.update(status="diverged", diagnosis=unprefixed(headline[0]))
-    if run.dist.is_chief or diag is not None:
-        print("\n".join(headline), file=sys.stderr, flush=True)
+    if diag is None:   # nothing to replay: the rule's own words
+        lines, summary = [f"error: training diverged at {fault.headline}"], f"{fault.headline}; {DIAGNOSIS}"
+    else:
+        lines, summary = diag.lines(), diag.summary()
+    recorder.metrics.update(status="diverged", diagnosis=summary)
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _output_fault(recorder: Recorder, exc: BaseException, code: int):

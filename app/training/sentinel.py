@@ -35,7 +35,7 @@ def _var(name, dtype, value=0):
 class SentinelState:
     """The latch and the stashed batches, in variables the step writes."""
 
-    def __init__(self, stats, element_spec, local_replicas: int = 1):
+    def __init__(self, stats, element_spec, local_replicas: int = 1, batch_size: int = 0):
         self.stats = stats
         self.fault_step = _var("sentinel_fault_step", tf.int64, -1)
         self.fault_code = _var("sentinel_fault_code", tf.int64)
@@ -44,11 +44,13 @@ class SentinelState:
         self.floor_in_a_row = _var("sentinel_floor_in_a_row", tf.int64)
         self.structure = element_spec
         specs = tf.nest.flatten(element_spec)
-        # One stash per local replica, each any shape (the last batch may be short).
+        # One stash per local replica.  XLA cannot change a variable's shape, so a sample of
+        # known shape is kept in [batch_size, ...] rows (a short last batch padded, its row
+        # count kept); a sample of unknown shape in a variable of any shape.
         self.stash: List[List[tf.Variable]] = [
-            [tf.Variable(tf.zeros([0] * max(len(s.shape), 1), s.dtype), trainable=False,
-                         shape=tf.TensorShape(None), name=f"sentinel_batch_{r}_{i}")
-             for i, s in enumerate(specs)] for r in range(max(1, local_replicas))]
+            [_stash_variable(spec, batch_size, f"sentinel_batch_{r}_{i}")
+             for i, spec in enumerate(specs)] for r in range(max(1, local_replicas))]
+        self.rows = [_var(f"sentinel_batch_rows_{r}", tf.int64) for r in range(len(self.stash))]
         self.stashed = _var("sentinel_stashed_replicas", tf.int64)
         self._fit = threading.local()   # the batch and loss of the step being traced (fit)
 
@@ -67,8 +69,9 @@ class SentinelState:
     def batches(self) -> list:
         """The stashed batch of each local replica, as the dataset's structure."""
         n = int(self.stashed.numpy())
-        return [tf.nest.pack_sequence_as(self.structure, [tf.convert_to_tensor(v) for v in vs])
-                for vs in self.stash[:n]]
+        return [tf.nest.pack_sequence_as(self.structure, [
+            tf.convert_to_tensor(v)[:int(rows.numpy())] for v in vs])
+            for vs, rows in zip(self.stash[:n], self.rows)]
 
     def reset(self) -> None:
         """Clear the latch (a replay's own step, or a test)."""
@@ -140,9 +143,10 @@ class SentinelState:
         replica = _replica_index()
 
         def write():
-            values = [tf.cast(t, v.dtype) for t, v in
-                      zip(tf.nest.flatten(batch), self.stash[replica])]
-            ops = [v.assign(t, read_value=False) for v, t in zip(self.stash[replica], values)]
+            flat = tf.nest.flatten(batch)
+            ops = [v.assign(_fitted(tf.cast(t, v.dtype), v), read_value=False)
+                   for t, v in zip(flat, self.stash[replica])]
+            ops.append(self.rows[replica].assign(tf.cast(tf.shape(flat[0])[0], tf.int64)))
             with tf.control_dependencies(ops):
                 if replica == 0:
                     self.fault_step.assign(step)
@@ -181,6 +185,28 @@ class SentinelState:
         if loss is not None and getattr(loss, "graph", graph) is not graph:
             loss = None
         return loss, batch
+
+
+def _stash_variable(spec, batch_size: int, name: str) -> tf.Variable:
+    sample = spec.shape[1:] if spec.shape.rank else None
+    if batch_size and sample is not None and sample.is_fully_defined():
+        return tf.Variable(tf.zeros([batch_size] + sample.as_list(), spec.dtype),
+                           trainable=False, name=name)
+    return tf.Variable(tf.zeros([0] * max(spec.shape.rank or 1, 1), spec.dtype),
+                       trainable=False, shape=tf.TensorShape(None), name=name)
+
+
+def _fitted(t, var):
+    """``t`` as ``var`` holds it: padded to its rows when its shape is fixed."""
+    rows = var.shape[0] if var.shape.rank else None
+    if rows is None:
+        return t
+    n = t.shape[0]
+    if n is not None:   # traced per batch shape, as XLA needs
+        return t if n == rows else tf.pad(t[:rows], [[0, max(0, rows - n)]] + [[0, 0]] * (t.shape.rank - 1))
+    pad = tf.maximum(rows - tf.shape(t)[0], 0)
+    return tf.ensure_shape(tf.pad(t[:rows], [[0, pad]] + [[0, 0]] * (t.shape.rank - 1)),
+                           var.shape)
 
 
 def _poisoned(grads, poison):
