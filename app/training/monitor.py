@@ -76,6 +76,15 @@ class StepMonitor:
         if log:
             self.drain()
         self._sentinel(epoch)
+        if self.watch is not None:
+            # The sentinel owns the rules (every non-finite step is latched at the step);
+            # an update that overflowed the weights is its fault too.
+            self.skipped_epoch += int(st.nonfinite_total.numpy()) - self.skipped_seen
+            self.skipped_seen = int(st.nonfinite_total.numpy())
+            st.max_consecutive.assign(st.consecutive)
+            if model is not None and not _weights_finite(model):
+                raise NumericsFault(self.watch.weights_fault(int(st.steps.numpy())))
+            return
         if not self.loss_scaled and ((epoch_loss is not None and finite_or_none(epoch_loss) is None)
                                      or (model is not None and not _weights_finite(model))):
             st.nonfinite_total.assign_add(1)
@@ -122,8 +131,9 @@ class StepMonitor:
                     self.drain()
                     self._sentinel(self.epoch)
                     st = self.stats
-                    problem = self._divergence(self.epoch, int(st.nonfinite_total.numpy()),
-                                               int(st.max_consecutive.numpy()))
+                    problem = None if self.watch is not None else self._divergence(
+                        self.epoch, int(st.nonfinite_total.numpy()),
+                        int(st.max_consecutive.numpy()))
                 except BaseException as exc:  # e.g. the user's on_step raised
                     problem = exc
                 if problem:

@@ -57,14 +57,15 @@ class SentinelState:
     # ---- read from Python, between steps ------------------------------------------------
     def counters(self) -> rules.Counters:
         st = self.stats
+        code = int(self.fault_code.numpy())   # first: see _latch
         return rules.Counters(
             step=int(st.steps.numpy()), fault_step=int(self.fault_step.numpy()),
-            fault_code=int(self.fault_code.numpy()), fault_scale=float(self.fault_scale.numpy()),
+            fault_code=code, fault_scale=float(self.fault_scale.numpy()),
             run_start=int(self.run_start.numpy()), skipped_total=int(st.nonfinite_total.numpy()),
             worst_run=int(st.max_consecutive.numpy()))
 
     def latched(self) -> bool:
-        return int(self.fault_step.numpy()) >= 0
+        return int(self.fault_code.numpy()) > 0
 
     def batches(self) -> list:
         """The stashed batch of each local replica, as the dataset's structure."""
@@ -148,11 +149,15 @@ class SentinelState:
                    for t, v in zip(flat, self.stash[replica])]
             ops.append(self.rows[replica].assign(tf.cast(tf.shape(flat[0])[0], tf.int64)))
             with tf.control_dependencies(ops):
+                stashed = self.stashed.assign_add(1)
                 if replica == 0:
-                    self.fault_step.assign(step)
-                    self.fault_code.assign(code)
-                    self.fault_scale.assign(tf.cast(scale, tf.float32))
-                self.stashed.assign_add(1)
+                    # The code last, after everything it vouches for: a reader that sees it
+                    # set (the monitor's thread, mid-step) sees the rest (``counters``).
+                    with tf.control_dependencies([stashed]):
+                        done = [self.fault_step.assign(step),
+                                self.fault_scale.assign(tf.cast(scale, tf.float32))]
+                    with tf.control_dependencies(done):
+                        self.fault_code.assign(code)
             return tf.constant(True)
         tf.cond(new, write, lambda: tf.constant(False))
 

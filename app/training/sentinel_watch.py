@@ -68,6 +68,9 @@ class SentinelWatch:
             self.probe_seconds += time.perf_counter() - t0
         return rules.weights_fault(step) if bad else None
 
+    def weights_fault(self, step: int) -> rules.Fault:
+        return rules.weights_fault(step)
+
     def diagnose(self, fault: rules.Fault, epoch: int, loss_spec: str):
         """Replay the stashed batch of each local replica (the first whose replay shows the
         fault is the one named); without a stash (a rule, not the latch) the probe batch."""

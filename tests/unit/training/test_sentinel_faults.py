@@ -1,0 +1,315 @@
+"""The numerics sentinel's catalog of faults: each stays hidden at step 1 and shows later, and
+the sentinel must name where it began (the exact layer, the input samples, the loss or the
+optimizer) and whether float32 would fail too.  Tiny models, in-process ``app.train``, both
+loops; runs on the host (Keras 3) and in the image's self-test (TF 2.9, Keras 2), where
+mixed_float16 runs on the CPU (slowly: hence the tiny models).  docs/numerics.md."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import app
+
+N, FEATURES = 512, 8
+LOOPS = ["fit", "custom"]
+
+
+# ---- the faults' layers ------------------------------------------------------------------
+
+class Amplify(tf.keras.layers.Layer):
+    """Multiplies by ``start`` times a factor that grows by ``rate`` with every training
+    call: an activation that grows during training."""
+
+    def __init__(self, rate=1.25, start=100.0, **kwargs):
+        super().__init__(**kwargs)
+        self.rate, self.start = rate, start
+
+    def build(self, shape):
+        self.k = self.add_weight(name="k", shape=(), trainable=False,
+                                 initializer=tf.keras.initializers.Constant(1.0))
+
+    def call(self, x, training=None):
+        if training:
+            self.k.assign(tf.cast(self.k, tf.float32) * self.rate)
+        return x * tf.cast(tf.cast(self.k, tf.float32) * self.start, x.dtype)
+
+
+class RMSNorm(tf.keras.layers.Layer):
+    """x / sqrt(mean(x^2) + epsilon): epsilon 1e-12 is 0 in float16, so a blank sample is 0/0."""
+
+    def __init__(self, epsilon=1e-12, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+
+    def call(self, x):
+        mean_square = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)
+        return x / tf.sqrt(mean_square + tf.cast(self.epsilon, x.dtype))
+
+
+class ExpFeatures(tf.keras.layers.Layer):
+    def call(self, x):
+        return tf.exp(x)
+
+
+class GrowingDense(tf.keras.layers.Dense):
+    """A Dense whose kernel is scaled by a factor that grows with every training call: logits
+    that grow until a softmax computed in 16 bits sees inf."""
+
+    def build(self, shape):
+        super().build(shape)
+        self.k = self.add_weight(name="growth", shape=(), trainable=False,
+                                 initializer=tf.keras.initializers.Constant(1.0))
+
+    def call(self, x, training=None):
+        if training:
+            self.k.assign(tf.cast(self.k, tf.float32) * 1.3)
+        return self.activation(tf.matmul(x, tf.cast(self.kernel, x.dtype)
+                                         * tf.cast(tf.cast(self.k, tf.float32) * 50.0, x.dtype)))
+
+
+class Boost(tf.keras.layers.Layer):
+    """Identity forward; its backward multiplies the gradient by 9e8, which no float16 can
+    hold even unscaled: the loss scale goes down to its floor and stays skipped there."""
+
+    def call(self, x):
+        @tf.custom_gradient
+        def boost(v):
+            def grad(dy):
+                c = tf.constant(3e4, dy.dtype)
+                return dy * c * c
+            return tf.identity(v), grad
+        return boost(x)
+
+
+class Block(tf.keras.layers.Layer):
+    """A layer of a layer: the fault is in its inner ``amp``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner_dense = tf.keras.layers.Dense(16, activation="relu", name="inner_dense")
+        self.amp = Amplify(name="amp")
+
+    def call(self, x, training=None):
+        return self.amp(self.inner_dense(x), training=training)
+
+
+# ---- models and data ---------------------------------------------------------------------
+
+def _model(*middle, head=None):
+    def build(input_shape, num_classes):
+        inp = tf.keras.Input(input_shape)
+        h = inp
+        for layer in middle:
+            h = layer()(h)
+        out = (head() if head else tf.keras.layers.Dense(
+            num_classes, activation="softmax", dtype="float32", name="predictions"))(h)
+        return tf.keras.Model(inp, out)
+    return build
+
+
+def _data(x=None, y=None):
+    rng = np.random.default_rng(0)
+    x = rng.random((N, FEATURES)).astype("float32") if x is None else x
+    y = (x[:, :4].sum(axis=1) > x[:, 4:].sum(axis=1)).astype("int32") if y is None else y
+    return (x, y), (x[:64], y[:64])
+
+
+def _dense(units=16, name="hidden"):
+    return lambda: tf.keras.layers.Dense(units, activation="relu", name=name)
+
+
+def _train(tmp_path, build, data, loop, precision="mixed_float16", **settings):
+    settings = {"epochs": 2, "batch_size": 16, "log_every": 4, "numerics_every": 8,
+                "progress": "lines", "save_model": False, "seed": 0, **settings}
+    return app.train(build, data, precision=precision, loop=loop,
+                     output=str(tmp_path / f"run-{loop}"), **settings)
+
+
+def _fault(m) -> dict:
+    assert m["status"] == "diverged", m.get("diagnosis")
+    fault = m["numerics"]["fault"]
+    assert fault["step"] > 1, fault       # hidden at step 1
+    return fault
+
+
+def _with_rows(x, rows, value):
+    x = x.copy()
+    x[rows] = value
+    return x
+
+
+def _rng_x():
+    return np.random.default_rng(0).random((N, FEATURES)).astype("float32")
+
+
+# ---- the catalog -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_activation_that_grows_past_float16(tmp_path, loop):
+    m = _train(tmp_path, _model(_dense(), lambda: Amplify(name="amplify")), _data(), loop)
+    f = _fault(m)
+    assert f["kind"] == "forward" and f["where"]["kind"] == "layer"
+    assert f["where"]["name"] == "amplify" and f["where"]["phase"] == "forward"
+    assert f["verdict"] == "precision" and f["float32_finite"] is True
+    assert f["flag"] == "--float32-layers amplify"
+    assert f["float32_largest"] > 65504 and f["largest_before"] < 65504
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_epsilon_that_is_zero_in_float16_meets_blank_samples(tmp_path, loop):
+    x = _with_rows(_rng_x(), [200, 330, 470], 0.0)
+    m = _train(tmp_path, _model(lambda: RMSNorm(name="rms_norm"), _dense()), _data(x), loop)
+    f = _fault(m)
+    assert f["where"]["name"] == "rms_norm" and f["verdict"] == "precision"
+    assert "epsilon=1e-12 is 0 in float16" in f["fix"] and "--float32-layers rms_norm" in f["fix"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_exp_in_a_custom_layer_overflows_on_a_few_samples(tmp_path, loop):
+    x = _rng_x()
+    x[[150, 151, 400], 0] = 12.0          # exp(12) = 162755: past float16's 65504
+    m = _train(tmp_path, _model(lambda: ExpFeatures(name="exp_features"), _dense()), _data(x), loop)
+    f = _fault(m)
+    assert f["where"]["name"] == "exp_features" and f["verdict"] == "precision"
+    assert 1.6e5 < f["float32_largest"] < 1.7e5
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_softmax_over_growing_logits_computed_in_16_bit(tmp_path, loop):
+    head = lambda: GrowingDense(2, activation="softmax", name="predictions")  # noqa: E731
+    m = _train(tmp_path, _model(_dense(), head=head), _data(), loop)
+    f = _fault(m)
+    assert f["where"]["name"] == "predictions" and f["where"]["dtype"] == "float16"
+    assert f["verdict"] == "precision" and f["layers"] == ["predictions"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_nan_in_a_few_samples_of_the_data(tmp_path, loop):
+    x = _with_rows(_rng_x(), [97, 301], np.nan)
+    m = _train(tmp_path, _model(_dense()), _data(x), loop, precision="float32")
+    f = _fault(m)
+    assert f["where"]["kind"] == "input samples" and f["verdict"] == "data"
+    first = (f["step"] - 1 - 32 * (f["epoch"] - 1)) * 16      # the failing batch's first position
+    assert f["where"]["samples"] and all(first <= s < first + 16 for s in f["where"]["samples"])
+
+
+def _sgd_model(lr):
+    """Plain SGD on a linear hidden layer: each update multiplies the weights' scale, until
+    the logits pass float32's largest value a few steps in."""
+    def build(input_shape, num_classes):
+        linear = lambda: tf.keras.layers.Dense(16, name="hidden")  # noqa: E731
+        model = _model(linear)(input_shape, num_classes)
+        model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=lr),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
+    return build
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_learning_rate_that_sends_the_weights_to_inf(tmp_path, loop):
+    m = _train(tmp_path, _sgd_model(1e4), _data(), loop, precision="float32")
+    f = _fault(m)
+    assert f["verdict"] == "optimizer" and "lower --learning-rate" in f["fix"]
+    assert f["float32_finite"] is False
+
+
+def log_weighted_ce(y_true, y_pred):
+    """A class weight of log(label): log(0) = -inf for the rare class 0."""
+    ce = tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+    weight = tf.math.log(tf.cast(tf.reshape(y_true, tf.shape(ce)), tf.float32))
+    return ce * (1.0 + weight)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_log_of_zero_in_a_custom_loss(tmp_path, loop):
+    x = _rng_x()
+    y = np.where(x[:, 0] > 0.5, 1, 2).astype("int32")
+    y[[250, 420]] = 0
+    m = _train(tmp_path, _model(_dense()), _data(x, y), loop, loss=log_weighted_ce,
+               num_classes=3)
+    f = _fault(m)
+    assert f["where"]["kind"] == "loss" and f["verdict"] == "model"
+    assert f["float32_finite"] is False and f["where"]["samples"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_loss_scale_driven_to_its_floor(tmp_path, loop):
+    m = _train(tmp_path, _model(_dense(), lambda: Boost(name="boost")), _data(), loop,
+               epochs=1, max_skipped_steps=40)
+    f = _fault(m)
+    assert f["kind"] == "floor"
+    assert "the loss scale reached its floor" in f["headline"] and "every step since step 1" in f["headline"]
+    assert f["where"]["name"] == "boost" and f["where"]["phase"] == "backward"
+    assert f["verdict"] == "precision" and f["flag"] == "--float32-layers boost"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_fault_inside_a_nested_layer(tmp_path, loop):
+    m = _train(tmp_path, _model(lambda: Block(name="block")), _data(), loop)
+    f = _fault(m)
+    assert f["where"]["name"] == "block/amp" and f["verdict"] == "precision"
+    assert f["flag"] == "--float32-layers block/amp"
+
+
+def test_under_xla_the_step_is_guarded_and_the_fault_named(tmp_path):
+    """--jit: the guard compiles with the step (no check_numerics ops, which XLA refuses)."""
+    m = _train(tmp_path, _model(_dense(), lambda: Amplify(name="amplify")), _data(), "custom",
+               jit=True)
+    f = _fault(m)
+    assert f["where"]["name"] == "amplify" and f["verdict"] == "precision"
+
+
+MIRRORED_FAULT = '''
+import numpy as np
+import tensorflow as tf
+
+
+def build(input_shape, num_classes):
+    inp = tf.keras.Input(input_shape)
+    h = tf.keras.layers.Dense(16, activation="relu", name="hidden")(inp)
+    out = tf.keras.layers.Dense(num_classes, activation="softmax", dtype="float32",
+                                name="predictions")(h)
+    return tf.keras.Model(inp, out)
+
+
+def load():
+    rng = np.random.default_rng(0)
+    x = rng.random((512, 8)).astype("float32")
+    y = (x[:, :4].sum(axis=1) > x[:, 4:].sum(axis=1)).astype("int32")
+    x[[205, 333]] = np.nan
+    return (x, y), (x[:64], y[:64])
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", LOOPS)
+def test_under_mirrored_strategy_the_report_names_the_replica(tmp_path, loop):
+    """Two logical CPU devices (TFMP_LOGICAL_CPUS, a fresh process): the replicas agree on
+    skipping, each stashes its own half of the batch, and the one holding the NaN sample is
+    named."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    (tmp_path / "faulty.py").write_text(MIRRORED_FAULT)
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFMP_")}
+    env.update(PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""), TFMP_LOGICAL_CPUS="2",
+               TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "train", "--model", f"{tmp_path / 'faulty.py'}:build",
+         "--dataset", f"{tmp_path / 'faulty.py'}:load", "--strategy", "mirrored", "--loop", loop,
+         "--precision", "float32", "--batch-size", "8", "--epochs", "1", "--log-every", "4",
+         "--progress", "lines", "--no-save-model", "--output", str(out)],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    f = json.loads((out / "metrics.json").read_text())["numerics"]["fault"]
+    assert f["where"]["kind"] == "input samples" and f["verdict"] == "data"
+    assert f["replica"] in (0, 1)
+    assert f"(replica {f['replica']})" in proc.stderr
+    first = (f["step"] - 1) * 16 + f["replica"] * 8     # this replica's part of the global batch
+    assert f["where"]["samples"] and all(first <= s < first + 8 for s in f["where"]["samples"])
