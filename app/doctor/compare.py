@@ -23,7 +23,15 @@ def eval_loss(model, loss_fn, x, y) -> Optional[float]:
 
 
 def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y_eval) -> dict:
-    """Run ``len(batches)`` steps; ``step(x, y, scale)`` -> (loss, gradients of loss*scale)."""
+    """Run ``len(batches)`` steps; ``step(x, y, scale)`` -> (loss, gradients of loss*scale).
+
+    Watched as the sentinel watches training (``app.numerics.rules``): a step whose loss is
+    not finite, or without loss scaling whose gradients are not, or ``FLOOR_PATIENCE``
+    skipped in a row at the loss scale's floor, stops the run before it reaches the
+    weights; ``fault`` then holds the rule's fault and the batch, for the replay."""
+    import tensorflow as tf
+
+    from app.numerics import rules
     from app.precision import loss_scale
 
     if not loss_scale.is_loss_scaled(optimizer):
@@ -31,17 +39,53 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
     variables = model.trainable_variables
     loss_scale.build_optimizer(optimizer, variables)
     start = eval_loss(model, loss_fn, x_eval, y_eval)
-    losses, skipped = [], 0
-    for x, y in batches:
-        scale = loss_scale.current_loss_scale(optimizer)
-        loss, grads = step(x, y, scale)
+    losses, skipped, at_floor, run_start, fault = [], 0, 0, 0, None
+    previous_skipped = False
+    for i, (x, y) in enumerate(batches, start=1):
+        scale = float(loss_scale.current_loss_scale(optimizer))
+        loss, grads = step(x, y, tf.constant(scale))
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        kind = _faulty(loss, [g for g, _ in pairs], optimizer)
+        if kind is not None:
+            fault = {"fault": rules.Fault(kind, i, _HEADLINES[kind].format(policy=policy), scale),
+                     "batch": (x, y)}
+            losses.append(finite_float(loss))
+            break
         applied = loss_scale.unscale_and_apply(optimizer, [g for g, _ in pairs],
                                                [v for _, v in pairs])
-        skipped += int(applied.skipped is not None and bool(applied.skipped))
+        was_skipped = applied.skipped is not None and bool(applied.skipped)
+        skipped += int(was_skipped)
+        if was_skipped and not previous_skipped:
+            run_start = i
+        previous_skipped = was_skipped
+        at_floor = at_floor + 1 if was_skipped and scale <= rules.FLOOR else 0
         losses.append(finite_float(loss))
+        if at_floor >= rules.FLOOR_PATIENCE:
+            fault = {"fault": rules.Fault("floor", i, "the loss scale reached its floor "
+                                          f"({rules.FLOOR:g}); every step since step "
+                                          f"{run_start} was skipped", scale), "batch": (x, y)}
+            break
     end = eval_loss(model, loss_fn, x_eval, y_eval)
-    return {"start": start, "end": end, "train_losses": losses, "skipped_steps": skipped}
+    return {"start": start, "end": end, "train_losses": losses, "skipped_steps": skipped,
+            "fault": fault}
+
+
+_HEADLINES = {"forward": "the loss was not finite (a non-finite value in the forward pass, "
+                         "which loss scaling cannot help)",
+              "gradients": "non-finite gradients under {policy}, which has no loss scaling to "
+                           "recover with"}
+
+
+def _faulty(loss, grads, optimizer) -> Optional[str]:
+    from app.doctor.probe import grads_are_finite
+    from app.precision import loss_scale
+
+    if finite_float(loss) is None:
+        return "forward"
+    if not loss_scale.is_loss_scaled(optimizer) and not grads_are_finite(grads):
+        return "gradients"
+    return None
+
 
 
 def relative(a: Optional[float], b: Optional[float]) -> Optional[float]:

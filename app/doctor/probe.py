@@ -1,9 +1,8 @@
 """One real forward and backward step on one batch under the policy.
 
 ``capture`` records each layer's output dtype (and whether it is finite) during an eager
-forward pass, for every model form: functional, Sequential, subclassed and nested.  It wraps
-the ``call`` of each layer *instance* (``object.__setattr__``, past Keras' attribute
-tracking) and removes the wrappers afterwards, so the model is left as it was.
+forward pass, for every model form: functional, Sequential, subclassed and nested, through
+the sentinel's tap (``app.numerics.tap``), which leaves the model as it was.
 
 ``gradient_fn`` computes the loss and the gradients of ``loss * scale``.  On a machine
 without a GPU, float16 gradients of convolutions are about 100 times slower in TensorFlow's
@@ -24,42 +23,30 @@ MAX_HALVINGS = 10
 
 @contextlib.contextmanager
 def capture(entries):
-    """Yields {id(layer): {"dtype", "finite", "order", "path"}} filled by forward passes."""
+    """Yields {id(layer): {"dtype", "finite", "order", "path"}}, filled from the numerics
+    tap (``app.numerics.tap``, the sentinel's) when the forward passes inside are done."""
     import tensorflow as tf
 
+    from app.numerics.tap import Tap
+
     captured: Dict[int, dict] = {}
-    wrapped = []
+    with Tap(entries) as tap, tap.recording() as calls:
+        try:
+            yield captured
+        finally:
+            for c in calls:
+                if id(c.layer) in captured:
+                    continue
+                finite = None
+                if c.outputs and tf.executing_eagerly():
+                    finite = bool(all(bool(tf.reduce_all(tf.math.is_finite(t)))
+                                      for t in c.outputs))
+                captured[id(c.layer)] = {"path": c.path, "order": len(captured),
+                                         "dtype": _first_dtype(c), "finite": finite}
 
-    def make(layer, original, path):
-        def call(*args, **kwargs):
-            out = original(*args, **kwargs)
-            if id(layer) not in captured:
-                floats = [t for t in tf.nest.flatten(out)
-                          if getattr(getattr(t, "dtype", None), "is_floating", False)]
-                first = tf.nest.flatten(out)
-                record = {"path": path, "order": len(captured),
-                          "dtype": dtype_name(getattr(first[0], "dtype", None)) if first else None,
-                          "finite": None}
-                if floats and tf.executing_eagerly():
-                    record["finite"] = bool(all(bool(tf.reduce_all(tf.math.is_finite(t)))
-                                                for t in floats))
-                captured[id(layer)] = record
-            return out
-        return call
 
-    for path, layer, _parent in entries:
-        if "call" in vars(layer):   # already an instance attribute: leave it alone
-            continue
-        object.__setattr__(layer, "call", make(layer, layer.call, path))
-        wrapped.append(layer)
-    try:
-        yield captured
-    finally:
-        for layer in wrapped:
-            try:
-                object.__delattr__(layer, "call")
-            except AttributeError:  # pragma: no cover - removed by someone else
-                pass
+def _first_dtype(call) -> Optional[str]:
+    return dtype_name(getattr(call.outputs[0], "dtype", None)) if call.outputs else None
 
 
 def model_outputs(model, prediction, captured, entries) -> List[tuple]:

@@ -88,7 +88,10 @@ def to_text(report: dict) -> str:
                      f"(scale {probe.get('loss_scale'):g})")
         out.append(line)
     comp = report.get("comparison") or {}
-    if comp.get("ran"):
+    if comp.get("stopped_at_step"):
+        out.append(f"{report['policy']} over {comp['steps']} step(s): stopped at step "
+                   f"{comp['stopped_at_step']} by the numerics sentinel (see the finding)")
+    elif comp.get("ran"):
         out.append(f"float32 vs {report['policy']} over {comp['steps']} step(s) from the same "
                    f"weights: loss {_num(comp['float32_start'])} vs {_num(comp['policy_start'])} "
                    f"before, {_num(comp['float32_end'])} vs {_num(comp['policy_end'])} after "

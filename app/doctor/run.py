@@ -211,14 +211,12 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     step = probe_mod.gradient_fn(model, built.loss, jit)
     probe = {"ran": True, "loss": loss, "xla": jit}
     if loss is None:
-        where = probe_mod.first_nonfinite(captured)
-        findings.append(Finding(
-            BLOCKER, "nonfinite", where,
-            f"the loss is NaN or infinite under {policy} on the first batch"
-            + (f"; the first layer with a non-finite output is {where!r}" if where else ""),
-            "float16 overflows above 65504: keep that layer (or the loss and softmax) in "
-            "float32 with dtype='float32', scale the inputs (e.g. to [0, 1]), or use "
-            "mixed_bfloat16"))
+        from app.numerics.rules import Fault
+
+        fault = Fault("forward", 1, f"the loss is NaN or infinite under {policy} on the first "
+                      "batch", 1.0)
+        findings.append(_numerics_finding(report, task, model, entries, built.loss, (x0, y0),
+                                          fault, policy, batch_size))
         report["probe"] = probe
         return _finish(report, findings)  # the gradients of a NaN loss say nothing more
     try:
@@ -240,6 +238,8 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     model.set_weights(weights0)
     report["comparison"] = _compare(task, bundle, built, model, step, batches, policy, seed,
                                     weights0, findings, mixed)
+    if report["comparison"].get("numerics"):
+        report["numerics"] = report["comparison"]["numerics"]
     return _finish(report, findings)
 
 
@@ -297,6 +297,14 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
     step32 = probe_mod.gradient_fn(built32.model, built32.loss, jit=False)
     ref = compare_mod.train_steps(built32.model, built32.loss, opt32, step32, train, "float32",
                                   x_eval, y_eval)
+    if ran["fault"] is not None:   # the sentinel's rules stopped the policy's steps
+        watched: dict = {}
+        findings.append(_numerics_finding(watched, task, model, model_layers.walk(model),
+                                          built.loss, ran["fault"]["batch"], ran["fault"]["fault"],
+                                          policy, int(x_eval.shape[0])))
+        return {"ran": True, "steps": len(train), "stopped_at_step": ran["fault"]["fault"].step,
+                "numerics": watched.get("numerics"), "policy_train_losses": ran["train_losses"],
+                "skipped_steps": ran["skipped_steps"]}
     out = {"ran": True, "steps": len(train), "same_weights": same,
            "float32_start": ref["start"], "policy_start": ran["start"],
            "float32_end": ref["end"], "policy_end": ran["end"],
@@ -329,6 +337,25 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
             f"{ran['skipped_steps']} of {len(train)} step(s) were skipped while the dynamic "
             "loss scale settled (normal at the start of training)", None))
     return out
+
+
+def _numerics_finding(report: dict, task, model, entries, loss_fn, batch, fault, policy: str,
+                      batch_size: int) -> Finding:
+    """The sentinel's replay of the failing batch (``app.numerics.replay``) as a blocker:
+    where the non-finite value began, whether float32 fails too, and the fix."""
+    from app.numerics import replay
+
+    failed = replay.FailedStep(fault, 1, (fault.step - 1) * batch_size, policy,
+                               str(task.describe().get("loss")))
+    diag = replay.diagnose(model, loss_fn, entries, batch, failed)
+    report["numerics"] = diag.to_json()
+    after = (f"after {fault.step} training step(s) under {policy}: " if fault.step > 1 else "")
+    return Finding(BLOCKER, "nonfinite", diag.where.name if diag.where.kind == "layer" else None,
+                   f"{after}{fault.headline}; where it began: {diag.where.text()}"
+                   + ("" if diag.float32_finite is None else
+                      "; finite in float32 (a precision problem)" if diag.float32_finite else
+                      "; not finite in float32 either (not a precision problem)"),
+                   diag.fix)
 
 
 def _clash_finding(exc, policy, task) -> Finding:

@@ -313,3 +313,16 @@ def test_under_mirrored_strategy_the_report_names_the_replica(tmp_path, loop):
     assert f"(replica {f['replica']})" in proc.stderr
     first = (f["step"] - 1) * 16 + f["replica"] * 8     # this replica's part of the global batch
     assert f["where"]["samples"] and all(first <= s < first + 8 for s in f["where"]["samples"])
+
+
+def test_check_watches_its_steps_and_names_the_fault_with_the_flag():
+    """`tfmp check --steps N`: the fault that needs ~30 steps is found before a long run, by
+    the same replay, with the exact flag."""
+    report = app.check(model=_model(_dense(), lambda: Amplify(name="amplify")), data=_data(),
+                       steps=48, batch_size=16)
+    blockers = [f for f in report["findings"] if f["severity"] == "blocker"]
+    assert [f["check"] for f in blockers] == ["nonfinite"], report["findings"]
+    assert blockers[0]["layer"] == "amplify" and "--float32-layers amplify" in blockers[0]["fix"]
+    assert "finite in float32 (a precision problem)" in blockers[0]["what"]
+    assert report["numerics"]["verdict"] == "precision"
+    assert 1 < report["comparison"]["stopped_at_step"] <= 48

@@ -1,0 +1,119 @@
+"""The rules that tell loss scaling's expected overflow from a fault, on recorded step
+counters (app.numerics.rules), the headroom arithmetic (app.numerics.limits) and the
+report's words (app.numerics.diagnosis).  No TensorFlow: these are the pure parts."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from app.numerics import diagnosis as dx
+from app.numerics import limits, rules
+
+
+def counters(**kw):
+    base = dict(step=100, fault_step=-1, fault_code=0, fault_scale=1.0, run_start=0,
+                skipped_total=0, worst_run=0)
+    base.update(kw)
+    return rules.Counters(**base)
+
+
+def fault(c, loss_scaled=True, policy="mixed_float16", max_skipped=20, scale=1024.0):
+    return rules.fault(c, loss_scaled=loss_scaled, policy=policy, max_skipped_steps=max_skipped,
+                       loss_scale_now=scale)
+
+
+@pytest.mark.parametrize("skipped,worst", [(1, 1), (15, 4), (40, 20), (200, 3)])
+def test_loss_scaling_skipping_now_and_then_is_never_an_alarm(skipped, worst):
+    """Steps skipped while the scale settles, even many over a long run, are how loss
+    scaling works: counted, not a fault, up to --max-skipped-steps in a row."""
+    assert fault(counters(skipped_total=skipped, worst_run=worst)) is None
+
+
+def test_too_many_skipped_in_a_row_above_the_floor_is_a_fault():
+    f = fault(counters(skipped_total=30, worst_run=21, run_start=70), scale=4.0)
+    assert f.kind == "skipped" and f.step == 70
+    assert "21 steps in a row" in f.headline and "--max-skipped-steps 20" in f.headline
+
+
+def test_the_latched_floor_says_since_when_every_step_was_skipped():
+    f = fault(counters(fault_step=18, fault_code=rules.CODE_OF["floor"], run_start=1,
+                       worst_run=18))
+    assert f.kind == "floor" and f.step == 18
+    assert f.headline == "the loss scale reached its floor (1); every step since step 1 was skipped"
+
+
+def test_a_non_finite_loss_is_a_fault_under_loss_scaling_too():
+    """Loss scaling scales the backward pass only: a forward value past float16 is a fault."""
+    f = fault(counters(fault_step=62, fault_code=rules.CODE_OF["forward"], fault_scale=512.0))
+    assert f.kind == "forward" and f.step == 62 and f.loss_scale == 512.0
+    assert "forward pass" in f.headline
+
+
+def test_without_loss_scaling_one_non_finite_gradient_is_a_fault():
+    f = fault(counters(fault_step=5, fault_code=rules.CODE_OF["gradients"]), loss_scaled=False,
+              policy="mixed_bfloat16")
+    assert f.kind == "gradients" and "mixed_bfloat16" in f.headline
+
+
+def test_without_loss_scaling_a_long_run_of_counted_steps_is_not_read_as_skipping():
+    # float32 counts nothing as skipped; worst_run only means something under loss scaling.
+    assert fault(counters(worst_run=50), loss_scaled=False, policy="float32") is None
+
+
+def test_the_latch_wins_over_the_skip_rule():
+    f = fault(counters(fault_step=9, fault_code=rules.CODE_OF["forward"], worst_run=30))
+    assert f.kind == "forward"
+
+
+def test_kind_codes_are_one_to_one():
+    assert {rules.CODE_OF[k]: k for k in rules.CODE_OF} == rules.KIND_CODES
+    assert 0 not in rules.KIND_CODES
+
+
+@pytest.mark.parametrize("value,dtype,bits", [
+    (65504.0, "float16", 0.0), (16376.0, "float16", 2.0), (1.0, "float16", math.log2(65504)),
+    (math.inf, "float16", -math.inf), (0.0, "float16", math.inf), (1e30, "bfloat16", None)])
+def test_headroom_is_log2_of_the_limit_over_the_value(value, dtype, bits):
+    got = limits.headroom_bits(value, dtype)
+    if bits is None:
+        assert got == pytest.approx(math.log2(limits.LARGEST["bfloat16"] / 1e30))
+    else:
+        assert got == pytest.approx(bits)
+
+
+def test_the_warning_threshold_is_within_4x_of_the_limit():
+    assert limits.headroom_bits(65504 / 4 + 1, "float16") < limits.WARN_BITS
+    assert limits.headroom_bits(65504 / 4 - 1, "float16") > limits.WARN_BITS
+
+
+@pytest.mark.parametrize("eps,dtype,zero", [(1e-12, "float16", True), (1e-7, "float16", False),
+                                            (1e-12, "bfloat16", False), (1e-3, "float16", False)])
+def test_an_epsilon_that_rounds_to_zero(eps, dtype, zero):
+    assert limits.underflows(eps, dtype) is zero
+
+
+def test_the_report_block_and_its_one_line_summary():
+    d = dx.Diagnosis("the loss was not finite", "forward", 62, 1, "mixed_float16",
+                     dx.Where("layer", "block/grow", "Dense", "float16"), "precision",
+                     dx.layer_fix("block/grow", "float16", "forward"), float32_finite=True,
+                     largest_before=512.0, float32_largest=131008.0, layers=["block/grow"])
+    lines = d.lines()
+    assert lines[0] == "error: training diverged at step 62 (epoch 1): the loss was not finite"
+    assert all(line.startswith("  ") for line in lines[1:])
+    assert "layer 'block/grow' (Dense, computing in float16)" in lines[1]
+    assert "2x float16's largest, 65504" in lines[2]
+    assert d.flag == "--float32-layers block/grow" and "--float32-layers block/grow" in d.fix
+    assert "verdict: precision" in d.summary() and d.to_json()["flag"] == d.flag
+
+
+def test_the_report_names_replica_and_worker():
+    d = dx.Diagnosis("h", "forward", 3, 1, "float32", dx.Where("input samples", samples=[5]),
+                     "data", "fix", replica=1, worker=2)
+    assert "(replica 1, worker 2)" in d.lines()[0]
+    assert "samples at positions 5 of the epoch" in d.lines()[1]
+
+
+def test_an_epsilon_fix_names_the_value_and_what_float16_holds():
+    text = dx.layer_fix("rms", "float16", "forward", ("epsilon", 1e-12))
+    assert "epsilon=1e-12 is 0 in float16" in text and "--float32-layers rms" in text
