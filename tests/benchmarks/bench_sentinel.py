@@ -1,0 +1,188 @@
+"""What does the numerics sentinel cost per step, and how long does its diagnosis take?
+
+Step cost: for each built-in model, loop and policy asked for, one fresh process builds two
+``tfmp train`` set-ups side by side (``app.training.job.prepare``/``build_parts``/
+``make_monitor``, the same seams ``train`` uses): the sentinel on (the default) and off
+(``--no-sentinel``), on the same samples.  They train one short epoch each in alternating
+blocks (the order flips every round), so neighbouring blocks share the machine's state; the
+cost is the median over the rounds of (on / off - 1), from wall time and from process CPU
+time.  Target: at most 3% (wall median); the exit status is 1 when a configuration misses it.
+
+Diagnosis time: each built-in model under mixed_float16 gets a batch whose inputs are 1e6
+(its first layers overflow float16), and the sentinel's replay (``app.numerics.replay``:
+forward and backward under the policy, then in float32) is timed.  Target: under 30 s.
+
+    python3 tests/benchmarks/bench_sentinel.py --rounds 12
+    python3 tests/benchmarks/bench_sentinel.py --models mlp --loops fit --policies float32 --rounds 30
+
+Prints a table and writes bench_sentinel.json into --output (default a temp folder).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+TARGET = 0.03
+DIAGNOSIS_TARGET_SECONDS = 30.0
+
+
+class Side:
+    """One ``tfmp train`` set-up, driven one epoch at a time."""
+
+    def __init__(self, model, loop, policy, sentinel: bool, args, work: str):
+        from app.training import distribute, job, step
+        from app.training.config import TrainConfig
+
+        cfg = TrainConfig(model=model, dataset="synthetic", precision=policy, loop=loop,
+                          epochs=1, batch_size=args.batch_size, max_train_samples=args.samples,
+                          max_val_samples=64, offline=True, progress="bar", save_model=False,
+                          sentinel=sentinel, log_every=args.log_every,
+                          output=os.path.join(work, f"{'on' if sentinel else 'off'}"))
+        self.run = job.prepare(cfg)
+        self.parts = job.build_parts(self.run)
+        recorder = job.make_recorder(self.run, self.parts, {}).open()
+        self.monitor = job.make_monitor(self.run, self.parts, recorder)
+        self.loop = loop
+        if loop == "fit":
+            step.compile_for_fit(self.parts, False, 1)
+        else:
+            self.custom = step.CustomSteps(self.parts, False)
+            self.data = distribute.distribute_dataset(self.run.dist, self.run.bundle.train)
+
+    def epoch(self):
+        if self.loop == "fit":
+            with self.monitor.polling(self.parts.model):
+                self.parts.model.fit(self.run.bundle.train, epochs=1, verbose=0, shuffle=False)
+            self.monitor.raise_pending()
+            return
+        for x, y in self.data:
+            self.custom.train_step(x, y)
+            self.monitor.tick(0)
+
+
+def one(model, loop, policy, args) -> dict:
+    """Both sides of one configuration, in this process."""
+    work = tempfile.mkdtemp(prefix="bench-sentinel-")
+    with contextlib.redirect_stdout(sys.stderr):
+        sides = {"on": Side(model, loop, policy, True, args, os.path.join(work, "a")),
+                 "off": Side(model, loop, policy, False, args, os.path.join(work, "b"))}
+    for _ in range(args.warmup):
+        for s in sides.values():
+            s.epoch()
+    rounds = []
+    for i in range(args.rounds):
+        order = ["on", "off"] if i % 2 == 0 else ["off", "on"]
+        got = {}
+        for name in order:
+            t, c = time.perf_counter(), time.process_time()
+            sides[name].epoch()
+            got[name] = {"wall": time.perf_counter() - t, "cpu": time.process_time() - c}
+        rounds.append(got)
+    out = {"model": model, "loop": loop, "policy": policy, "rounds": rounds}
+    for fig in ("wall", "cpu"):
+        out[f"median_cost_{fig}"] = statistics.median(r["on"][fig] / r["off"][fig] - 1.0
+                                                      for r in rounds)
+    out["steps_per_block"] = -(-args.samples // args.batch_size)
+    out["median_step_ms_off"] = 1e3 * statistics.median(r["off"]["wall"] for r in rounds) / \
+        out["steps_per_block"]
+    return out
+
+
+def diagnosis_seconds(model: str) -> dict:
+    """The replay of one overflowing batch for a built-in model under mixed_float16."""
+    import tensorflow as tf
+
+    from app.numerics import replay, rules
+    from app.precision import policy as prec
+    from app.task import model_layers
+    from app.task.task import Task
+
+    prec.apply_policy("mixed_float16")
+    task = Task.from_specs(model, "synthetic", None, None, None, None)
+    bundle = task.load_data(32, tempfile.mkdtemp(), max_train_samples=64, max_val_samples=32,
+                            seed=0, offline=True, data_dir_explicit=False)
+    built = task.build(bundle, bundle.sample_batch)
+    x, y = next(iter(bundle.train))
+    x = tf.ones_like(x) * 1e6
+    failed = replay.FailedStep(rules.Fault("forward", 2, "the loss was not finite", 32768.0), 1,
+                               32, "mixed_float16", "default")
+    t0 = time.perf_counter()
+    d = replay.diagnose(built.model, built.loss, model_layers.walk(built.model), (x, y), failed)
+    seconds = time.perf_counter() - t0
+    return {"model": model, "seconds": round(seconds, 2), "where": d.where.text(),
+            "verdict": d.verdict}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="mlp,cnn")
+    p.add_argument("--loops", default="fit,custom")
+    p.add_argument("--policies", default="float32,mixed_float16")
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--samples", type=int, default=2048, help="samples per block (one epoch)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--diagnosis-models", default="mlp,cnn,resnet")
+    p.add_argument("--output", default=None)
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)   # MODEL,LOOP,POLICY child
+    p.add_argument("--diagnose", default=None, help=argparse.SUPPRESS)   # MODEL child
+    args = p.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.one:
+        print(json.dumps(one(*args.one.split(","), args)))
+        return 0
+    if args.diagnose:
+        print(json.dumps(diagnosis_seconds(args.diagnose)))
+        return 0
+    work = args.output or tempfile.mkdtemp(prefix="bench-sentinel-")
+    os.makedirs(work, exist_ok=True)
+    common = ["--rounds", str(args.rounds), "--samples", str(args.samples), "--batch-size",
+              str(args.batch_size), "--log-every", str(args.log_every), "--warmup",
+              str(args.warmup)]
+    results, diagnoses = [], []
+    for model in args.models.split(","):
+        for loop in args.loops.split(","):
+            for policy in args.policies.split(","):
+                results.append(_child(["--one", f"{model},{loop},{policy}", *common]))
+                r = results[-1]
+                print(f"{model:6s} {loop:6s} {policy:14s} step {r['median_step_ms_off']:7.2f} ms "
+                      f"(off); sentinel cost wall {100 * r['median_cost_wall']:+5.1f}% "
+                      f"CPU {100 * r['median_cost_cpu']:+5.1f}%", flush=True)
+    for model in filter(None, args.diagnosis_models.split(",")):
+        diagnoses.append(_child(["--diagnose", model]))
+        d = diagnoses[-1]
+        print(f"diagnosis {model:6s} mixed_float16: {d['seconds']:6.2f} s ({d['verdict']}: "
+              f"{d['where']})", flush=True)
+    missed = [f"{r['model']}/{r['loop']}/{r['policy']} {100 * r['median_cost_wall']:+.1f}%"
+              for r in results if r["median_cost_wall"] > TARGET]
+    missed += [f"diagnosis {d['model']} {d['seconds']} s" for d in diagnoses
+               if d["seconds"] > DIAGNOSIS_TARGET_SECONDS]
+    path = os.path.join(work, "bench_sentinel.json")
+    with open(path, "w") as fh:
+        json.dump({"step_cost": results, "diagnosis": diagnoses, "args": vars(args)}, fh, indent=2)
+    print(f"JSON: {path}")
+    print("targets: all met" if not missed else "targets MISSED: " + "; ".join(missed))
+    return 1 if missed else 0
+
+
+def _child(extra) -> dict:
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *extra],
+                          capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"child {extra} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
