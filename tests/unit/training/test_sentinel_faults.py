@@ -327,3 +327,16 @@ def test_check_watches_its_steps_and_names_the_fault_with_the_flag():
     assert "finite in float32 (a precision problem)" in blockers[0]["what"]
     assert report["numerics"]["verdict"] == "precision"
     assert 1 < report["comparison"]["stopped_at_step"] <= 48
+
+
+def test_resume_after_the_fix_continues_from_the_checkpoint_saved_at_the_fault(tmp_path):
+    """The fault keeps the state that failed as a checkpoint; with the data repaired the same
+    run continues from it (no epoch was complete) and finishes."""
+    nan_x = _with_rows(_rng_x(), [97, 301], np.nan)
+    m = _train(tmp_path, _model(_dense()), _data(nan_x), "custom", precision="float32")
+    f = _fault(m)
+    assert m["numerics"]["checkpoint"] and f["verdict"] == "data"
+    again = _train(tmp_path, _model(_dense()), _data(), "custom", precision="float32",
+                   resume=True)
+    assert again["status"] == "completed" and len(again["epochs"]) == 2
+    assert again["numerics"]["fault"] is None
