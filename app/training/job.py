@@ -399,7 +399,12 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
         print(f"interrupted: checkpoint {path} saved after {done} completed epoch(s); run "
               "the same command with --resume to finish", file=sys.stderr, flush=True)
     except NumericsFault as exc:
-        _numerics_fault(run, parts, recorder, monitor, exc.fault)
+        # The state that failed is kept (no faulty update landed): --resume after the fix.
+        path = parts.checkpointer.save(len(recorder.metrics["epochs"]),
+                                       int(parts.stats.steps.numpy()))
+        monitor.watch.report(exc.fault, recorder.metrics, epoch=monitor.epoch + 1,
+                             loss_spec=str(run.task.describe().get("loss")), checkpoint=path,
+                             fallback=DIAGNOSIS)
     except TrainingDiverged as exc:
         recorder.metrics.update(status="diverged", diagnosis=f"{exc}; {DIAGNOSIS}")
         print(f"error: training diverged at {recorder.metrics['diagnosis']}", file=sys.stderr,
@@ -416,28 +421,6 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
         raise
     recorder.finish(recorder.metrics["status"])
     recorder.close()
-
-
-def _numerics_fault(run: Prepared, parts: TrainingParts, recorder: Recorder,
-                    monitor: StepMonitor, fault) -> None:
-    """The sentinel stopped the run: keep the state that failed (its weights are the last
-    finite ones: no faulty update landed) as a checkpoint, replay the failing batch, and
-    say where it began (console block, metrics.json's numerics.fault)."""
-    done = len(recorder.metrics["epochs"])
-    path = parts.checkpointer.save(done, int(parts.stats.steps.numpy()))
-    watch = monitor.watch
-    diag = watch.diagnose(fault, monitor.epoch + 1, str(run.task.describe().get("loss")))
-    numerics = recorder.metrics.setdefault("numerics", {})
-    numerics["fault"] = diag.to_json() if diag is not None else {"headline": fault.headline,
-                                                                 "kind": fault.kind,
-                                                                 "step": fault.step}
-    numerics["checkpoint"] = path
-    if diag is None:   # nothing to replay: the rule's own words
-        lines, summary = [f"error: training diverged at {fault.headline}"], f"{fault.headline}; {DIAGNOSIS}"
-    else:
-        lines, summary = diag.lines(), diag.summary()
-    recorder.metrics.update(status="diverged", diagnosis=summary)
-    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _output_fault(recorder: Recorder, exc: BaseException, code: int):

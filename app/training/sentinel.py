@@ -20,12 +20,11 @@ each worker writes the latch, each replica stashes its own batch.
 from __future__ import annotations
 
 import threading
-from typing import List
-
 import tensorflow as tf
 
 from app.numerics import rules
 from app.precision import loss_scale
+from app.training.batch_stash import BatchStash
 
 
 def _var(name, dtype, value=0):
@@ -42,17 +41,8 @@ class SentinelState:
         self.fault_scale = _var("sentinel_fault_scale", tf.float32, 1.0)
         self.run_start = _var("sentinel_run_start", tf.int64)
         self.floor_in_a_row = _var("sentinel_floor_in_a_row", tf.int64)
-        self.structure = element_spec
-        specs = tf.nest.flatten(element_spec)
-        # One stash per local replica.  XLA cannot change a variable's shape, so a sample of
-        # known shape is kept in [batch_size, ...] rows (a short last batch padded, its row
-        # count kept); a sample of unknown shape in a variable of any shape.
-        self.stash: List[List[tf.Variable]] = [
-            [_stash_variable(spec, batch_size, f"sentinel_batch_{r}_{i}")
-             for i, spec in enumerate(specs)] for r in range(max(1, local_replicas))]
-        self.rows = [_var(f"sentinel_batch_rows_{r}", tf.int64) for r in range(len(self.stash))]
-        self.stashed = _var("sentinel_stashed_replicas", tf.int64)
-        self._fit = threading.local()   # the batch and loss of the step being traced (fit)
+        self.stash = BatchStash(element_spec, local_replicas, batch_size)
+        self.fit = FitView()
 
     # ---- read from Python, between steps ------------------------------------------------
     def counters(self) -> rules.Counters:
@@ -69,16 +59,7 @@ class SentinelState:
 
     def batches(self) -> list:
         """The stashed batch of each local replica, as the dataset's structure."""
-        n = int(self.stashed.numpy())
-        return [tf.nest.pack_sequence_as(self.structure, [
-            tf.convert_to_tensor(v)[:int(rows.numpy())] for v in vs])
-            for vs, rows in zip(self.stash[:n], self.rows)]
-
-    def reset(self) -> None:
-        """Clear the latch (a replay's own step, or a test)."""
-        self.fault_step.assign(-1)
-        self.fault_code.assign(0)
-        self.stashed.assign(0)
+        return self.stash.batches()
 
     # ---- inside the step ----------------------------------------------------------------
     def apply(self, opt, grads, variables, loss, batch) -> loss_scale.Applied:
@@ -144,12 +125,8 @@ class SentinelState:
         replica = _replica_index()
 
         def write():
-            flat = tf.nest.flatten(batch)
-            ops = [v.assign(_fitted(tf.cast(t, v.dtype), v), read_value=False)
-                   for t, v in zip(flat, self.stash[replica])]
-            ops.append(self.rows[replica].assign(tf.cast(tf.shape(flat[0])[0], tf.int64)))
-            with tf.control_dependencies(ops):
-                stashed = self.stashed.assign_add(1)
+            with tf.control_dependencies(self.stash.write(replica, batch)):
+                stashed = self.stash.count.assign_add(1)
                 if replica == 0:
                     # The code last, after everything it vouches for: a reader that sees it
                     # set (the monitor's thread, mid-step) sees the rest (``counters``).
@@ -161,12 +138,18 @@ class SentinelState:
             return tf.constant(True)
         tf.cond(new, write, lambda: tf.constant(False))
 
-    # ---- Model.fit: its own step, seen through the model and the optimizer ----------------
-    def attach_to_fit(self, model) -> None:
-        """Let the optimizer wrapper (``step_stats.attach_stats_to_optimizer``) see the
-        batch and the loss of fit's own train step: wrap this model instance's
-        ``train_step`` and ``compute_loss`` (both Kerases call them by attribute)."""
-        local, train_step, compute_loss = self._fit, model.train_step, model.compute_loss
+
+class FitView:
+    """What the optimizer wrapper (``step_stats.attach_stats_to_optimizer``) needs of
+    ``Model.fit``'s own step: its batch and its loss, seen by wrapping this model instance's
+    ``train_step`` and ``compute_loss`` (both Kerases call them by attribute).  Per thread:
+    MirroredStrategy traces each replica's step in a thread of its own."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def attach(self, model) -> None:
+        local, train_step, compute_loss = self._local, model.train_step, model.compute_loss
 
         def watched_train_step(data):
             local.batch = data
@@ -182,36 +165,14 @@ class SentinelState:
         object.__setattr__(model, "train_step", watched_train_step)
         object.__setattr__(model, "compute_loss", watched_compute_loss)
 
-    def fit_step(self):
+    def step(self):
         """(loss, batch) of the fit step being traced in this thread (loss None when the
-        model's own train_step does not call compute_loss)."""
-        loss, batch = getattr(self._fit, "loss", None), getattr(self._fit, "batch", None)
+        model's own train_step does not call compute_loss, or it is another graph's)."""
+        loss, batch = getattr(self._local, "loss", None), getattr(self._local, "batch", None)
         graph = tf.compat.v1.get_default_graph()
         if loss is not None and getattr(loss, "graph", graph) is not graph:
             loss = None
         return loss, batch
-
-
-def _stash_variable(spec, batch_size: int, name: str) -> tf.Variable:
-    sample = spec.shape[1:] if spec.shape.rank else None
-    if batch_size and sample is not None and sample.is_fully_defined():
-        return tf.Variable(tf.zeros([batch_size] + sample.as_list(), spec.dtype),
-                           trainable=False, name=name)
-    return tf.Variable(tf.zeros([0] * max(spec.shape.rank or 1, 1), spec.dtype),
-                       trainable=False, shape=tf.TensorShape(None), name=name)
-
-
-def _fitted(t, var):
-    """``t`` as ``var`` holds it: padded to its rows when its shape is fixed."""
-    rows = var.shape[0] if var.shape.rank else None
-    if rows is None:
-        return t
-    n = t.shape[0]
-    if n is not None:   # traced per batch shape, as XLA needs
-        return t if n == rows else tf.pad(t[:rows], [[0, max(0, rows - n)]] + [[0, 0]] * (t.shape.rank - 1))
-    pad = tf.maximum(rows - tf.shape(t)[0], 0)
-    return tf.ensure_shape(tf.pad(t[:rows], [[0, pad]] + [[0, 0]] * (t.shape.rank - 1)),
-                           var.shape)
 
 
 def _poisoned(grads, poison):

@@ -94,6 +94,25 @@ class SentinelWatch:
                 return found
         return found
 
+    def report(self, fault: rules.Fault, metrics: dict, *, epoch: int, loss_spec: str,
+               checkpoint: str, fallback: str) -> None:
+        """The fault's diagnosis into ``metrics`` (numerics.fault, the one-line diagnosis,
+        status diverged) and its block on stderr; ``fallback``: what to try, when there is
+        no batch to replay."""
+        diag = self.diagnose(fault, epoch, loss_spec)
+        numerics = metrics.setdefault("numerics", {})
+        numerics["checkpoint"] = checkpoint
+        if diag is None:
+            numerics["fault"] = {"headline": fault.headline, "kind": fault.kind,
+                                 "step": fault.step}
+            lines, summary = [f"error: training diverged at {fault.headline}"], \
+                f"{fault.headline}; {fallback}"
+        else:
+            numerics["fault"] = diag.to_json()
+            lines, summary = diag.lines(), diag.summary()
+        metrics.update(status="diverged", diagnosis=summary)
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
     def to_json(self, skipped_steps: int) -> dict:
         return {"sentinel": True, "every": self.every, "skipped_steps": skipped_steps,
                 "headroom": self.headroom.to_json(), "warnings": list(self.warnings),

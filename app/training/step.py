@@ -70,7 +70,7 @@ def compile_for_fit(parts, jit: bool, steps_per_execution: int) -> None:
     loss_metric = _LossMetric(parts.model)
     parts.stats.attach_to(parts.optimizer, loss=loss_metric.result, sentinel=parts.sentinel)
     if parts.sentinel is not None:
-        parts.sentinel.attach_to_fit(parts.model)
+        parts.sentinel.fit.attach(parts.model)
     extra = {"jit_compile": True} if jit else {}  # else Keras' own default
     with parts.strategy.scope():  # Keras 2: metric objects must come from the model's scope
         metrics = parts.built.make_metrics()

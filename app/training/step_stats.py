@@ -156,10 +156,7 @@ def attach_stats_to_optimizer(stats: StepStats, opt, loss=None, sentinel=None) -
             def run(g):
                 original(g, trainable_variables)
                 return step_skipped(opt, scale) if scaled else None
-            if sentinel is None:
-                skipped = run(grads)
-            else:
-                grads, skipped = sentinel.guard(opt, grads, *sentinel.fit_step(), run)
+            grads, skipped = _applied(sentinel, opt, grads, run)
             stats.record(grads, skipped, scale, loss, lambda: current_loss_scale(opt))
 
         object.__setattr__(opt, "apply", apply)
@@ -176,11 +173,16 @@ def attach_stats_to_optimizer(stats: StepStats, opt, loss=None, sentinel=None) -
             def run(g):
                 original(list(zip(g, variables)), *args, **kwargs)
                 return step_skipped(opt, before) if scaled else None
-            grads = [g for g, _ in grads_and_vars]
-            if sentinel is None:
-                skipped = run(grads)
-            else:
-                grads, skipped = sentinel.guard(opt, grads, *sentinel.fit_step(), run)
+            grads, skipped = _applied(sentinel, opt, [g for g, _ in grads_and_vars], run)
             stats.record(grads, skipped, None, loss, lambda: current_loss_scale(opt))
 
         object.__setattr__(opt, "apply_gradients", apply_gradients)
+
+
+def _applied(sentinel, opt, grads, run):
+    """(gradients as applied, skipped or None): ``run(grads)`` itself, or behind the
+    sentinel's guard with the batch and loss of fit's step."""
+    if sentinel is None:
+        return grads, run(grads)
+    loss, batch = sentinel.fit.step()
+    return sentinel.guard(opt, grads, loss, batch, run)
