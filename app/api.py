@@ -27,15 +27,22 @@ def _config(model, data, settings: dict):
     if unknown:
         raise UsageError(f"unknown setting(s) {', '.join(unknown)}",
                          ", ".join(sorted(TrainConfig.__dataclass_fields__)))
+    if isinstance(settings.get("float32_layers"), (list, tuple)):
+        from app.task import float32_layers
+
+        settings = dict(settings, float32_layers=float32_layers.text(
+            float32_layers.parse(settings["float32_layers"])))
     task = Task.from_objects(model, data, settings.get("loss"), settings.get("metrics"),
                              settings.get("input_shape"), settings.get("num_classes"),
-                             settings.get("image_size") or 32)
+                             settings.get("image_size") or 32, settings.get("float32_layers"))
     flags = dict(settings, model=task.model.spec, dataset=task.dataset.spec)
     if isinstance(flags.get("metrics"), (list, tuple)):
         flags["metrics"] = ",".join(str(m) for m in flags["metrics"])
     if isinstance(flags.get("input_shape"), (list, tuple)):
         flags["input_shape"] = ",".join(str(d) for d in flags["input_shape"])
-    return resolve_config(flags), task
+    cfg = resolve_config(flags)
+    # TFMP_FLOAT32_LAYERS applies when the keyword is not given, as on the command line.
+    return cfg, task.with_float32_layers(cfg.float32_layers)
 
 
 def train(model: Any = "mlp", data: Any = "mnist", *, precision: Optional[str] = None,
