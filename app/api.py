@@ -27,11 +27,6 @@ def _config(model, data, settings: dict):
     if unknown:
         raise UsageError(f"unknown setting(s) {', '.join(unknown)}",
                          ", ".join(sorted(TrainConfig.__dataclass_fields__)))
-    if isinstance(settings.get("float32_layers"), (list, tuple)):
-        from app.task import float32_layers
-
-        settings = dict(settings, float32_layers=float32_layers.text(
-            float32_layers.parse(settings["float32_layers"])))
     task = Task.from_objects(model, data, settings.get("loss"), settings.get("metrics"),
                              settings.get("input_shape"), settings.get("num_classes"),
                              settings.get("image_size") or 32, settings.get("float32_layers"))

@@ -104,6 +104,11 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
             value = env_value(name, environ)
         if value is not None:
             values[name] = value
+    if "float32_layers" in values:   # "a, b" or a list -> "a,b" (UsageError for a bad one)
+        from app.task import float32_layers
+
+        values["float32_layers"] = float32_layers.text(
+            float32_layers.parse(values["float32_layers"]))
     cfg = TrainConfig(**values)
     validate(cfg)
     if cfg.tuned:

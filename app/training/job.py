@@ -109,7 +109,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     if resume:
         previous = read_previous_metrics(output)
         check_same_task(previous, task, output)
-        cfg, task = _float32_layers_resumed(cfg, task, previous)
+        cfg, task = resumed_float32_layers(cfg, task, previous)
     bundle = task.load_data(dist.global_batch, cfg.data_dir or default_data_dir(cfg.workspace),
                             image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
                             max_val_samples=cfg.max_val_samples, seed=cfg.seed,
@@ -192,7 +192,7 @@ def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
                          "resumed, or a new --output")
 
 
-def _float32_layers_resumed(cfg: TrainConfig, task: Task, previous: Optional[dict]):
+def resumed_float32_layers(cfg: TrainConfig, task: Task, previous: Optional[dict]):
     """--resume keeps the float32 layers the run was trained with when none are given; given
     ones (a fix after a fault) replace them, and a line says so.  The weights fit either
     way: a layer's variables are float32 under every policy."""
