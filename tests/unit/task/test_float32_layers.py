@@ -8,6 +8,7 @@ tune and the benchmark's runs share); one short run trains it in process (``app.
 one ``tfmp train --resume`` continues it without the flag."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -29,7 +30,9 @@ def _up(*parts) -> str:
     return os.path.join(d, *parts)
 
 
-ROOT = os.path.dirname(os.path.dirname(_up("app", "__init__.py")))
+# The checkout whose app this interpreter imports (PYTHONPATH on the host, the installed
+# package in the image): the command-line runs use the same.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(importlib.import_module("app").__file__)))
 USER_MODELS = _up("user_models")
 MOBILENET = os.path.join(USER_MODELS, "keras_applications.py") + ":mobilenet_v2"
 SOFTMAX16 = os.path.join(USER_MODELS, "float16_softmax.py") + ":build"
