@@ -292,7 +292,9 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
     except Exception as exc:
         raise UserCodeError(task.model.spec, f"training {len(train)} step(s) under {policy}",
                             exc) from exc
-    built32 = _build(task, bundle, "float32", seed, bundle.sample_batch)
+    # Everything is float32 there: no --float32-layers to find (Keras numbers a second
+    # build's automatic layer names on from the first's, so they would not match).
+    built32 = _build(task.with_float32_layers(()), bundle, "float32", seed, bundle.sample_batch)
     if built32.model is model:
         return {"ran": False, "why": "the model function returns the same model object each "
                 "time, so there is no separate float32 model to compare with"}

@@ -18,6 +18,7 @@ print it, as does anything else that names such a layer.
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any, Iterable, List, Sequence, Tuple
 
 from app.core.errors import UsageError
@@ -91,6 +92,11 @@ def _closest(name: str, paths: Sequence[str]) -> List[str]:
     return good or [p for s, p in scored[:3] if s >= 0.4]
 
 
+def _unnumbered(path: str) -> str:
+    """A layer's last name without Keras' automatic number: ``dense_3`` -> ``dense``."""
+    return re.sub(r"_\d+$", "", path.rsplit("/", 1)[-1])
+
+
 def resolve(model, names: Sequence[str], spec: str) -> List[Tuple[str, Any]]:
     """[(full path, layer)] of each name in ``names``, in the order given.  A name the
     model does not have, or one that fits several of its layers, raises UsageError naming
@@ -113,6 +119,10 @@ def resolve(model, names: Sequence[str], spec: str) -> List[Tuple[str, Any]]:
             near = (f"; the closest of its {len(paths)} layers: {', '.join(close)}" if close
                     else f"; none of its {len(paths)} layers is close (`tfmp check --model "
                     f"{spec}` lists them all)")
+            if any(_unnumbered(c) == _unnumbered(name) for c in close):
+                near += (" (Keras numbers automatic layer names on in a process that built "
+                         "the model before, such as a notebook: name the layer in the model, "
+                         "or use the name this process gives it)")
             raise UsageError(f"{FLAG} {name!r}: model {spec!r} has no layer of that name{near}",
                              FORMS)
         path, layer, _parent = hits[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -249,6 +250,38 @@ def test_check_prints_the_flag_and_the_fixed_model_has_no_blocker(policy_kept):
     fixed = check(SOFTMAX16, float32_layers="class_probs", **small)
     assert fixed["verdict"] != "blocked", fixed["findings"]
     assert fixed["float32_layers"] == ["class_probs"]
+
+
+@pytest.mark.slow
+def test_the_flag_check_prints_makes_check_ready_with_automatic_names():
+    """Copied from check's output, as a user does: the model's automatic layer names are
+    those of a fresh process, as in `tfmp train` (check's float32 comparison builds the
+    model a second time: Keras numbers that build's names on)."""
+    spec = SOFTMAX16.replace(":build", ":unnamed")
+    small = ("--model", spec, "--input-shape", "8,8,1", "--batch-size", "8", "--steps", "1")
+    first = run_app("check", *small)
+    assert first.returncode == 1, first.stdout + first.stderr     # blocked
+    fix = re.search(r"fix: run it in float32 without editing the model: (--float32-layers "
+                    r"(\S+));", first.stdout)
+    assert fix and fix.group(2) == "dense_1", first.stdout
+    fixed = run_app("check", *small, *fix.group(1).split())
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "float32 layers (--float32-layers): dense_1" in fixed.stdout
+    assert "BLOCKER" not in fixed.stdout
+
+
+def test_an_automatically_numbered_name_says_why_it_may_differ(policy_kept):
+    import tensorflow as tf
+
+    from app.core.errors import UsageError
+    from app.task.float32_layers import resolve
+
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2),
+                                 tf.keras.layers.Dense(2)])
+    with pytest.raises(UsageError) as info:
+        resolve(model, ["dense_9999"], "nets.py:build")
+    assert "Keras numbers automatic layer names on in a process that built the model before" \
+        in info.value.line()
 
 
 @pytest.mark.slow
