@@ -141,8 +141,26 @@ def apply(model, names: Sequence[str], spec: str) -> List[str]:
     from app.task import model_layers
 
     found = resolve(model, names, spec)
+    for path, layer in found:
+        _check_variables(path, layer, spec)
     for _path, layer in found:
         set_policy(layer, "float32")
         for _inner_path, inner, _parent in model_layers.walk(layer):
             set_policy(inner, "float32")
     return [path for path, _layer in found]
+
+
+def _check_variables(path: str, layer, spec: str) -> None:
+    """A layer whose variables are 16-bit (made in its compute dtype when the model was
+    built, as Keras 2's Normalization does, or dtype='float16') cannot compute in float32
+    with them: a clone would make them again, a built layer keeps them.  One line instead
+    of a dtype clash in its first call."""
+    sixteen = sorted({str(getattr(w.dtype, "name", w.dtype)) for w in layer.weights}
+                     & {"float16", "bfloat16"})
+    if sixteen:
+        raise UsageError(
+            f"{FLAG} {path!r}: model {spec!r} made that layer's variables "
+            f"{'/'.join(sixteen)} (in its 16-bit dtype, when the model was built), so it "
+            "cannot compute in float32 without being built again",
+            "the layers after it (such as the output layer); or give that layer "
+            "dtype='float32' where the model is built")

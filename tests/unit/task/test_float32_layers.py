@@ -236,6 +236,31 @@ def test_nested_layers_by_path_and_an_ambiguous_name(policy_kept):
     assert policy_name(model.get_layer("b").get_layer("head")) == "mixed_float16"
 
 
+def test_a_layer_with_16_bit_variables_is_refused_in_one_line(policy_kept):
+    """Keras 2's Normalization (EfficientNet's 'normalization') makes its variables in its
+    compute dtype: float16 under mixed_float16.  A built layer keeps them, so float32 math
+    would clash with them; the same for dtype='float16'."""
+    import tensorflow as tf
+
+    from app.core.errors import UsageError
+    from app.precision import policy as prec
+    from app.precision.layer_policy import policy_name
+    from app.task.float32_layers import apply
+
+    prec.apply_policy("mixed_float16")
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)),
+                                 tf.keras.layers.Dense(4, dtype="float16", name="half"),
+                                 tf.keras.layers.Dense(2, name="out")])
+    with pytest.raises(UsageError) as info:
+        apply(model, ["out", "half"], "nets.py:build")
+    assert info.value.line() == (
+        "error: --float32-layers 'half': model 'nets.py:build' made that layer's variables "
+        "float16 (in its 16-bit dtype, when the model was built), so it cannot compute in "
+        "float32 without being built again; allowed: the layers after it (such as the output "
+        "layer); or give that layer dtype='float32' where the model is built")
+    assert policy_name(model.get_layer("out")) == "mixed_float16"   # nothing half-done
+
+
 # ---- check: the flag in its fix, no blocker on the fixed model ---------------------------------
 
 def test_check_prints_the_flag_and_the_fixed_model_has_no_blocker(policy_kept):
