@@ -38,8 +38,8 @@ USER_MODELS = _up("user_models")
 MOBILENET = os.path.join(USER_MODELS, "keras_applications.py") + ":mobilenet_v2"
 SOFTMAX16 = os.path.join(USER_MODELS, "float16_softmax.py") + ":build"
 MOBILENET_FLAGS = ("--model", MOBILENET, "--dataset", "synthetic", "--input-shape", "32,32,3",
-                   "--num-classes", "10", "--precision", "mixed_float16", "--batch-size", "8",
-                   "--max-train-samples", "16", "--max-val-samples", "8", "--offline",
+                   "--num-classes", "10", "--precision", "mixed_float16", "--batch-size", "4",
+                   "--max-train-samples", "8", "--max-val-samples", "4", "--offline",
                    "--progress", "lines", "--log-every", "1")
 
 
@@ -349,9 +349,9 @@ def test_training_and_resume_keep_the_float32_layer(tmp_path, capsys, policy_kep
     out, ws = tmp_path / "run", tmp_path / "ws"
     metrics = app.train(model=MOBILENET, data="synthetic", precision="mixed_float16", epochs=1,
                         output=str(out), workspace=str(ws), float32_layers=["predictions"],
-                        input_shape=(32, 32, 3), num_classes=10, batch_size=8,
-                        max_train_samples=16, max_val_samples=8, offline=True,
-                        progress="lines", log_every=1)
+                        input_shape=(32, 32, 3), num_classes=10, batch_size=4,
+                        max_train_samples=8, max_val_samples=4, offline=True,
+                        progress="lines", log_every=1, save_model=False)
     said = capsys.readouterr().err
     assert metrics["status"] == "completed"
     assert metrics["config"]["float32_layers"] == "predictions"
