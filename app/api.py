@@ -9,7 +9,7 @@
 or directly what a dataset function returns: ``((x_train, y_train), (x_val, y_val))``
 arrays or a ``(train, val)`` pair of unbatched ``tf.data`` datasets.  Every other
 ``tfmp train`` setting is a keyword (``batch_size=64``, ``loop="custom"``,
-``strategy="mirrored"``, ``resume=True``, ...).  Bad input raises ``app.core.errors.UsageError``
+``strategy="mirrored"``, ``resume=True``, ``float32_layers=["predictions"]``, ...).  Bad input raises ``app.core.errors.UsageError``
 before anything is written.
 """
 from __future__ import annotations
@@ -29,13 +29,15 @@ def _config(model, data, settings: dict):
                          ", ".join(sorted(TrainConfig.__dataclass_fields__)))
     task = Task.from_objects(model, data, settings.get("loss"), settings.get("metrics"),
                              settings.get("input_shape"), settings.get("num_classes"),
-                             settings.get("image_size") or 32)
+                             settings.get("image_size") or 32, settings.get("float32_layers"))
     flags = dict(settings, model=task.model.spec, dataset=task.dataset.spec)
     if isinstance(flags.get("metrics"), (list, tuple)):
         flags["metrics"] = ",".join(str(m) for m in flags["metrics"])
     if isinstance(flags.get("input_shape"), (list, tuple)):
         flags["input_shape"] = ",".join(str(d) for d in flags["input_shape"])
-    return resolve_config(flags), task
+    cfg = resolve_config(flags)
+    # TFMP_FLOAT32_LAYERS applies when the keyword is not given, as on the command line.
+    return cfg, task.with_float32_layers(cfg.float32_layers)
 
 
 def train(model: Any = "mlp", data: Any = "mnist", *, precision: Optional[str] = None,

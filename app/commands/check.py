@@ -27,6 +27,7 @@ examples:
   tfmp check --model resnet
   tfmp check --model ./nets/small.py:build --input-shape 28,28,1
   tfmp check --model nets.small:build --dataset nets.data:load --json check.json
+  tfmp check --model ./nets/small.py:build --input-shape 32,32,3 --float32-layers predictions
 """
 
 
@@ -48,6 +49,10 @@ def add_parser(subparsers):
             action.help = ("a built-in dataset (read from <workspace>/data, never downloaded) or "
                            "MODULE:FUNCTION / file.py:FUNCTION (default: synthetic data shaped "
                            "like the model's input)")
+        elif action.dest == "float32_layers":
+            action.help = ("run these layers in float32, the rest under the policy, as `tfmp "
+                           "train --float32-layers` would: check the model that run trains "
+                           "(full paths outer/inner, or plain names)")
         elif action.dest == "input_shape":
             action.help = ("sample shape of the synthetic data when no --dataset is given "
                            "(required for your own model then; built-ins know theirs)")
@@ -77,6 +82,9 @@ def run(args) -> int:
     # Bad flags are one line and exit 2 before TensorFlow is imported.
     validate_name(args.precision)
     check_args(args.batch_size, args.steps)
+    from app.task.float32_layers import parse as parse_float32_layers
+
+    parse_float32_layers(args.float32_layers)
     if args.json:
         folder = os.path.dirname(os.path.abspath(args.json))
         if os.path.isdir(args.json) or not os.path.isdir(folder):
@@ -86,7 +94,8 @@ def run(args) -> int:
     from app.task.task import Task
 
     task = Task.from_specs(args.model, args.dataset or "synthetic", args.loss, args.metrics,
-                           parse_input_shape(args.input_shape), args.num_classes)
+                           parse_input_shape(args.input_shape), args.num_classes,
+                           float32_layers=args.float32_layers)
     from app.doctor.run import run_check
 
     report = run_check(task, args.precision, args.batch_size, args.steps, seed=args.seed)

@@ -87,6 +87,10 @@ SETTINGS: Tuple[Setting, ...] = (
             task=True),
     Setting("num_classes", "what", "number of classes (default: counted from the labels)",
             int, metavar="N", passed=True, task=True),
+    Setting("float32_layers", "what", "run these layers of the model in float32, the rest "
+            "under the policy, without editing the model: full paths (outer/inner) or plain "
+            "names; `tfmp check` names the layers and prints this flag; a --resume without "
+            "it keeps the run's own", metavar="NAME[,NAME...]", passed=True, task=True),
     Setting("image_dir", "what", "for --dataset images: folder with one subfolder per class",
             passed=True),
     Setting("image_size", "what", "images are resized to this square size ({default})", int,

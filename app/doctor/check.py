@@ -21,7 +21,7 @@ def check(model: Any, data: Any = None, precision: str = DEFAULT_PRECISION,
           batch_size: int = DEFAULT_BATCH, steps: int = DEFAULT_STEPS,
           input_shape: Optional[Any] = None, num_classes: Optional[int] = None,
           loss: Any = None, metrics: Any = None, seed: int = 0, json_path: Optional[str] = None,
-          verbose: bool = True) -> dict:
+          verbose: bool = True, float32_layers: Any = None) -> dict:
     """Check ``model`` under ``precision`` and return the report dict.
 
     model: a built-in name, "MODULE:FUNCTION" / "file.py:FUNCTION", a function
@@ -32,6 +32,8 @@ def check(model: Any, data: Any = None, precision: str = DEFAULT_PRECISION,
         datasets, or that value itself.
     precision: float32, mixed_float16 (default), mixed_bfloat16 or auto.
     json_path: also write the report there as JSON (atomically).
+    float32_layers: layer names (a list or "a,b") to run in float32, as ``tfmp train
+        --float32-layers`` would: check the model as that run trains it.
     """
     from app.doctor.report import to_text
     from app.doctor.run import check_args, run_check
@@ -40,7 +42,8 @@ def check(model: Any, data: Any = None, precision: str = DEFAULT_PRECISION,
 
     validate_name(precision)
     check_args(batch_size, steps)
-    task = Task.from_objects(model, data, loss, metrics, input_shape, num_classes)
+    task = Task.from_objects(model, data, loss, metrics, input_shape, num_classes,
+                             float32_layers=float32_layers)
     report = run_check(task, precision, batch_size, steps, seed=seed)
     if verbose:
         print(to_text(report), flush=True)

@@ -9,9 +9,10 @@
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding
+from app.task.float32_layers import FLAG as F32_FLAG, flag as f32_flag
 from app.task.model_layers import is_model
 from app.precision.policy import TENSOR_CORE_MULTIPLE, off_tensor_core_tiles, round_to_tiles
 
@@ -88,8 +89,12 @@ def _is_softmax(layer) -> bool:
 
 # ---- dtype findings -------------------------------------------------------------------------
 
-def dtype_findings(model, entries, rows, policy: str, model_outputs) -> List[Finding]:
-    """``model_outputs``: [(dtype name, producing layer or None)] of the model's outputs."""
+def dtype_findings(model, entries, rows, policy: str, model_outputs,
+                   chosen: Sequence[str] = ()) -> List[Finding]:
+    """``model_outputs``: [(dtype name, producing layer or None)] of the model's outputs;
+    ``chosen``: the full paths ``--float32-layers`` set to float32 (their layers' float32
+    is what the user asked for).  A layer a finding says should compute in float32 gets
+    the exact ``--float32-layers`` flag in its fix."""
     findings: List[Finding] = []
     mixed = policy.startswith("mixed_")
     by_path = {r["name"]: r for r in rows}
@@ -107,7 +112,7 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs) -> List[Fin
                 f"use the mixed policy (dtype='{policy if mixed else 'mixed_float16'}' or no "
                 "dtype at all): float32 variables, 16-bit math"))
     if mixed:
-        findings += _float32_layers(entries, computing, by_path, policy)
+        findings += _float32_layers(entries, computing, by_path, policy, chosen)
         upcasting = [p for p, l, _ in computing if by_path[p]["compute_dtype"] in SIXTEEN
                      and by_path[p]["output_dtype"] == "float32" and not _is_cast(l)]
         for path in upcasting:
@@ -130,9 +135,10 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs) -> List[Fin
                     "the probabilities lose precision before the loss",
                     "compute the softmax itself in float32: Activation('softmax', "
                     "dtype='float32') as the last layer"))
+    path_of = {id(l): p for p, l, _ in entries}
     for dtype, out_layer in model_outputs:
         if dtype in SIXTEEN:
-            name = getattr(out_layer, "name", None)
+            name = path_of.get(id(out_layer), getattr(out_layer, "name", None))
             kind = ("softmax" if out_layer is not None and _is_softmax(out_layer)
                     else "output (logits or values)")
             findings.append(Finding(
@@ -140,11 +146,40 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs) -> List[Fin
                 f"the model's {kind} is {dtype}: the loss is computed from 16-bit values "
                 "(the softmax and cross-entropy lose precision, large logits overflow)",
                 OUTPUT_FIX))
+    return _with_flag(findings, set(path_of.values()))
+
+
+# The findings whose fix is "compute this layer in float32".
+FLOAT32_FIXES = ("output_dtype", "softmax_16bit")
+
+
+def _with_flag(findings: List[Finding], paths) -> List[Finding]:
+    """The fix of each finding that wants its layer in float32 starts with the one flag
+    that does it for all of them, without editing the model."""
+    wanted: List[str] = []
+    for f in findings:
+        if f.check in FLOAT32_FIXES and f.layer in paths and f.layer not in wanted:
+            wanted.append(f.layer)
+    if not wanted:
+        return findings
+    how = (f"run it in float32 without editing the model: {f32_flag(wanted)}" if len(wanted) == 1
+           else f"run these {len(wanted)} layers in float32 without editing the model: "
+                f"{f32_flag(wanted)}")
+    for f in findings:
+        if f.check in FLOAT32_FIXES and f.layer in wanted:
+            f.fix = f"{how}; or {f.fix}" if f.fix else how
     return findings
 
 
-def _float32_layers(entries, computing, by_path, policy) -> List[Finding]:
+def _float32_layers(entries, computing, by_path, policy, chosen=()) -> List[Finding]:
     findings: List[Finding] = []
+    asked = [p for p, _l, _par in computing
+             if any(p == c or p.startswith(c + "/") for c in chosen)]
+    for path in asked:
+        findings.append(Finding(
+            INFO, "float32_layer", path,
+            f"computes in float32 under {policy}, as {F32_FLAG} asks", None))
+    computing = [e for e in computing if e[0] not in asked]
     f32 = [(p, l, parent) for p, l, parent in computing if by_path[p]["compute_dtype"] == "float32"]
     if not f32:
         return findings

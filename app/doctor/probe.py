@@ -60,10 +60,15 @@ def model_outputs(model, prediction, captured, entries) -> List[tuple]:
     except (AttributeError, ValueError):
         symbolic = None
     if symbolic:
-        for t in symbolic:
+        # The dtypes of the real call: the symbolic outputs keep those of the layers as
+        # built, before --float32-layers set some of them to float32.
+        real = tf.nest.flatten(prediction) if prediction is not None else []
+        if len(real) != len(symbolic):
+            real = [None] * len(symbolic)
+        for t, r in zip(symbolic, real):
             history = getattr(t, "_keras_history", None)
             layer = history[0] if history else None
-            outs.append((dtype_name(t.dtype), layer))
+            outs.append((dtype_name(getattr(r, "dtype", None) or t.dtype), layer))
         return outs
     by_id = {id(l): l for _, l, _ in entries}
     last = max(captured.items(), key=lambda kv: kv[1]["order"], default=None)

@@ -72,6 +72,8 @@ def to_text(report: dict) -> str:
     decision = report.get("precision") or {}
     if decision.get("requested") == "auto":
         out.append(f"precision: auto chose {report['policy']} ({decision.get('reason')})")
+    if report.get("float32_layers"):
+        out.append(f"float32 layers (--float32-layers): {', '.join(report['float32_layers'])}")
     rows = [(r["name"], r["class"], r["compute_dtype"], r["variable_dtype"],
              r["output_dtype"] or "-") for r in report.get("layers") or []]
     if rows:

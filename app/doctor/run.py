@@ -7,7 +7,7 @@ from typing import Optional
 
 from app.doctor import compare as compare_mod
 from app.doctor import layers as layers_mod
-from app.task import model_layers
+from app.task import float32_layers, model_layers
 from app.doctor import probe as probe_mod
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding, counts, sort_findings, verdict
 from app.core.errors import PrecisionUnsupported, UsageError, UserCodeError
@@ -123,6 +123,7 @@ def _new_report(task, bundle, decision, hw, batch_size, steps) -> dict:
         "model": task.model.spec, "dataset": task.dataset.spec,
         "precision": decision.to_dict(), "policy": decision.policy,
         "batch_size": batch_size, "steps": steps,
+        "float32_layers": list(task.float32_layers),   # as given; the full paths once built
         "data": {"input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes,
                  "label_kind": bundle.label_kind},
         "environment": {"tensorflow": tf.__version__,
@@ -174,6 +175,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
         raise
     model = built.model
     report["notes"] = list(built.notes)
+    report["float32_layers"] = list(built.float32_layers)
     entries = model_layers.walk(model)
     weights0 = model.get_weights()
 
@@ -192,7 +194,8 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     report["layers"] = rows
     outputs = probe_mod.model_outputs(model, prediction, captured, entries)
     input_channels = int(bundle.input_shape[-1]) if len(bundle.input_shape) >= 3 else None
-    findings += layers_mod.dtype_findings(model, entries, rows, policy, outputs)
+    findings += layers_mod.dtype_findings(model, entries, rows, policy, outputs,
+                                          chosen=built.float32_layers)
     if mixed:
         findings += layers_mod.tensor_core_findings(entries, rows, batch_size,
                                                     bundle.num_classes, input_channels)
@@ -256,7 +259,10 @@ def _gradient_findings(grads: dict, policy: str, model, entries) -> list:
             + (" even with the loss scale lowered to "
                f"{grads['loss_scale']:g}" if grads.get("loss_scale") else ""),
             "find the layer that overflows (values above 65504 in float16) and keep it in "
-            "float32 with dtype='float32', or use mixed_bfloat16"))
+            "float32 with dtype='float32'"
+            + (f" (for {owner!r}, without editing the model: {float32_layers.flag([owner])})"
+               if owner in {p for p, _l, _par in entries} else "")
+            + ", or use mixed_bfloat16"))
     if policy == "mixed_float16" and grads.get("zero_share_scaled") is not None:
         lost = max(0.0, grads["zero_share_unscaled"] - grads["zero_share_scaled"])
         findings.append(Finding(
@@ -284,7 +290,9 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
     except Exception as exc:
         raise UserCodeError(task.model.spec, f"training {len(train)} step(s) under {policy}",
                             exc) from exc
-    built32 = _build(task, bundle, "float32", seed, bundle.sample_batch)
+    # Everything is float32 there: no --float32-layers to find (Keras numbers a second
+    # build's automatic layer names on from the first's, so they would not match).
+    built32 = _build(task.with_float32_layers(()), bundle, "float32", seed, bundle.sample_batch)
     if built32.model is model:
         return {"ran": False, "why": "the model function returns the same model object each "
                 "time, so there is no separate float32 model to compare with"}

@@ -14,14 +14,17 @@ come from ``app.task.losses``.
 A model function is called as ``FUNCTION(input_shape, num_classes)`` with only the
 parameters it declares, after the dtype policy is set and inside the strategy's scope.
 It returns a ``keras.Model``, compiled or not: a compiled model brings its own optimizer,
-loss and metrics.
+loss and metrics.  The layers ``float32_layers`` names then get the float32 policy, before
+the model's first call (``app.task.float32_layers``: ``--float32-layers``).
 """
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from app.task import float32_layers as f32
 from app.task import losses
 from app.core import catalog as registry
 from app.task import user_code as specs
@@ -40,6 +43,7 @@ class BuiltModel:
     make_metrics: Callable[[], list]  # fresh Keras metric objects (train and val each)
     notes: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
+    float32_layers: list = field(default_factory=list)   # full paths --float32-layers set
 
 
 class Task:
@@ -47,36 +51,46 @@ class Task:
 
     def __init__(self, model: ModelEntry, dataset: DatasetEntry, loss: Any = None,
                  metrics: Optional[Sequence] = None, input_shape: Optional[tuple] = None,
-                 num_classes: Optional[int] = None, image_size: int = 32):
+                 num_classes: Optional[int] = None, image_size: int = 32,
+                 float32_layers: Any = None):
         self.model, self.dataset = model, dataset
         self.loss_spec, self.metrics_spec = loss, (list(metrics) if metrics is not None else None)
         self.input_shape, self.num_classes, self.image_size = input_shape, num_classes, image_size
+        self.float32_layers = f32.parse(float32_layers)   # names; found in the built model
         _check_pairing(model, dataset)
 
     @classmethod
     def from_specs(cls, model: str, dataset: str, loss=None, metrics=None, input_shape=None,
-                   num_classes=None, image_size: int = 32) -> "Task":
+                   num_classes=None, image_size: int = 32, float32_layers=None) -> "Task":
         return cls(resolve_model(model), resolve_dataset(dataset), loss, parse_metrics(metrics),
-                   input_shape, num_classes, image_size)
+                   input_shape, num_classes, image_size, float32_layers)
 
     @classmethod
     def from_objects(cls, model, data, loss=None, metrics=None, input_shape=None,
-                     num_classes=None, image_size: int = 32) -> "Task":
+                     num_classes=None, image_size: int = 32, float32_layers=None) -> "Task":
         """The Python API's task: ``model`` a spec or a function; ``data`` a spec, a function,
         or what a dataset function would return (arrays, or a (train, val) tf.data pair)."""
         return cls(model_entry(model), dataset_entry(data), loss, parse_metrics(metrics),
-                   parse_input_shape(input_shape), num_classes, image_size)
+                   parse_input_shape(input_shape), num_classes, image_size, float32_layers)
 
     @classmethod
     def from_config(cls, cfg) -> "Task":
         return cls.from_specs(cfg.model, cfg.dataset, cfg.loss, cfg.metrics,
-                              parse_input_shape(cfg.input_shape), cfg.num_classes, cfg.image_size)
+                              parse_input_shape(cfg.input_shape), cfg.num_classes, cfg.image_size,
+                              cfg.float32_layers)
+
+    def with_float32_layers(self, names) -> "Task":
+        """This task with other float32 layers (a resumed run keeps the run's own)."""
+        other = copy.copy(self)
+        other.float32_layers = f32.parse(names)
+        return other
 
     # --- description (metrics.json, --resume) ------------------------------------------------
     def describe(self) -> dict:
         return {"model": self.model.spec, "model_source": self.model.source,
                 "dataset": self.dataset.spec, "dataset_source": self.dataset.source,
-                "loss": losses.spec_text(self.loss_spec), "metrics": self.metrics_spec}
+                "loss": losses.spec_text(self.loss_spec), "metrics": self.metrics_spec,
+                "float32_layers": list(self.float32_layers)}
 
     @property
     def is_builtin(self) -> bool:
@@ -111,6 +125,9 @@ class Task:
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
         model = _call_model(self.model, bundle)
+        # Before the first call, so every step traces them in float32 (and the kernels
+        # check below sees the dtypes the model will run in).
+        float32_paths = f32.apply(model, self.float32_layers, self.model.spec)
         # Before the first forward pass: a layer whose dtype this TensorFlow has no kernels
         # for here (bfloat16 convolutions on TF 2.9 without AVX-512) is one line, not
         # "your code raised".
@@ -131,12 +148,15 @@ class Task:
                         else compiled_metrics if compiled_metrics is not None
                         else list(losses.DEFAULT_METRICS))
         notes += _compiled_note(optimizer, compiled_loss, compiled_metrics)
+        if float32_paths:
+            notes.append(f"{f32.FLAG}: {', '.join(float32_paths)} compute in float32, the rest "
+                         "of the model under the policy")
 
         def make_metrics():
             return [losses.make_metric(m, bundle, units) for m in metric_specs]
         make_metrics()  # resolve now: a bad name is a usage error before anything is written
         return BuiltModel(model, optimizer, loss_fn, make_metrics, notes,
-                          _output_warnings(model, prediction))
+                          _output_warnings(model, prediction), float32_paths)
 
 def _check_pairing(model: ModelEntry, dataset: DatasetEntry) -> None:
     """The built-in pairs that cannot work (a 28x28x1 model on colour images)."""
@@ -238,19 +258,35 @@ def output_layer_name(model) -> str:
 
 
 def _output_dtype(model, prediction) -> Optional[str]:
+    # The output of a real call first: a functional model's symbolic outputs keep the
+    # dtypes of the layers as built, before --float32-layers changed some of them.
+    if prediction is not None:
+        first = _first_tensor(prediction)
+        if first is not None:
+            return str(getattr(first.dtype, "name", first.dtype))
     try:
         if getattr(model, "outputs", None):
             return str(getattr(model.outputs[0].dtype, "name", model.outputs[0].dtype))
     except (AttributeError, ValueError):
         pass
-    return None if prediction is None else prediction.dtype.name
+    return None
 
 
 def _output_warnings(model, prediction) -> list:
     out_dtype = _output_dtype(model, prediction)
     if out_dtype not in ("float16", "bfloat16"):
         return []
-    return [f"the model's output (layer {output_layer_name(model)!r}) is {out_dtype}; it is "
-            "cast to float32 before the loss. Give that layer dtype='float32', or add a "
+    name = output_layer_name(model)
+    return [f"the model's output (layer {name!r}) is {out_dtype}; it is "
+            "cast to float32 before the loss. Run that layer in float32 without editing the "
+            f"model ({f32.flag([name])}), or give it dtype='float32', or add a "
             "float32 Activation('linear') after it, so the softmax/logits are computed in "
             "float32 (`tfmp check` lists every finding)"]
+
+
+def _first_tensor(value):
+    """The first tensor of a (possibly nested) model output, or None."""
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(value)
+    return flat[0] if flat and hasattr(flat[0], "dtype") else None

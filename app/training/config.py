@@ -58,6 +58,7 @@ class TrainConfig:
     metrics: str | None = None        # comma-separated Keras names or MODULE:OBJECT
     input_shape: str | None = None    # "28,28,1": synthetic data for a user model
     num_classes: int | None = None    # default: from the labels
+    float32_layers: str | None = None  # "a,b": layers run in float32; None: not given
     tuned: str | None = None          # a tune.json: its precision and batch size (flags win)
     scale_lr: str = "none"            # with tuned: none | linear (learning rate x batch / 128)
     # Set by resolve_config from ``tuned``: metrics.json's "tuned" block (not a setting).
@@ -105,6 +106,11 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
             value = env_value(name, environ)
         if value is not None:
             values[name] = value
+    if "float32_layers" in values:   # "a, b" or a list -> "a,b" (UsageError for a bad one)
+        from app.task import float32_layers
+
+        values["float32_layers"] = float32_layers.text(
+            float32_layers.parse(values["float32_layers"]))
     cfg = TrainConfig(**values)
     validate(cfg)
     if cfg.tuned:
@@ -216,6 +222,10 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.num_classes is not None and (not isinstance(cfg.num_classes, int) or cfg.num_classes < 1):
         raise UsageError(f"num_classes must be at least 1. Received: num_classes={cfg.num_classes!r}",
                          "an integer >= 1, or leave it unset to count the labels")
+    if cfg.float32_layers is not None:
+        from app.task import float32_layers
+
+        float32_layers.parse(cfg.float32_layers)   # the names are found in the built model
     if cfg.input_shape is not None:
         from app.task.user_code import parse_input_shape
 

@@ -112,6 +112,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     if resume:
         previous = read_previous_metrics(output)
         check_same_task(previous, task, output)
+        cfg, task = resumed_float32_layers(cfg, task, previous)
     bundle = task.load_data(dist.global_batch, cfg.data_dir or default_data_dir(cfg.workspace),
                             image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
                             max_val_samples=cfg.max_val_samples, seed=cfg.seed,
@@ -192,6 +193,34 @@ def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
         raise UsageError(f"--resume: the run in {output!r} was trained with a different spec ({what})",
                          "the same --model, --dataset, --loss and --metrics as the run being "
                          "resumed, or a new --output")
+
+
+def resumed_float32_layers(cfg: TrainConfig, task: Task, previous: Optional[dict]):
+    """--resume keeps the float32 layers the run was trained with when none are given; given
+    ones (a fix after a fault) replace them, and a line says so.  The weights fit either
+    way: a layer's variables are float32 under every policy."""
+    before = previous.get("task") if isinstance(previous, dict) else None
+    recorded = before.get("float32_layers") if isinstance(before, dict) else None
+    if recorded is None:
+        recorded = ((previous or {}).get("config") or {}).get("float32_layers") \
+            if isinstance(previous, dict) else None
+    from app.task import float32_layers as f32
+
+    try:
+        was = f32.parse(recorded)
+    except UsageError:
+        was = ()   # not written by this program: nothing to keep
+    if cfg.float32_layers is None:
+        if was:
+            print(f"note: --resume keeps the run's float32 layers ({f32.flag(was)})",
+                  file=sys.stderr, flush=True)
+        return (dataclasses.replace(cfg, float32_layers=f32.text(was)),
+                task.with_float32_layers(was))
+    if tuple(task.float32_layers) != was:
+        print(f"note: the run was trained with float32 layers "
+              f"{f32.text(was) or '(none)'}; it continues with "
+              f"{f32.text(task.float32_layers) or '(none)'}", file=sys.stderr, flush=True)
+    return cfg, task
 
 
 # ---- 2. build: model, optimizer, step statistics, checkpointer -------------------------------

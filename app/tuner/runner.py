@@ -266,7 +266,7 @@ def verification_command(req: Dict[str, Any], output: str) -> List[str]:
             "--output", output]
     for key, flag in (("loss", "--loss"), ("metrics", "--metrics"),
                       ("input_shape", "--input-shape"), ("num_classes", "--num-classes"),
-                      ("image_dir", "--image-dir")):
+                      ("image_dir", "--image-dir"), ("float32_layers", "--float32-layers")):
         if req.get(key) is not None:
             args += [flag, str(req[key])]
     if req.get("data_dir_explicit"):

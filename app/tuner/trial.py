@@ -84,7 +84,7 @@ def run(req: dict) -> dict:
     precision.apply_policy(req["policy"])
     task = Task.from_specs(req["model"], req["dataset"], req.get("loss"), req.get("metrics"),
                            parse_input_shape(req.get("input_shape")), req.get("num_classes"),
-                           int(req.get("image_size") or 32))
+                           int(req.get("image_size") or 32), req.get("float32_layers"))
     max_train = req.get("max_train_samples")
     generated = req["dataset"] == "synthetic" and not max_train
     if generated:

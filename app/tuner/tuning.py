@@ -161,7 +161,7 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
          learning_rate: float = 1e-3, jit: bool = False, steps: int = DEFAULT_STEPS,
          warmup_steps: int = DEFAULT_WARMUP, min_seconds: float = DEFAULT_MIN_SECONDS,
          start: int = search.DEFAULT_START, workspace: Optional[str] = None,
-         reference_batch_size: Optional[int] = None,
+         reference_batch_size: Optional[int] = None, float32_layers=None,
          progress: bool = True, stream=None) -> Dict[str, Any]:
     """Find, per precision, the largest batch that fits the memory budget and the fastest
     one; choose, verify, write ``output``/tune.json and tune.png; return tune.json's dict.
@@ -189,7 +189,12 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
         input_shape = ",".join(str(d) for d in input_shape)
     if isinstance(metrics, (list, tuple)):
         metrics = ",".join(str(m) for m in metrics)
+    if isinstance(float32_layers, (list, tuple)):
+        from app.task import float32_layers as f32
+
+        float32_layers = f32.text(f32.parse(float32_layers))
     task = dict(loss=loss, metrics=metrics, input_shape=input_shape, num_classes=num_classes,
+                float32_layers=float32_layers,
                 image_size=image_size, data_dir=data_dir, image_dir=image_dir,
                 max_train_samples=max_train_samples, offline=offline, seed=seed,
                 learning_rate=learning_rate, jit=jit)
@@ -295,7 +300,7 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
         "schema": report.SCHEMA,
         "task": {"model": model, "dataset": dataset,
                  **{k: task[k] for k in ("loss", "metrics", "input_shape", "num_classes",
-                                         "image_size")}},
+                                         "image_size", "float32_layers")}},
         "budget_bytes": budget.bytes, "budget_source": budget.source, "margin": margin,
         "limit_bytes": limit, "memory_kind": memory_kind,
         "batch_sizes": {"start": start, "cap": cap, "multiple_of": search.STEP},

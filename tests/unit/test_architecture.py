@@ -90,7 +90,7 @@ def test_no_module_imports_another_modules_private_name():
 # processes, the GPU banner at container start): they must not load it themselves.
 TF_FREE = [
     "app.cli", "app.core.args", "app.core.catalog", "app.core.errors", "app.core.exit_codes",
-    "app.core.files", "app.core.launch", "app.core.settings",
+    "app.core.files", "app.core.launch", "app.core.settings", "app.task.float32_layers",
     "app.commands.benchmark", "app.commands.check", "app.commands.env",
     "app.commands.flags", "app.commands.notebooks", "app.commands.train", "app.commands.tune",
     "app.machine.gpu_probe", "app.machine.gpu_problems", "app.machine.hardware",

@@ -218,7 +218,8 @@ def test_the_verification_trains_the_trials_settings_and_inherits_none(tmp_path)
            "steps": 10, "loss": None, "metrics": None, "input_shape": None, "num_classes": None,
            "image_size": 32, "data_dir": str(tmp_path / "ws" / "data"),
            "data_dir_explicit": False, "image_dir": None, "max_train_samples": None,
-           "offline": True, "seed": 3, "learning_rate": 0.002, "jit": False}
+           "offline": True, "seed": 3, "learning_rate": 0.002, "jit": False,
+           "float32_layers": "dense_1"}
     args = cli.build_parser().parse_args(runner.verification_command(req, str(tmp_path / "v")))
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     got = config.resolve_config(flags, environ=env)

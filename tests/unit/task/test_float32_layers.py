@@ -1,0 +1,396 @@
+"""``--float32-layers``: the layers named run in float32, the rest of the model under the
+policy, without editing the model; on Keras' own MobileNetV2 (32x32x3, no weights), whose
+classifier 'predictions' is a float16 softmax under mixed_float16.  Host (Keras 3) and the
+image's TF 2.9.3 (Keras 2) alike.
+
+The model is built once per module through the task (``Task.build``: the seam train, check,
+tune and the benchmark's runs share); one short run trains it in process (``app.train``),
+one ``tfmp train --resume`` continues it without the flag."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _up(*parts) -> str:
+    """The nearest folder above this file that holds ``parts`` (the tests may be
+    reorganised into subfolders: this file finds what it needs wherever it sits)."""
+    d = HERE
+    while not os.path.exists(os.path.join(d, *parts)):
+        parent = os.path.dirname(d)
+        assert parent != d, f"no {os.path.join(*parts)} above {HERE}"
+        d = parent
+    return os.path.join(d, *parts)
+
+
+# The checkout whose app this interpreter imports (PYTHONPATH on the host, the installed
+# package in the image): the command-line runs use the same.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(importlib.import_module("app").__file__)))
+USER_MODELS = _up("user_models")
+MOBILENET = os.path.join(USER_MODELS, "keras_applications.py") + ":mobilenet_v2"
+SOFTMAX16 = os.path.join(USER_MODELS, "float16_softmax.py") + ":build"
+MOBILENET_FLAGS = ("--model", MOBILENET, "--dataset", "synthetic", "--input-shape", "32,32,3",
+                   "--num-classes", "10", "--precision", "mixed_float16", "--batch-size", "4",
+                   "--max-train-samples", "8", "--max-val-samples", "4", "--offline",
+                   "--progress", "lines", "--log-every", "1")
+
+
+def run_app(*args, env=None, timeout=300):
+    """``python -m app ...`` as a user runs it: this checkout's app, no TFMP_ variables but
+    those given."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TFMP_")}
+    full["PYTHONPATH"] = ROOT + os.pathsep + full.get("PYTHONPATH", "")
+    full.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full, cwd=ROOT)
+
+
+def errors(stderr: str) -> list:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.fixture
+def policy_kept():
+    from app.precision import policy as prec
+
+    before = prec.global_policy_name()
+    yield
+    prec.apply_policy(before)
+
+
+# ---- the names (no TensorFlow) ------------------------------------------------------------
+
+def test_names_are_read_from_a_comma_list_or_a_list():
+    from app.task.float32_layers import flag, parse
+
+    assert parse("predictions, block_16_project ,predictions") == ("predictions",
+                                                                   "block_16_project")
+    assert parse(["outer/inner", "/predictions/"]) == ("outer/inner", "predictions")
+    assert parse(None) == () and parse("") == () and parse("  ") == ()
+    assert flag(["predictions", "outer/inner"]) == "--float32-layers predictions,outer/inner"
+
+
+@pytest.mark.parametrize("value", ["a,,b", ",", ["a", ""], 3, ["a", 3]])
+def test_a_bad_list_is_one_usage_error(value):
+    from app.core.errors import UsageError
+    from app.task.float32_layers import parse
+
+    with pytest.raises(UsageError) as info:
+        parse(value)
+    assert "float32_layers" in info.value.line() and "\n" not in info.value.line()
+    assert "allowed: comma-separated layer names" in info.value.line()
+
+
+def test_flag_then_variable_then_none():
+    from app.training.config import resolve_config
+
+    env = {"TFMP_FLOAT32_LAYERS": "predictions, Conv1"}
+    assert resolve_config({}, env).float32_layers == "predictions,Conv1"
+    assert resolve_config({"float32_layers": ["head"]}, env).float32_layers == "head"
+    assert resolve_config({}, {}).float32_layers is None   # not given: --resume keeps the run's
+
+
+def test_a_bad_variable_is_one_line_and_exit_2_before_tensorflow(tmp_path):
+    proc = run_app("train", "--output", str(tmp_path / "run"),
+                   env={"TFMP_FLOAT32_LAYERS": "predictions,,Conv1"}, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert errors(proc.stderr) == [
+        "error: float32_layers has an empty layer name. Received: "
+        "float32_layers='predictions,,Conv1'; allowed: comma-separated layer names of the "
+        "model: a layer's full path (outer/inner for a layer of a nested model or layer) or "
+        "its plain name when no other layer has it, e.g. predictions,norm"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_command_that_builds_the_model_takes_the_flag_and_passes_it_on():
+    from app.cli import build_parser
+    from app.core import settings
+    from app.tuner.runner import verification_command
+
+    parser = build_parser()
+    for command in ("train", "check", "benchmark", "tune"):
+        args = parser.parse_args([command, "--model", "mlp", "--dataset", "synthetic",
+                                  "--float32-layers", "predictions"])
+        assert args.float32_layers == "predictions", command
+    # benchmark's runs and tune's verification run are `tfmp train` children
+    assert settings.passed_flags({"float32_layers": "predictions"}) == [
+        "--float32-layers", "predictions"]
+    cmd = verification_command({"model": "mlp", "dataset": "synthetic", "policy": "float32",
+                                "batch_size": 8, "steps": 2, "float32_layers": "predictions"},
+                               "out")
+    assert cmd[cmd.index("--float32-layers") + 1] == "predictions"
+
+
+# ---- MobileNetV2, built once ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fixed(tmp_path_factory):
+    """MobileNetV2 built by the task under mixed_float16 with --float32-layers predictions."""
+    from app.precision import policy as prec
+    from app.task.task import Task
+
+    before = prec.global_policy_name()
+    prec.apply_policy("mixed_float16")
+    try:
+        task = Task.from_specs(MOBILENET, "synthetic", input_shape=(32, 32, 3), num_classes=10,
+                               float32_layers="predictions")
+        bundle = task.load_data(8, str(tmp_path_factory.mktemp("data")), max_train_samples=16,
+                                max_val_samples=8, offline=True)
+        built = task.build(bundle, bundle.sample_batch)
+    finally:
+        prec.apply_policy(before)
+    return built, bundle
+
+
+def _dtypes(model, run) -> dict:
+    """{layer path: output dtype} of the layers ``run()`` calls (traced or eager)."""
+    from app.doctor import probe
+    from app.task import model_layers
+
+    with probe.capture(model_layers.walk(model)) as captured:
+        run()
+    return {c["path"]: c["dtype"] for c in captured.values()}
+
+
+@pytest.mark.slow
+def test_the_named_layer_computes_in_float32_and_the_rest_in_float16(fixed):
+    import tensorflow as tf
+
+    from app.precision.layer_policy import policy_name
+    from app.task import model_layers
+
+    built, bundle = fixed
+    model = built.model
+    assert built.float32_layers == ["predictions"]
+    policies = {p: policy_name(l) for p, l, _ in model_layers.walk(model)}
+    assert policies.pop("predictions") == "float32"
+    assert set(policies.values()) == {"mixed_float16"}, policies
+    assert any("--float32-layers: predictions compute in float32" in n for n in built.notes)
+    assert built.warnings == []     # no "the model's output is float16" any more
+    x, y = bundle.sample_batch
+
+    step = tf.function(lambda x: model(x, training=True))
+    traced = _dtypes(model, lambda: step(x))
+    assert traced["predictions"] == "float32"
+    assert traced["global_average_pooling2d"] == "float16"   # the layer before: unchanged
+    assert traced["Conv1"] == "float16"
+    assert step(x).dtype == tf.float32
+
+    model.compile(optimizer=tf.keras.optimizers.SGD(1e-3),
+                  loss="sparse_categorical_crossentropy")
+    fitted = _dtypes(model, lambda: model.fit(x, y, epochs=1, verbose=0))
+    assert fitted["predictions"] == "float32" and fitted["out_relu"] == "float16"
+
+
+def test_an_unknown_name_names_the_closest_layers(fixed):
+    from app.core.errors import UsageError
+    from app.task.float32_layers import resolve
+
+    with pytest.raises(UsageError) as info:
+        resolve(fixed[0].model, ["predicton"], "nets.py:build")
+    line = info.value.line()
+    assert "\n" not in line
+    assert line.startswith("error: --float32-layers 'predicton': model 'nets.py:build' has no "
+                           "layer of that name; the closest of its ")
+    assert "layers: predictions;" in line
+
+
+def test_nested_layers_by_path_and_an_ambiguous_name(policy_kept):
+    import tensorflow as tf
+
+    from app.core.errors import UsageError
+    from app.precision import policy as prec
+    from app.precision.layer_policy import policy_name
+    from app.task.float32_layers import apply
+
+    def build():
+        return tf.keras.Sequential([
+            tf.keras.Input(shape=(4,)),
+            tf.keras.Sequential([tf.keras.layers.Dense(8, name="head")], name="a"),
+            tf.keras.Sequential([tf.keras.layers.Dense(8, name="head"),
+                                 tf.keras.layers.Dense(2, name="tail")], name="b"),
+        ])
+
+    prec.apply_policy("mixed_float16")
+    with pytest.raises(UsageError) as info:
+        apply(build(), ["head"], "nets.py:build")
+    assert info.value.line() == ("error: --float32-layers 'head': model 'nets.py:build' has 2 "
+                                 "layers of that name (a/head, b/head); allowed: one layer's "
+                                 "full path, e.g. a/head")
+    model = build()
+    assert apply(model, ["b/head"], "nets.py:build") == ["b/head"]
+    seen = _dtypes(model, lambda: model(tf.ones((2, 4))))
+    assert (seen["a/head"], seen["b/head"], seen["b/tail"]) == ("float16", "float32", "float16")
+    model = build()
+    assert apply(model, ["a"], "nets.py:build") == ["a"]   # a nested model: all of it
+    assert policy_name(model.get_layer("a").get_layer("head")) == "float32"
+    assert policy_name(model.get_layer("b").get_layer("head")) == "mixed_float16"
+
+
+def test_a_layer_with_16_bit_variables_is_refused_in_one_line(policy_kept):
+    """Keras 2's Normalization (EfficientNet's 'normalization') makes its variables in its
+    compute dtype: float16 under mixed_float16.  A built layer keeps them, so float32 math
+    would clash with them; the same for dtype='float16'."""
+    import tensorflow as tf
+
+    from app.core.errors import UsageError
+    from app.precision import policy as prec
+    from app.precision.layer_policy import policy_name
+    from app.task.float32_layers import apply
+
+    prec.apply_policy("mixed_float16")
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)),
+                                 tf.keras.layers.Dense(4, dtype="float16", name="half"),
+                                 tf.keras.layers.Dense(2, name="out")])
+    with pytest.raises(UsageError) as info:
+        apply(model, ["out", "half"], "nets.py:build")
+    assert info.value.line() == (
+        "error: --float32-layers 'half': model 'nets.py:build' made that layer's variables "
+        "float16 (in its 16-bit dtype, when the model was built), so it cannot compute in "
+        "float32 without being built again; allowed: the layers after it (such as the output "
+        "layer); or give that layer dtype='float32' where the model is built")
+    assert policy_name(model.get_layer("out")) == "mixed_float16"   # nothing half-done
+
+
+# ---- check: the flag in its fix, no blocker on the fixed model ---------------------------------
+
+def test_check_prints_the_flag_and_the_fixed_model_has_no_blocker(policy_kept):
+    from app.doctor.check import check
+
+    small = dict(input_shape=(8, 8, 1), batch_size=8, steps=1, verbose=False)
+    report = check(SOFTMAX16, **small)
+    blocker = [f for f in report["findings"] if f["check"] == "output_dtype"]
+    assert [f["layer"] for f in blocker] == ["class_probs"]
+    assert blocker[0]["fix"].startswith("run it in float32 without editing the model: "
+                                        "--float32-layers class_probs; or ")
+    fixed = check(SOFTMAX16, float32_layers="class_probs", **small)
+    assert fixed["verdict"] != "blocked", fixed["findings"]
+    assert fixed["float32_layers"] == ["class_probs"]
+
+
+@pytest.mark.slow
+def test_the_flag_check_prints_makes_check_ready_with_automatic_names():
+    """Copied from check's output, as a user does: the model's automatic layer names are
+    those of a fresh process, as in `tfmp train` (check's float32 comparison builds the
+    model a second time: Keras numbers that build's names on)."""
+    spec = SOFTMAX16.replace(":build", ":unnamed")
+    small = ("--model", spec, "--input-shape", "8,8,1", "--batch-size", "8", "--steps", "1")
+    first = run_app("check", *small)
+    assert first.returncode == 1, first.stdout + first.stderr     # blocked
+    fix = re.search(r"fix: run it in float32 without editing the model: (--float32-layers "
+                    r"(\S+));", first.stdout)
+    assert fix and fix.group(2) == "dense_1", first.stdout
+    fixed = run_app("check", *small, *fix.group(1).split())
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "float32 layers (--float32-layers): dense_1" in fixed.stdout
+    assert "BLOCKER" not in fixed.stdout
+
+
+def test_an_automatically_numbered_name_says_why_it_may_differ(policy_kept):
+    import tensorflow as tf
+
+    from app.core.errors import UsageError
+    from app.task.float32_layers import resolve
+
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(2),
+                                 tf.keras.layers.Dense(2)])
+    with pytest.raises(UsageError) as info:
+        resolve(model, ["dense_9999"], "nets.py:build")
+    assert "Keras numbers automatic layer names on in a process that built the model before" \
+        in info.value.line()
+
+
+@pytest.mark.slow
+def test_check_on_mobilenet_with_the_flag_has_no_blocker(policy_kept):
+    from app.doctor.check import check
+
+    report = check(MOBILENET, input_shape=(32, 32, 3), num_classes=10, batch_size=8, steps=1,
+                   float32_layers=["predictions"], verbose=False)
+    assert report["verdict"] != "blocked", [f for f in report["findings"]
+                                            if f["severity"] == "blocker"]
+    assert not [f for f in report["findings"] if f["check"] in ("output_dtype", "softmax_16bit")]
+    row = next(r for r in report["layers"] if r["name"] == "predictions")
+    assert (row["compute_dtype"], row["output_dtype"]) == ("float32", "float32")
+    assert {"severity": "info", "check": "float32_layer", "layer": "predictions",
+            "what": "computes in float32 under mixed_float16, as --float32-layers asks",
+            "fix": None} in report["findings"]
+
+
+# ---- train and --resume ----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_train_unknown_name_is_one_line_exit_2_and_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    proc = run_app("train", *MOBILENET_FLAGS, "--epochs", "1", "--output", str(out),
+                   "--workspace", str(tmp_path / "ws"), "--float32-layers", "predicton")
+    assert proc.returncode == 2, proc.stderr
+    line, = errors(proc.stderr)
+    assert line.startswith("error: --float32-layers 'predicton': model ") and \
+        "the closest of its 155 layers: predictions;" in line, line
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_training_and_resume_keep_the_float32_layer(tmp_path, capsys, policy_kept):
+    import tensorflow as tf
+
+    import app
+
+    out, ws = tmp_path / "run", tmp_path / "ws"
+    metrics = app.train(model=MOBILENET, data="synthetic", precision="mixed_float16", epochs=1,
+                        output=str(out), workspace=str(ws), float32_layers=["predictions"],
+                        input_shape=(32, 32, 3), num_classes=10, batch_size=4,
+                        max_train_samples=8, max_val_samples=4, offline=True,
+                        progress="lines", log_every=1, save_model=False)
+    said = capsys.readouterr().err
+    assert metrics["status"] == "completed"
+    assert metrics["config"]["float32_layers"] == "predictions"
+    assert metrics["task"]["float32_layers"] == ["predictions"]
+    assert "warning: the model's output" not in said
+    assert "note: --float32-layers: predictions compute in float32" in said
+
+    # The same command without the flag continues the run as it was trained.
+    proc = run_app("train", *MOBILENET_FLAGS, "--epochs", "2", "--output", str(out),
+                   "--workspace", str(ws), "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "note: --resume keeps the run's float32 layers (--float32-layers predictions)" \
+        in proc.stderr
+    assert "warning: the model's output" not in proc.stderr
+    resumed = json.loads((out / "metrics.json").read_text())
+    assert [e["epoch"] for e in resumed["epochs"]] == [1, 2]
+    assert resumed["config"]["float32_layers"] == "predictions"
+    assert resumed["task"]["float32_layers"] == ["predictions"]
+
+    # The saved model keeps each layer's policy (Keras' own format: model.keras or model/).
+    saved = tf.keras.models.load_model(resumed["model_path"], compile=False)
+    from app.precision.layer_policy import policy_name
+
+    assert policy_name(saved.get_layer("predictions")) == "float32"
+    assert policy_name(saved.get_layer("out_relu")) == "mixed_float16"
+    assert saved(tf.zeros((1, 32, 32, 3))).dtype == tf.float32
+
+
+def test_resume_with_other_float32_layers_uses_them_and_says_so(capsys):
+    from app.task.task import Task
+    from app.training.config import TrainConfig
+    from app.training.job import resumed_float32_layers
+
+    previous = {"task": {"model": "mlp", "dataset": "synthetic", "float32_layers": ["out"]}}
+    task = Task.from_specs("mlp", "synthetic", float32_layers="dense,out")
+    cfg, kept = resumed_float32_layers(TrainConfig(float32_layers="dense,out"), task, previous)
+    assert cfg.float32_layers == "dense,out" and kept.float32_layers == ("dense", "out")
+    assert "note: the run was trained with float32 layers out; it continues with dense,out" \
+        in capsys.readouterr().err
+    cfg, kept = resumed_float32_layers(TrainConfig(), Task.from_specs("mlp", "synthetic"),
+                                       previous)
+    assert cfg.float32_layers == "out" and kept.float32_layers == ("out",)
