@@ -38,7 +38,7 @@ def capture(entries):
                 if id(c.layer) in captured:
                     continue
                 finite = None
-                if c.outputs and tf.executing_eagerly():
+                if c.outputs and all(hasattr(t, "numpy") for t in c.outputs):   # eager values
                     finite = bool(all(bool(tf.reduce_all(tf.math.is_finite(t)))
                                       for t in c.outputs))
                 captured[id(c.layer)] = {"path": c.path, "order": len(captured),
@@ -79,11 +79,6 @@ def model_outputs(model, prediction, captured, entries) -> List[tuple]:
     for t in tf.nest.flatten(prediction):
         outs.append((dtype_name(t.dtype), last_layer))
     return outs
-
-
-def first_nonfinite(captured) -> Optional[str]:
-    bad = [c for c in captured.values() if c.get("finite") is False]
-    return min(bad, key=lambda c: c["order"])["path"] if bad else None
 
 
 def gradient_fn(model, loss_fn, jit: bool):

@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 from app.numerics import limits
-
-FLAG = "--float32-layers"
+from app.task import float32_layers
 
 
 @dataclass
@@ -68,7 +67,7 @@ class Diagnosis:
 
     @property
     def flag(self) -> Optional[str]:
-        return f"{FLAG} {','.join(self.layers)}" if self.layers else None
+        return float32_layers.flag(self.layers) if self.layers else None
 
     def values_text(self) -> Optional[str]:
         if self.largest_before is None and self.float32_largest is None:
@@ -126,7 +125,7 @@ def _positions(samples: List[int], most: int = 12) -> str:
 
 def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None) -> str:
     """The fix for a layer whose 16-bit value is the cause."""
-    flag = f"{FLAG} {path}"
+    flag = float32_layers.flag([path])
     if epsilon is not None:
         attr, value = epsilon
         return (f"its {attr}={value:g} is 0 in {dtype} (the smallest it holds is "

@@ -340,3 +340,16 @@ def test_resume_after_the_fix_continues_from_the_checkpoint_saved_at_the_fault(t
                    resume=True)
     assert again["status"] == "completed" and len(again["epochs"]) == 2
     assert again["numerics"]["fault"] is None
+
+
+def test_resume_with_the_flag_the_sentinel_printed_finishes_the_run(tmp_path):
+    """The fix without editing the model: the report's --float32-layers, then --resume."""
+    build = _model(_dense(), lambda: Amplify(name="amplify"))
+    m = _train(tmp_path, build, _data(), "fit", epochs=1)
+    f = _fault(m)
+    assert f["flag"] == "--float32-layers amplify"
+    again = _train(tmp_path, build, _data(), "fit", epochs=1, resume=True,
+                   float32_layers=f["layers"])
+    assert again["status"] == "completed", again.get("diagnosis")
+    assert again["numerics"]["fault"] is None
+    assert again["numerics"]["headroom"]["amplify"]["dtype"] == "float32"
