@@ -151,7 +151,7 @@ def main(argv=None) -> int:
               str(args.batch_size), "--log-every", str(args.log_every), "--warmup",
               str(args.warmup)]
     results, diagnoses = [], []
-    for model in args.models.split(","):
+    for model in filter(None, args.models.split(",")):
         for loop in args.loops.split(","):
             for policy in args.policies.split(","):
                 results.append(_child(["--one", f"{model},{loop},{policy}", *common]))
