@@ -86,9 +86,9 @@ class Diagnosis:
 
     def lines(self) -> List[str]:
         """The console block: the first line is the error, the rest indented."""
-        at = ""
-        if self.replica is not None:
-            at = f" (replica {self.replica}" + (f", worker {self.worker}" if self.worker else "") + ")"
+        named = [f"{k} {v}" for k, v in (("replica", self.replica), ("worker", self.worker))
+                 if v is not None]
+        at = f" ({', '.join(named)})" if named else ""
         out = [f"error: training diverged at step {self.step} (epoch {self.epoch}){at}: "
                f"{self.headline}",
                f"  where it began: {self.where.text()}"]

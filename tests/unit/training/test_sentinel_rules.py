@@ -111,6 +111,8 @@ def test_the_report_names_replica_and_worker():
     d = dx.Diagnosis("h", "forward", 3, 1, "float32", dx.Where("input samples", samples=[5]),
                      "data", "fix", replica=1, worker=2)
     assert "(replica 1, worker 2)" in d.lines()[0]
+    assert "(worker 0)" in dx.Diagnosis("h", "forward", 3, 1, "float32", dx.Where("none"),
+                                        "not reproduced", "fix", worker=0).lines()[0]
     assert "samples at positions 5 of the epoch" in d.lines()[1]
 
 
