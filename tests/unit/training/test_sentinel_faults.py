@@ -154,6 +154,10 @@ def test_an_activation_that_grows_past_float16(tmp_path, loop):
     assert f["verdict"] == "precision" and f["float32_finite"] is True
     assert f["flag"] == "--float32-layers amplify"
     assert f["float32_largest"] > 65504 and f["largest_before"] < 65504
+    if loop == "custom":   # probed at the step logs: warned once, before the fault
+        warned = [w for w in m["numerics"]["warnings"] if w.startswith("layer 'amplify'")]
+        assert len(warned) == 1 and "--float32-layers amplify" in warned[0]
+        assert m["numerics"]["headroom"]["amplify"]["least_bits"] < 2
 
 
 @pytest.mark.parametrize("loop", LOOPS)
