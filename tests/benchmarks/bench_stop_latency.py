@@ -5,7 +5,7 @@ shows a step of epoch 2 (a ``step N:`` line after the ``epoch 1/E:`` line), it g
 and the seconds until it has exited (checkpoint and metrics.json written, status 143) are the
 figure.  Target: every stop within 10 s, well inside Docker's default 10 s grace plus the
 time a scheduler gives; the exit status is 1 when it is missed (or a run does not stop with
-143), so a run of this script can be used as a check.  tests/unit/test_cli.py checks the
+143), so a run of this script can be used as a check.  tests/unit/commands/test_cli.py checks the
 behaviour (143, checkpoint, resume) without a clock.
 
     python tests/benchmarks/bench_stop_latency.py --repeats 3

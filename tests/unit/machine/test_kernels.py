@@ -203,8 +203,9 @@ def test_a_users_model_is_refused_after_its_build_not_blamed(no_bf16_convs, tiny
 
     from app.task.task import Task
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    task = Task.from_specs(os.path.join(here, "user_models", "normalized.py") + ":build",
+    from tests.paths import USER_MODELS
+
+    task = Task.from_specs(os.path.join(USER_MODELS, "normalized.py") + ":build",
                            "synthetic", input_shape=(8, 8, 1))
     import tensorflow as tf
 

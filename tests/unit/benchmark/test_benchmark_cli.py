@@ -16,13 +16,14 @@ import pytest
 
 from app import cli
 
+from tests.paths import ROOT
+
 # The image's self-test leaves these to tests/image/test_your_model.py, which benchmarks a
 # user's model and data inside the image on TF 2.9; what is left here (diagnoses, the
 # pass-through of flags) is the same Python on any TensorFlow.
 BENCHMARKED_IN_THE_IMAGE = ("a user's model and data are benchmarked on TF 2.9 by "
                             "tests/image/test_your_model.py")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PER_POLICY = ("seconds_per_epoch", "samples_per_second", "speedup_vs_float32", "peak_memory",
               "val_accuracy", "accuracy_gap_points", "loss_scale", "skipped_steps")
 
@@ -217,7 +218,7 @@ runner.run_schedule([{{"order": 0, "repeat": 1, "policy": "float32"}}], {{"model
     import signal
     import time
 
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env)
     try:
         for _ in range(200):
@@ -294,7 +295,7 @@ def load():
 def _user_benchmark(tmp_path, model, dataset, *extra):
     """Run from the user's folder, with relative specs, as a user would."""
     out = tmp_path / "bench"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "app", "benchmark", "--model", model, "--dataset", dataset,
            "--batch-size", "16", "--epochs", "2", "--repeats", "1", "--output", "bench",
            "--workspace", "ws", *extra]

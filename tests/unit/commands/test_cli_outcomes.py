@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from conftest import error_lines, run_app
+from tests.unit.helpers import error_lines, run_app
 
 # The image's self-test leaves this to a real container: tests/image/test_interrupt_image.py
 # stops a training container (SIGTERM, SIGINT) on TF 2.9 and resumes it in a new one.
@@ -36,7 +36,7 @@ def test_a_diverging_run_exits_3_with_its_diagnosis(tmp_path, loop):
 @pytest.mark.slow
 @pytest.mark.host_only(reason=IN_CONTAINERS)
 def test_sigint_stops_with_130_and_a_checkpoint(tmp_path):
-    from training_process import TrainingProcess
+    from tests.unit.training_process import TrainingProcess
 
     out = tmp_path / "run"
     args = ["train", "--dataset", "synthetic", "--max-train-samples", "20000",

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from conftest import error_lines, run_app
+from tests.unit.helpers import error_lines, run_app
 
 # The image's self-test leaves this to a real container: tests/image/test_interrupt_image.py
 # stops a training container (SIGTERM, SIGINT) on TF 2.9 and resumes it in a new one.
@@ -136,7 +136,7 @@ def test_env_text_format_from_a_fake_report():
 @pytest.mark.slow
 @pytest.mark.host_only(reason=IN_CONTAINERS)
 def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
-    from training_process import TrainingProcess
+    from tests.unit.training_process import TrainingProcess
 
     out = tmp_path / "run"
     args = ["train", "--dataset", "synthetic", "--max-train-samples", "20000",
