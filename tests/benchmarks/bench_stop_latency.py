@@ -24,7 +24,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: paths.py
+from paths import ROOT  # noqa: E402  the repository root (tests/paths.py)
 TARGET_SECONDS = 10.0
 
 
@@ -33,7 +34,7 @@ def one_stop(out: str, samples: int, batch_size: int) -> dict:
             "--max-train-samples", str(samples), "--max-val-samples", "128",
             "--batch-size", str(batch_size), "--epochs", "3", "--offline", "--no-save-model",
             "--progress", "lines", "--log-every", "50", "--output", out]
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "app", *args], env=env, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
