@@ -236,7 +236,7 @@ def test_benchmark_leaves_a_refused_policy_out_and_goes_on(tmp_path):
     import os
 
     from app.benchmark import suite
-    from test_benchmark_report import FAKE_ENV, SETTINGS, FakeTrain
+    from tests.unit.benchmark.test_benchmark_report import FAKE_ENV, SETTINGS, FakeTrain
 
     line = ("error: mixed_bfloat16 cannot run layer 'conv2d' (Conv2D) of model 'n.py:build' "
             "here: TensorFlow 2.9 ...; allowed: --precision float32")
