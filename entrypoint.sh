@@ -291,8 +291,11 @@ self_test() {
   local suites=() dir
   for dir in tests/unit tests/gpu; do [[ -d $dir ]] && suites+=("$dir"); done
   ((${#suites[@]})) || fatal "no tests shipped in $TESTS_ROOT/tests"
+  # -o addopts: pyproject's options without its "-n 2 --dist loadgroup" (the image has no
+  # pytest-xdist; one process also keeps a GPU box's GPU to one test at a time).
   exec "${USER_CMD[@]}" PYTHONDONTWRITEBYTECODE=1 \
-    python3 -m pytest -p no:cacheprovider -q --image-self-test "${suites[@]}" "$@"
+    python3 -m pytest -p no:cacheprovider -o "addopts=-ra --strict-markers" -q \
+    --image-self-test "${suites[@]}" "$@"
 }
 
 # Sources every part of a phase ($PARTS_DIR/$1/*.sh) in name order.

@@ -4,7 +4,8 @@
   through the image's self-test); elsewhere they are skipped, with the reason.
 * ``docker``-marked tests need a Docker engine.  On a developer machine without
   one they are skipped; under CI (``CI=true``) a missing engine is an error,
-  never a silent skip, because CI is supposed to have started it.
+  never a silent skip, because CI is supposed to have started it (a usage error in one
+  process; under pytest-xdist each Docker test fails with the reason).
 * ``bf16_kernels(KIND, ...)``-marked tests need this TensorFlow to run those layer kinds
   (``app.machine.kernels.KINDS``) under mixed_bfloat16 here (TF 2.9 has no bfloat16 convolutions
   on a CPU without AVX-512); where ``app.machine.kernels`` says it cannot, they are skipped with a
@@ -14,6 +15,13 @@
   does not ship; skipped there with the marker's reason) or skipped by the ``bf16_kernels``
   rule above (not any other skip of such a test).  A test that skips because the image
   lacks something it needs is a hole in the self-test, not a pass.
+* Under pytest-xdist (pyproject's addopts: ``-n 2 --dist loadgroup``) the tests under
+  tests/image are one ``xdist_group``, so one worker runs the one shared stack; a test there
+  that marks a group of its own (the image's self-test: it needs the image, not the stack, and
+  takes minutes) may run on the other worker, which then waits for the same image build
+  (tests/image/conftest.py).  ``-n0`` runs everything in one process.
+* ``TFMP_TEST_REVERSE=1`` runs the collected tests in reverse order: each test sets up what it
+  needs (tests/image shares one image and one stack), so both orders must pass.
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import functools
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -103,6 +112,9 @@ def bf16_missing(kinds) -> str | None:
 
 
 def pytest_runtest_setup(item):
+    docker_fail = getattr(item, "_tfmp_docker_fail", None)
+    if docker_fail:
+        pytest.fail(docker_fail, pytrace=False)
     marker = item.get_closest_marker("bf16_kernels")
     if marker is not None:
         reason = bf16_missing(marker.args)
@@ -111,7 +123,22 @@ def pytest_runtest_setup(item):
             pytest.skip(reason)
 
 
+IMAGE_TESTS = Path(__file__).resolve().parent / "image"
+
+
+# tryfirst: before pytest-xdist's own hook reads the xdist_group marks (--dist loadgroup).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if IMAGE_TESTS in Path(item.path).resolve().parents and \
+                item.get_closest_marker("xdist_group") is None:
+            # One pytest-xdist worker runs the image tests: one image build, one shared stack.
+            # (An image test with a group of its own needs the image only, not the stack.)
+            item.add_marker(pytest.mark.xdist_group("image"))
+    if os.environ.get("TFMP_TEST_REVERSE") == "1":
+        # Proof that no test leans on an earlier one's side effects (a file, a container, a
+        # restarted stack): the same tests, last first.  Not for everyday runs.
+        items.reverse()
     if config.getoption("--image-self-test"):
         for item in items:
             marker = item.get_closest_marker("host_only")
@@ -130,8 +157,14 @@ def pytest_collection_modifyitems(config, items):
     if docker_items:
         problem = _docker_problem()
         if problem and _in_ci():
-            raise pytest.UsageError(f"CI=true but Docker tests cannot run: {problem}")
-        if problem:
+            message = f"CI=true but Docker tests cannot run: {problem}"
+            if not hasattr(config, "workerinput"):
+                raise pytest.UsageError(message)
+            # A pytest-xdist worker cannot end the session with a usage error (its controller
+            # reports a crash without the reason): each Docker test fails with it instead.
+            for item in docker_items:
+                item._tfmp_docker_fail = message
+        elif problem:
             skip_docker = pytest.mark.skip(reason=problem)
             for item in docker_items:
                 item.add_marker(skip_docker)

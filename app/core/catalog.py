@@ -18,13 +18,13 @@ class BuiltinModel:
     about: str
     # Hidden layer widths (Dense units, Conv filters) in layer order, the class-count output
     # layer left out (its width is the task's): what the benchmark checks for multiples of 8
-    # without building the model.  tests/unit/test_benchmark_diagnose.py compares them with
+    # without building the model.  tests/unit/benchmark/test_benchmark_diagnose.py compares them with
     # the real models.
     hidden_widths: Tuple[int, ...]
     gray_28: bool   # trained on 28x28x1 images (else 32x32x3 colour images)
     # The kinds of layer it computes with (``app.machine.kernels.KINDS``), so a policy this
     # TensorFlow cannot run here for one of them is refused before any data loads.
-    # tests/unit/test_kernels.py compares them with the real models.
+    # tests/unit/machine/test_kernels.py compares them with the real models.
     layer_kinds: Tuple[str, ...]
 
     def input_shape(self, image_size: int = 32) -> tuple:

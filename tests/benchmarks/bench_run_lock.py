@@ -23,8 +23,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: paths.py
+from paths import ROOT, root_on_path  # noqa: E402  the repository root (tests/paths.py)
+root_on_path()  # this checkout's app
 
 from app.run_folder.lock import RunLock  # noqa: E402
 
@@ -53,7 +54,7 @@ def run_start_seconds(workdir: str) -> float:
            "--precision", "float32", "--max-train-samples", "256", "--max-val-samples", "64",
            "--epochs", "1", "--offline", "--no-save-model", "--progress", "lines",
            "--output", os.path.join(workdir, "run")]
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)

@@ -43,8 +43,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: paths.py
+from paths import root_on_path  # noqa: E402  the repository root (tests/paths.py)
+root_on_path()  # this checkout's app
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_app_overhead import SPEC_MODEL  # noqa: E402  the same user-style MLP file

@@ -5,7 +5,7 @@ shows a step of epoch 2 (a ``step N:`` line after the ``epoch 1/E:`` line), it g
 and the seconds until it has exited (checkpoint and metrics.json written, status 143) are the
 figure.  Target: every stop within 10 s, well inside Docker's default 10 s grace plus the
 time a scheduler gives; the exit status is 1 when it is missed (or a run does not stop with
-143), so a run of this script can be used as a check.  tests/unit/test_cli.py checks the
+143), so a run of this script can be used as a check.  tests/unit/commands/test_cli.py checks the
 behaviour (143, checkpoint, resume) without a clock.
 
     python tests/benchmarks/bench_stop_latency.py --repeats 3
@@ -24,7 +24,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: paths.py
+from paths import ROOT  # noqa: E402  the repository root (tests/paths.py)
 TARGET_SECONDS = 10.0
 
 
@@ -33,7 +34,7 @@ def one_stop(out: str, samples: int, batch_size: int) -> dict:
             "--max-train-samples", str(samples), "--max-val-samples", "128",
             "--batch-size", str(batch_size), "--epochs", "3", "--offline", "--no-save-model",
             "--progress", "lines", "--log-every", "50", "--output", out]
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "app", *args], env=env, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:

@@ -45,8 +45,10 @@ from pathlib import Path
 import requests
 import urllib3
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "image"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: paths.py
+from paths import ROOT, root_on_path  # noqa: E402  the repository root (tests/paths.py)
+root_on_path()  # image_helpers imports tests.paths
+sys.path.insert(0, str(ROOT / "tests" / "image"))
 
 from image_helpers import TEST_IMAGE, free_port, health, run  # noqa: E402
 from test_tensorboard import DevTools  # noqa: E402  (the image tests' DevTools client)

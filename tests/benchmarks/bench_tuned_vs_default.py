@@ -29,8 +29,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: paths.py
+from paths import ROOT, root_on_path  # noqa: E402  the repository root (tests/paths.py)
+root_on_path()  # this checkout's app
 
 from app.benchmark.stats import measure_run  # noqa: E402
 from app.core.launch import module_command  # noqa: E402
@@ -41,7 +42,7 @@ WARMUP_EPOCHS = 1
 
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFMP_")}
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
 

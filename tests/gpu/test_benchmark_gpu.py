@@ -14,13 +14,12 @@ counts are multiples of 8, so cuDNN can use Tensor Cores.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.paths import ROOT
 
 
 @pytest.mark.gpu

@@ -2,7 +2,7 @@
 and the table of real GPUs they are checked against (that part runs everywhere).
 
 On the development machines there is no GPU: the GPU decisions are covered there only by the
-table test below and the fake-hardware tests in tests/unit/test_precision.py.
+table test below and the fake-hardware tests in tests/unit/precision/test_precision.py.
 """
 import re
 

@@ -1,7 +1,7 @@
 """Why-no-GPU on a real GPU box (skipped elsewhere; the image's self-test runs it).
 
 NOT run on the development and CI machines (no GPU there): the rules themselves are
-covered by tests/unit/test_gpu_problems.py with fake probes and a stub libcuda.so.1.
+covered by tests/unit/machine/test_gpu_problems.py with fake probes and a stub libcuda.so.1.
 """
 import pytest
 

@@ -16,7 +16,10 @@ Every subprocess runs under a timeout; waiting is done with ``wait_until``.
 """
 from __future__ import annotations
 
+import fcntl
 import os
+import re
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,15 +37,22 @@ def docker_ok():
 
 @pytest.fixture(scope="session")
 def image(docker_ok) -> str:
-    """Build the real Dockerfile FROM the stand-in base, once per session."""
-    if run(["docker", "image", "inspect", STANDIN_BASE], check=False).returncode != 0:
-        run(["bash", str(REPO / "tests/image/make_standin_base.sh")], timeout=1800)
-    env = dict(os.environ, BASE_IMAGE=STANDIN_BASE, IMAGE=TEST_IMAGE,
-               COMPOSE_PROJECT_NAME="tfmp-build")
-    if Path(HOST_CA_BUNDLE).is_file():
-        env["PIP_CA_FILE"] = HOST_CA_BUNDLE
-    run(["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml",
-         "build", "tfmp"], timeout=1800, env=env)
+    """Build the real Dockerfile FROM the stand-in base, once per session.
+
+    Under pytest-xdist a second worker may need it too (the self-test's own group): a lock per
+    image tag makes it wait for the first build, and its own build is then all cache hits."""
+    lock = Path(tempfile.gettempdir()) / ("tfmp-image-build-" + re.sub(r"\W", "_", TEST_IMAGE)
+                                          + ".lock")
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if run(["docker", "image", "inspect", STANDIN_BASE], check=False).returncode != 0:
+            run(["bash", str(REPO / "tests/image/make_standin_base.sh")], timeout=1800)
+        env = dict(os.environ, BASE_IMAGE=STANDIN_BASE, IMAGE=TEST_IMAGE,
+                   COMPOSE_PROJECT_NAME="tfmp-build")
+        if Path(HOST_CA_BUNDLE).is_file():
+            env["PIP_CA_FILE"] = HOST_CA_BUNDLE
+        run(["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml",
+             "build", "tfmp"], timeout=1800, env=env)
     return TEST_IMAGE
 
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT as REPO
 STANDIN_BASE = os.environ.get("STANDIN_IMAGE", "tfmp/standin-base:2.9.3")
 TEST_IMAGE = os.environ.get("TFMP_TEST_IMAGE", "tfmp/train:test")
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"

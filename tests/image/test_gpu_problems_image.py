@@ -2,7 +2,7 @@
 
 Two containers: one started like a CPU job (no device nodes, CUDA_VISIBLE_DEVICES=-1), one
 given GPU device nodes made with mknod on the host (`--device`, major 195 like the NVIDIA
-driver's) and stub libcuda.so.1 builds (tests/unit/stub_libcuda.c) that report an old
+driver's) and stub libcuda.so.1 builds (tests/unit/machine/stub_libcuda.c) that report an old
 driver, an Ampere GPU on a CUDA 11.0 driver, a Pascal GPU, a healthy T4.  The stand-in base's
 TensorFlow is tensorflow-cpu, so tensorflow_without_cuda is in every list.  A real visible GPU
 (empty list) is checked by tests/gpu/test_gpu_problems_gpu.py on a GPU box.
@@ -20,7 +20,7 @@ from image_helpers import REPO, docker_run
 
 pytestmark = pytest.mark.docker
 
-STUB_SOURCE = REPO / "tests/unit/stub_libcuda.c"
+STUB_SOURCE = REPO / "tests/unit/machine/stub_libcuda.c"
 
 # name -> the stub's -D values
 STUBS = {

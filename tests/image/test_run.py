@@ -216,6 +216,9 @@ def test_pip_install_of_numpy_2_is_refused_clearly(image):
 
 # --- self-test, build hygiene -------------------------------------------------------------
 
+# Its own xdist group: it needs the image, not the shared stack, and runs for minutes, so the
+# worker that is not running the other image tests can take it (tests/conftest.py).
+@pytest.mark.xdist_group("image-self-test")
 def test_self_test_runs_the_apps_unit_tests_in_the_image(image):
     # -p no:warnings: TF 2.9's numpy deprecation warnings would push the failures out of view.
     proc = docker_run(image, "--shm-size=256m", command=["self-test", "-p", "no:warnings"],

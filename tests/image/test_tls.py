@@ -2,13 +2,15 @@
 
 One container with JUPYTER_TLS=self-signed and a named volume for its certificate carries most
 checks: that certificate, taken from the container, is the only CA given to requests,
-websocket-client and Chromium; the healthcheck; plain HTTP to the port; a restart.  The same
-volume then serves the renewal checks.  One more container serves a certificate made here with
+websocket-client and Chromium; the healthcheck; plain HTTP to the port.  Its tests only look, so
+they pass in any order: the restart has a container of its own, and the renewal checks start
+on a copy of its volume.  One more container serves a certificate made here with
 openssl, as a small CA would make it.  Bad settings stop the start before any server runs, so
 each costs a few seconds.  The shared `stack` stays plain HTTP."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -99,14 +101,15 @@ class TlsContainer:
         return {"Authorization": f"token {self.token()}"}
 
 
-@pytest.fixture(scope="module")
-def self_signed(image, tmp_path_factory):
-    """A serve container with JUPYTER_TLS=self-signed, its certificate in a named volume.
+@contextlib.contextmanager
+def self_signed_box(image: str, folder: Path):
+    """A serve container with JUPYTER_TLS=self-signed, its certificate in a new named volume;
+    removed with the volume at the end.
 
     BIND_ADDRESS=0.0.0.0 as a user exposing the port would set it: with TLS on, no warning."""
     suffix = uuid.uuid4().hex[:8]
     box = TlsContainer(name=f"tfmp-tls-{suffix}", port=free_port(), volume=f"tfmp-tls-{suffix}",
-                       ca_file=tmp_path_factory.mktemp("tls") / "jupyter.crt", image=image)
+                       ca_file=folder / "jupyter.crt", image=image)
     try:
         start_serve(box.name, box.port, "-v", f"{box.volume}:/etc/tfmp/tls",
                     "-e", "JUPYTER_TLS=self-signed", "-e", f"JUPYTER_TLS_HOSTNAMES={HOSTNAMES}",
@@ -118,6 +121,14 @@ def self_signed(image, tmp_path_factory):
         print(logs_of(box.name)[-3000:])
         remove(box.name)
         run(["docker", "volume", "rm", "-f", box.volume], check=False, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def self_signed(image, tmp_path_factory):
+    """The module's shared self-signed container: its tests only look (none restarts or
+    removes it, so they pass in any order)."""
+    with self_signed_box(image, tmp_path_factory.mktemp("tls")) as box:
+        yield box
 
 
 # --- the self-signed certificate ----------------------------------------------------------
@@ -270,14 +281,16 @@ def test_chromium_shows_jupyterlab_over_https(self_signed, tmp_path):
     assert "jp-Launcher" not in untrusted.stdout
 
 
-def test_fingerprint_is_unchanged_after_a_restart(self_signed):
-    before = fingerprint_of(served_certificate(self_signed.port))
-    run(["docker", "restart", "-t", "10", self_signed.name], timeout=120)
-    wait_healthy(self_signed.name)
-    logs = logs_of(self_signed.name)
-    printed = FINGERPRINT.findall(logs)
-    assert printed == [before, before], printed
-    assert fingerprint_of(served_certificate(self_signed.port)) == before
+def test_fingerprint_is_unchanged_after_a_restart(image, tmp_path):
+    # A container of its own: the restart would change what the shared one's logs show.
+    with self_signed_box(image, tmp_path) as own:
+        before = fingerprint_of(served_certificate(own.port))
+        run(["docker", "restart", "-t", "10", own.name], timeout=120)
+        wait_healthy(own.name)
+        logs = logs_of(own.name)
+        printed = FINGERPRINT.findall(logs)
+        assert printed == [before, before], printed
+        assert fingerprint_of(served_certificate(own.port)) == before
     assert len(lines_with(logs, "TLS: reusing the self-signed certificate")) == 1
     assert len(lines_with(logs, "TLS: made a new self-signed certificate")) == 1
 
@@ -298,11 +311,24 @@ def _start_and_read_tls_line(image: str, volume: str, hostnames: str) -> tuple[s
         remove(name)
 
 
-def test_kept_certificate_is_made_again_when_names_change_or_its_end_nears(self_signed):
+@pytest.fixture
+def kept_volume(self_signed):
+    """A new volume holding a copy of the shared container's kept certificate (that container
+    and its volume stay as they are for the other tests); removed at the end."""
+    volume = f"tfmp-tls-kept-{uuid.uuid4().hex[:8]}"
+    try:
+        run(["docker", "run", "--rm", "-v", f"{self_signed.volume}:/kept:ro", "-v",
+             f"{volume}:/etc/tfmp/tls", "--entrypoint", "bash", self_signed.image, "-c",
+             "cp -a /kept/. /etc/tfmp/tls/"], timeout=60)
+        yield volume
+    finally:
+        run(["docker", "volume", "rm", "-f", volume], check=False, timeout=60)
+
+
+def test_kept_certificate_is_made_again_when_names_change_or_its_end_nears(self_signed,
+                                                                          kept_volume):
     kept = fingerprint_of(self_signed.ca_file.read_text())
-    remove(self_signed.name)   # the last test on it: its volume is reused here
-    line, changed = _start_and_read_tls_line(self_signed.image, self_signed.volume,
-                                             "tfmp-other.test")
+    line, changed = _start_and_read_tls_line(self_signed.image, kept_volume, "tfmp-other.test")
     assert "JUPYTER_TLS_HOSTNAMES changed: the kept one is for " + " ".join(SANS) in line, line
     assert "made a new self-signed certificate for DNS:localhost DNS:tfmp-other.test IP:127.0.0.1" in line
     assert changed != kept
@@ -310,9 +336,9 @@ def test_kept_certificate_is_made_again_when_names_change_or_its_end_nears(self_
     make = ("cd /etc/tfmp/tls && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1"
             " -nodes -days 1 -subj /CN=old -addext subjectAltName=DNS:localhost,IP:127.0.0.1"
             " -keyout jupyter.key -out jupyter.crt 2>/dev/null")
-    run(["docker", "run", "--rm", "-v", f"{self_signed.volume}:/etc/tfmp/tls", "--entrypoint",
+    run(["docker", "run", "--rm", "-v", f"{kept_volume}:/etc/tfmp/tls", "--entrypoint",
          "bash", self_signed.image, "-c", make], timeout=60)
-    line, renewed = _start_and_read_tls_line(self_signed.image, self_signed.volume, "")
+    line, renewed = _start_and_read_tls_line(self_signed.image, kept_volume, "")
     assert "made a new self-signed certificate" in line and "(the kept one expires on " in line, line
 
 

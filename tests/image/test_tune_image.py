@@ -20,9 +20,11 @@ import pytest
 
 from image_helpers import HOST_GID, HOST_UID, docker_run
 
+from tests.paths import USER_MODELS
+
 pytestmark = pytest.mark.docker
 
-HEAVY = Path(__file__).parents[1] / "unit" / "user_models" / "activation_heavy.py"
+HEAVY = USER_MODELS / "activation_heavy.py"
 LIMIT_MIB = 1536
 
 

@@ -1,13 +1,12 @@
-"""Shared fixtures for the unit tests (host TF/Keras 3 and TF 2.9.3/Keras 2 alike)."""
+"""Shared fixtures for the unit tests (host TF/Keras 3 and TF 2.9.3/Keras 2 alike).
+
+Helpers that tests import (``run_app``, ``error_lines``) live in tests/unit/helpers.py and
+tests/unit/training_process.py; the repository root in tests/paths.py."""
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(autouse=True)
@@ -20,23 +19,6 @@ def restore_global_policy():
     tf = sys.modules.get("tensorflow")
     if tf is not None:
         tf.keras.mixed_precision.set_global_policy(before or "float32")
-
-
-def run_app(*args, env=None, timeout=180, cwd=None):
-    """Run ``python -m app ...`` in a subprocess, as a user would."""
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    for k in list(full_env):
-        if k.startswith("TFMP_"):
-            del full_env[k]
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd or ROOT)
-
-
-def error_lines(stderr: str):
-    return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
 @pytest.fixture

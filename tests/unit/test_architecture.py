@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.host_only(reason="reads the source tree and pyproject.toml with "
                                           "import-linter, which the image does not ship")

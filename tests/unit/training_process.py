@@ -13,12 +13,12 @@ import sys
 import threading
 import time
 
-from conftest import ROOT
+from tests.paths import ROOT
 
 
 class TrainingProcess:
     def __init__(self, args, env: dict | None = None):
-        full_env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+        full_env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
         full_env.update(env or {})
         self.proc = subprocess.Popen([sys.executable, "-m", "app", *args], env=full_env,
                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -1,6 +1,6 @@
 """A model whose memory is almost all activations: one wide convolution at full resolution
 (tens of MB a sample) and little compute, so a tune under
-a small budget finds its boundary in a few cheap trials (tests/unit/test_tune_real.py)."""
+a small budget finds its boundary in a few cheap trials (tests/unit/tuner/test_tune_real.py)."""
 import tensorflow as tf
 
 layers = tf.keras.layers

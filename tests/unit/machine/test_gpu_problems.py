@@ -1,5 +1,5 @@
 """Why no GPU: every rule of app/machine/gpu_problems.py with fake probes, and the ctypes edge
-against a stub libcuda.so.1 built here from tests/unit/stub_libcuda.c (needs gcc).
+against a stub libcuda.so.1 built here from tests/unit/machine/stub_libcuda.c (needs gcc).
 
 The causes made real inside containers are in tests/image/test_gpu_problems_image.py;
 a visible, usable GPU (empty list) and a pre-Volta GPU in tests/gpu.
@@ -20,8 +20,9 @@ from app.machine import gpu_probe as probe_mod
 from app.machine import gpu_problems as gp
 from app.machine.hardware import make_gpu
 
+from tests.paths import ROOT
+
 STUB_SOURCE = Path(__file__).with_name("stub_libcuda.c")
-ROOT = Path(__file__).resolve().parents[2]
 
 T4 = make_gpu("Tesla T4", (7, 5))
 A100 = make_gpu("NVIDIA A100-SXM4-40GB", (8, 0))

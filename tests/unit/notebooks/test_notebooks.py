@@ -24,7 +24,8 @@ import pytest
 
 from app import notebooks
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 NAMES = ["01_policy_and_fit.ipynb", "02_custom_loop_loss_scaling.ipynb", "03_benchmark.ipynb",
          "04_your_own_model.ipynb", "05_tune_batch_size.ipynb"]
 SUMMARY_MARK = "__NOTEBOOK_SUMMARY__"

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from conftest import error_lines
+from tests.unit.helpers import error_lines
 
 ARGS = ["train", "--dataset", "synthetic", "--max-train-samples", "256", "--max-val-samples",
         "64", "--batch-size", "32", "--precision", "float32", "--progress", "lines",

@@ -2,7 +2,7 @@
 
 The fake launcher stands in for ``python -m app train`` (it writes the same metrics.json
 fields), so these tests check the files, fields and order without TensorFlow.  The real
-trainer is exercised by tests/unit/test_benchmark_cli.py.
+trainer is exercised by tests/unit/benchmark/test_benchmark_cli.py.
 """
 from __future__ import annotations
 

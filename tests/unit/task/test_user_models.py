@@ -8,10 +8,11 @@ import sys
 
 import pytest
 
-from conftest import error_lines, run_app
+from tests.paths import UNIT, USER_MODELS
+from tests.unit.helpers import error_lines, run_app
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-USER = os.path.join(HERE, "user_models")
+HERE = str(UNIT)  # user_models/ is imported from here
+USER = str(USER_MODELS)
 AWARE = os.path.join(USER, "policy_aware.py") + ":build"
 ARRAYS = os.path.join(USER, "datasets.py") + ":arrays"
 UNKNOWN = os.path.join(USER, "datasets.py") + ":unknown_size"
@@ -161,7 +162,7 @@ def test_sigterm_then_resume_with_a_user_model(tmp_path):
     args = ["train", "--model", AWARE, "--dataset", "synthetic", "--input-shape", "8,8,1",
             "--max-train-samples", "20000", "--max-val-samples", "128", "--epochs", "4",
             "--precision", "float32", *QUICK, "--log-every", "50", "--output", str(out)]
-    from training_process import TrainingProcess
+    from tests.unit.training_process import TrainingProcess
 
     with TrainingProcess(args) as run:
         run.wait_inside_epoch(2)        # the premise: epoch 1 is done, epoch 2 has begun

@@ -11,10 +11,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from app import cli
+
+from tests.paths import ROOT
 
 # The image's self-test leaves these to tests/image/test_your_model.py, which benchmarks a
 # user's model and data inside the image on TF 2.9; what is left here (diagnoses, the
@@ -22,7 +25,6 @@ from app import cli
 BENCHMARKED_IN_THE_IMAGE = ("a user's model and data are benchmarked on TF 2.9 by "
                             "tests/image/test_your_model.py")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PER_POLICY = ("seconds_per_epoch", "samples_per_second", "speedup_vs_float32", "peak_memory",
               "val_accuracy", "accuracy_gap_points", "loss_scale", "skipped_steps")
 
@@ -80,8 +82,11 @@ def test_non_empty_output_refused(tmp_path, capsys):
     assert os.listdir(tmp_path) == ["old.txt"]
 
 
-@pytest.mark.slow
-def test_real_benchmark_on_cpu(tmp_path):
+@pytest.fixture(scope="module")
+def real_benchmark(tmp_path_factory):
+    """One real ``benchmark`` run on the CPU (2 repeats, 2 epochs, 1 warm-up), shared by the
+    tests of TestRealBenchmarkOnCpu: what it wrote, printed and measured."""
+    tmp_path = tmp_path_factory.mktemp("real-benchmark")
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "app", "benchmark", "--model", "mlp", "--dataset", "synthetic",
            "--max-train-samples", "256", "--max-val-samples", "64", "--batch-size", "64",
@@ -89,39 +94,62 @@ def test_real_benchmark_on_cpu(tmp_path):
            "--workspace", str(tmp_path / "ws")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("benchmark.json", "benchmark.md", "benchmark.png", "env.json", "env.txt"):
-        assert (out / name).stat().st_size > 0, name
-    assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     doc = json.loads((out / "benchmark.json").read_text())
     env = json.loads((out / "env.json").read_text())
-    assert "tensorflow" in env and doc["environment"]["tensorflow"] == env["tensorflow"]
-
     cpu_bf16 = env["hardware"]["cpu_avx512_bf16"] or env["hardware"]["cpu_amx"]
-    expected_policies = ["float32", "mixed_bfloat16"] if cpu_bf16 else ["float32"]
-    assert doc["policies_run"] == expected_policies
-    skipped = {s["policy"]: s["reason"] for s in doc["skipped"]}
-    assert "no GPU" in skipped["mixed_float16"]
-    for p in expected_policies:
-        r = doc["results"][p]
-        assert r["runs_ok"] == 2
-        for field in PER_POLICY:
-            assert field in r, (p, field)
-        assert r["samples_per_second"]["median"] > 0
-        assert r["peak_memory"]["kind"] == "cpu_rss" and r["peak_memory"]["median"] > 0
-        assert r["val_accuracy"]["median"] is not None
-    assert doc["settings"]["jit"] is False and doc["settings"]["steps_per_execution"] == 1
-    assert doc["warmup"]["epochs_excluded"] == 1
+    return SimpleNamespace(out=out, proc=proc, doc=doc, env=env,
+                           expected_policies=["float32", "mixed_bfloat16"] if cpu_bf16
+                           else ["float32"])
 
-    runs = sorted(doc["runs"], key=lambda r: r["order"])
-    assert [r["policy"] for r in runs] == expected_policies * 2
-    assert [r["repeat"] for r in runs] == sorted(r["repeat"] for r in runs)
-    assert all(r["policy_used"] == r["policy"] for r in runs)
-    assert len({r["output_dir"] for r in runs}) == len(runs)  # one fresh process/folder each
-    assert all(r["measured"]["epochs_timed"] == 1 for r in runs)
 
-    table = (out / "benchmark.md").read_text()
-    assert table.strip() in proc.stdout
-    assert "| float32 |" in table and "Peak RSS of the CPU process (MiB)" in table
+# One group: under pytest-xdist every test here runs on the worker that ran the fixture (one run).
+@pytest.mark.slow
+@pytest.mark.xdist_group("real_benchmark")
+class TestRealBenchmarkOnCpu:
+    def test_exits_0_and_writes_every_file(self, real_benchmark):
+        out = real_benchmark.out
+        assert real_benchmark.proc.returncode == 0, real_benchmark.proc.stderr[-3000:]
+        for name in ("benchmark.json", "benchmark.md", "benchmark.png", "env.json", "env.txt"):
+            assert (out / name).stat().st_size > 0, name
+        assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def test_the_environment_is_env_json(self, real_benchmark):
+        doc, env = real_benchmark.doc, real_benchmark.env
+        assert "tensorflow" in env and doc["environment"]["tensorflow"] == env["tensorflow"]
+
+    def test_policies_run_and_mixed_float16_skipped_for_no_gpu(self, real_benchmark):
+        doc = real_benchmark.doc
+        assert doc["policies_run"] == real_benchmark.expected_policies
+        skipped = {s["policy"]: s["reason"] for s in doc["skipped"]}
+        assert "no GPU" in skipped["mixed_float16"]
+
+    def test_each_policy_has_its_results(self, real_benchmark):
+        for p in real_benchmark.expected_policies:
+            r = real_benchmark.doc["results"][p]
+            assert r["runs_ok"] == 2
+            for field in PER_POLICY:
+                assert field in r, (p, field)
+            assert r["samples_per_second"]["median"] > 0
+            assert r["peak_memory"]["kind"] == "cpu_rss" and r["peak_memory"]["median"] > 0
+            assert r["val_accuracy"]["median"] is not None
+
+    def test_settings_and_warmup(self, real_benchmark):
+        doc = real_benchmark.doc
+        assert doc["settings"]["jit"] is False and doc["settings"]["steps_per_execution"] == 1
+        assert doc["warmup"]["epochs_excluded"] == 1
+
+    def test_runs_in_order_each_in_its_own_process_and_folder(self, real_benchmark):
+        runs = sorted(real_benchmark.doc["runs"], key=lambda r: r["order"])
+        assert [r["policy"] for r in runs] == real_benchmark.expected_policies * 2
+        assert [r["repeat"] for r in runs] == sorted(r["repeat"] for r in runs)
+        assert all(r["policy_used"] == r["policy"] for r in runs)
+        assert len({r["output_dir"] for r in runs}) == len(runs)  # one fresh process/folder each
+        assert all(r["measured"]["epochs_timed"] == 1 for r in runs)
+
+    def test_the_table_is_printed_and_written(self, real_benchmark):
+        table = (real_benchmark.out / "benchmark.md").read_text()
+        assert table.strip() in real_benchmark.proc.stdout
+        assert "| float32 |" in table and "Peak RSS of the CPU process (MiB)" in table
 
 
 @pytest.mark.slow
@@ -217,7 +245,7 @@ runner.run_schedule([{{"order": 0, "repeat": 1, "policy": "float32"}}], {{"model
     import signal
     import time
 
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env)
     try:
         for _ in range(200):
@@ -294,7 +322,7 @@ def load():
 def _user_benchmark(tmp_path, model, dataset, *extra):
     """Run from the user's folder, with relative specs, as a user would."""
     out = tmp_path / "bench"
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "app", "benchmark", "--model", model, "--dataset", dataset,
            "--batch-size", "16", "--epochs", "2", "--repeats", "1", "--output", "bench",
            "--workspace", "ws", *extra]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from tests.paths import ROOT
 
 HOSTILE = "import sys\nprint('HIJACKED')\nsys.exit(42)\n"
 USER_MODEL = """\
@@ -39,7 +39,7 @@ def _hostile_folder(tmp_path, kind: str):
 
 def _env():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFMP_")}
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env
 

@@ -203,8 +203,9 @@ def test_a_users_model_is_refused_after_its_build_not_blamed(no_bf16_convs, tiny
 
     from app.task.task import Task
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    task = Task.from_specs(os.path.join(here, "user_models", "normalized.py") + ":build",
+    from tests.paths import USER_MODELS
+
+    task = Task.from_specs(os.path.join(USER_MODELS, "normalized.py") + ":build",
                            "synthetic", input_shape=(8, 8, 1))
     import tensorflow as tf
 
@@ -235,7 +236,7 @@ def test_benchmark_leaves_a_refused_policy_out_and_goes_on(tmp_path):
     import os
 
     from app.benchmark import suite
-    from test_benchmark_report import FAKE_ENV, SETTINGS, FakeTrain
+    from tests.unit.benchmark.test_benchmark_report import FAKE_ENV, SETTINGS, FakeTrain
 
     line = ("error: mixed_bfloat16 cannot run layer 'conv2d' (Conv2D) of model 'n.py:build' "
             "here: TensorFlow 2.9 ...; allowed: --precision float32")

@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ COMMON = ["--model", "mlp", "--dataset", "synthetic", "--offline", "--progress",
 
 def _env(extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFMP_") and k != "TF_CONFIG"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env.update(extra or {})
     return env

@@ -14,7 +14,7 @@ import pytest
 from app.core.errors import UsageError
 from app.run_folder.lock import LOCK_NAME, OutputInUse, RunLock
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.paths import ROOT
 
 # A child that takes the lock, says so, and sleeps until killed.
 HOLDER = textwrap.dedent("""
@@ -29,7 +29,7 @@ HOLDER = textwrap.dedent("""
 @pytest.fixture
 def holder(tmp_path):
     out = tmp_path / "twin"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,
                             text=True, env=env)
     try:
@@ -120,8 +120,8 @@ def _snapshot(folder):
 @pytest.mark.host_only(reason="the same two runs are driven in real containers on TF 2.9 by "
                                "tests/image/test_interrupt_image.py and test_stack.py")
 def test_second_train_into_a_live_runs_folder_exits_2_and_touches_nothing(tmp_path):
-    from conftest import run_app
-    from training_process import TrainingProcess
+    from tests.unit.helpers import run_app
+    from tests.unit.training_process import TrainingProcess
 
     out = tmp_path / "twin"
     with TrainingProcess([*TRAIN, "--output", str(out)]) as first:
@@ -151,8 +151,8 @@ def test_second_train_into_a_live_runs_folder_exits_2_and_touches_nothing(tmp_pa
 @pytest.mark.host_only(reason="the same two runs are driven in real containers on TF 2.9 by "
                                "tests/image/test_interrupt_image.py and test_stack.py")
 def test_a_run_killed_with_sigkill_leaves_the_folder_free_for_resume(tmp_path):
-    from conftest import run_app
-    from training_process import TrainingProcess
+    from tests.unit.helpers import run_app
+    from tests.unit.training_process import TrainingProcess
 
     out = tmp_path / "killed"
     with TrainingProcess([*TRAIN, "--output", str(out)]) as run:

@@ -1,15 +1,10 @@
 """The command line as a user meets it: subprocesses, exit statuses, one-line errors."""
 import json
 import os
-import signal
 
 import pytest
 
-from conftest import error_lines, run_app
-
-# The image's self-test leaves this to a real container: tests/image/test_interrupt_image.py
-# stops a training container (SIGTERM, SIGINT) on TF 2.9 and resumes it in a new one.
-IN_CONTAINERS = "signals to a training container are tested on TF 2.9 by test_interrupt_image.py"
+from tests.unit.helpers import error_lines, run_app
 
 QUICK = ["--dataset", "synthetic", "--max-train-samples", "128", "--max-val-samples", "32",
          "--batch-size", "32", "--precision", "float32", "--progress", "lines", "--offline",
@@ -131,31 +126,3 @@ def test_env_text_format_from_a_fake_report():
                      "cpu_avx512_bf16": False, "cpu_amx": False}})
     assert "GPU 0:         Tesla T4, compute capability 7.5, memory 15.0 GiB, Tensor Cores yes" in text
     assert "CUDA 64_112, cuDNN 64_8" in text
-
-
-@pytest.mark.slow
-@pytest.mark.host_only(reason=IN_CONTAINERS)
-def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
-    from training_process import TrainingProcess
-
-    out = tmp_path / "run"
-    args = ["train", "--dataset", "synthetic", "--max-train-samples", "20000",
-            "--max-val-samples", "256", "--batch-size", "32", "--precision", "float32",
-            "--epochs", "5", "--offline", "--no-save-model", "--progress", "lines",
-            "--log-every", "50", "--output", str(out)]
-    with TrainingProcess(args) as run:
-        run.wait_inside_epoch(2)        # the premise: epoch 1 is done, epoch 2 has begun
-        run.send(signal.SIGTERM)
-        code, _, err = run.finish()     # its timeout guards a hang; how fast: a benchmark
-    assert code == 143, err
-    assert "--resume" in err
-    interrupted = json.loads((out / "metrics.json").read_text())
-    assert interrupted["status"] == "interrupted"
-    assert [e["epoch"] for e in interrupted["epochs"]] == [1]   # stopped inside epoch 2
-    assert list((out / "checkpoints").iterdir()), "no checkpoint saved"
-
-    resumed = run_app(*args, "--resume", timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
-    final = json.loads((out / "metrics.json").read_text())
-    assert final["status"] == "completed"
-    assert [e["epoch"] for e in final["epochs"]] == [1, 2, 3, 4, 5]

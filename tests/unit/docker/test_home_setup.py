@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 CANDIDATES = [ROOT / "docker/bin/tfmp-home", Path("/usr/local/bin/tfmp-home")]
 SCRIPT = next((p for p in CANDIDATES if p.is_file()), None)
 pytestmark = pytest.mark.skipif(SCRIPT is None, reason="tfmp-home is not here")

@@ -10,7 +10,7 @@ import pytest
 from app.training.config import resolve_config
 from app.core.errors import UsageError
 from app.tuner import report
-from conftest import error_lines, run_app
+from tests.unit.helpers import error_lines, run_app
 
 GIB = 2**30
 
@@ -126,12 +126,12 @@ def test_the_multiworker_compose_file_leaves_a_tune_in_charge(tmp_path):
     # docker-compose.multiworker.yml passes its variables to both workers; with only
     # TFMP_TUNED given, precision and batch size must come from the tune (issue 24, item 11),
     # not from values the file sets itself.
-    import os
     import re
 
     yaml = pytest.importorskip("yaml")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(os.path.join(root, "docker-compose.multiworker.yml"), encoding="utf-8") as fh:
+    from tests.paths import ROOT
+
+    with open(ROOT / "docker-compose.multiworker.yml", encoding="utf-8") as fh:
         compose = yaml.safe_load(fh)
     user = {"TFMP_TUNED": _tune_json(tmp_path), "TFMP_SCALE_LR": "linear"}
 

@@ -8,7 +8,7 @@ from app.training.distribute import (Cluster, Distribution, StrategyChoice, choo
                                      parse_logical_cpus, parse_tf_config, worker_temp_dir)
 from app.core.errors import UsageError
 
-from conftest import error_lines, run_app
+from tests.unit.helpers import error_lines, run_app
 
 
 def tf_config(workers=2, chief=False, task=("worker", 0)):
@@ -142,7 +142,7 @@ def test_kubernetes_example_is_an_indexed_job_with_a_headless_service():
     (there is no cluster here to apply it to)."""
     import os
 
-    from conftest import ROOT
+    from tests.paths import ROOT
 
     manifest = os.path.join(ROOT, "docs", "k8s", "multiworker-job.yaml")
     import yaml  # the test extra installs PyYAML

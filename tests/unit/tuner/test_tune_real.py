@@ -15,7 +15,7 @@ import pytest
 
 from app.tuner import report
 from app.training import tuned
-from conftest import run_app
+from tests.unit.helpers import run_app
 
 pytestmark = pytest.mark.slow
 MODEL = "tests.unit.user_models.activation_heavy:build"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 CANDIDATES = [ROOT / "docker/bin/tfmp-tensorboard", Path("/usr/local/bin/tfmp-tensorboard")]
 SCRIPT = next((p for p in CANDIDATES if p.is_file()), None)
 pytestmark = pytest.mark.skipif(SCRIPT is None, reason="tfmp-tensorboard is not here")

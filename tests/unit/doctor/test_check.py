@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
-from conftest import error_lines, run_app
+from tests.paths import UNIT, USER_MODELS
+from tests.unit.helpers import error_lines, run_app
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = os.path.join(HERE, "user_models")
+HERE = str(UNIT)  # user_models/ is imported from here
+MODELS = str(USER_MODELS)
 SMALL = dict(input_shape=(8, 8, 1), batch_size=8, steps=2, verbose=False)
 SMALL_FLAGS = ("--input-shape", "8,8,1", "--batch-size", "8", "--steps", "2")
 

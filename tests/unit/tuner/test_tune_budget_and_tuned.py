@@ -13,7 +13,7 @@ from app.core.errors import UsageError
 from app.tuner import budget, report, search
 from app.training import tuned
 from app.tuner.tuning import check_margin, check_max_batch, parse_precisions
-from conftest import error_lines, run_app
+from tests.unit.helpers import error_lines, run_app
 
 GIB, MIB = 2**30, 2**20
 

@@ -1,0 +1,1 @@
+"""Unit tests of the command line (app/cli.py, app/commands/)."""

@@ -1,0 +1,25 @@
+"""What the unit tests import: ``python -m app`` as a user runs it, and its error lines."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.paths import ROOT
+
+
+def run_app(*args, env=None, timeout=180, cwd=None):
+    """Run ``python -m app ...`` in a subprocess, as a user would."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for k in list(full_env):
+        if k.startswith("TFMP_"):
+            del full_env[k]
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd or ROOT)
+
+
+def error_lines(stderr: str):
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
