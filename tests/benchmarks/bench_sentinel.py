@@ -29,8 +29,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: paths.py
+from paths import root_on_path  # noqa: E402  the repository root (tests/paths.py)
+ROOT = str(root_on_path())  # this checkout's app
 
 TARGET = 0.03
 DIAGNOSIS_TARGET_SECONDS = 30.0

@@ -17,24 +17,12 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _up(*parts) -> str:
-    """The nearest folder above this file that holds ``parts`` (the tests may be
-    reorganised into subfolders: this file finds what it needs wherever it sits)."""
-    d = HERE
-    while not os.path.exists(os.path.join(d, *parts)):
-        parent = os.path.dirname(d)
-        assert parent != d, f"no {os.path.join(*parts)} above {HERE}"
-        d = parent
-    return os.path.join(d, *parts)
-
+from tests.paths import USER_MODELS as _USER_MODELS
 
 # The checkout whose app this interpreter imports (PYTHONPATH on the host, the installed
 # package in the image): the command-line runs use the same.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(importlib.import_module("app").__file__)))
-USER_MODELS = _up("user_models")
+APP_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(importlib.import_module("app").__file__)))
+USER_MODELS = str(_USER_MODELS)
 MOBILENET = os.path.join(USER_MODELS, "keras_applications.py") + ":mobilenet_v2"
 SOFTMAX16 = os.path.join(USER_MODELS, "float16_softmax.py") + ":build"
 MOBILENET_FLAGS = ("--model", MOBILENET, "--dataset", "synthetic", "--input-shape", "32,32,3",
@@ -47,11 +35,11 @@ def run_app(*args, env=None, timeout=300):
     """``python -m app ...`` as a user runs it: this checkout's app, no TFMP_ variables but
     those given."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("TFMP_")}
-    full["PYTHONPATH"] = ROOT + os.pathsep + full.get("PYTHONPATH", "")
+    full["PYTHONPATH"] = APP_PARENT + os.pathsep + full.get("PYTHONPATH", "")
     full.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full, cwd=ROOT)
+                          timeout=timeout, env=full, cwd=APP_PARENT)
 
 
 def errors(stderr: str) -> list:

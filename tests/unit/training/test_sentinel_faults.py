@@ -296,14 +296,14 @@ def test_under_mirrored_strategy_the_report_names_the_replica(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from tests.paths import ROOT
 
     # Keras 3 runs its custom loop over replicas, Keras 2 its fit (as test_distribute_runs).
     loop = "custom" if int(tf.keras.__version__.split(".")[0]) >= 3 else "fit"
     (tmp_path / "faulty.py").write_text(MIRRORED_FAULT)
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFMP_")}
-    env.update(PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""), TFMP_LOGICAL_CPUS="2",
+    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), TFMP_LOGICAL_CPUS="2",
                TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
         [sys.executable, "-m", "app", "train", "--model", f"{tmp_path / 'faulty.py'}:build",
