@@ -75,9 +75,8 @@ class Task:
 
     @classmethod
     def from_config(cls, cfg) -> "Task":
-        return cls.from_specs(cfg.model, cfg.dataset, cfg.loss, cfg.metrics,
-                              parse_input_shape(cfg.input_shape), cfg.num_classes, cfg.image_size,
-                              cfg.float32_layers)
+        return cls.from_specs(cfg.model, cfg.dataset, cfg.loss, cfg.metrics, parse_input_shape(
+            cfg.input_shape), cfg.num_classes, cfg.image_size, cfg.float32_layers)
 
     def with_float32_layers(self, names) -> "Task":
         """This task with other float32 layers (a resumed run keeps the run's own)."""
@@ -85,16 +84,14 @@ class Task:
         other.float32_layers = f32.parse(names)
         return other
 
-    # --- description (metrics.json, --resume) ------------------------------------------------
     def describe(self) -> dict:
+        """The task in metrics.json (what --resume compares)."""
         return {"model": self.model.spec, "model_source": self.model.source,
                 "dataset": self.dataset.spec, "dataset_source": self.dataset.source,
                 "loss": losses.spec_text(self.loss_spec), "metrics": self.metrics_spec,
                 "float32_layers": list(self.float32_layers)}
 
-    @property
-    def is_builtin(self) -> bool:
-        return self.model.builtin and self.dataset.builtin
+    is_builtin = property(lambda self: self.model.builtin and self.dataset.builtin)
 
     # --- data --------------------------------------------------------------------------------
     def load_data(self, global_batch: int, data_dir: Optional[str] = None, *,
@@ -125,14 +122,7 @@ class Task:
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
         model = _call_model(self.model, bundle)
-        # Before the first call, so every step traces them in float32 (and the kernels
-        # check below sees the dtypes the model will run in).
-        float32_paths = f32.apply(model, self.float32_layers, self.model.spec)
-        # Before the first forward pass: a layer whose dtype this TensorFlow has no kernels
-        # for here (bfloat16 convolutions on TF 2.9 without AVX-512) is one line, not
-        # "your code raised".
-        from app.task import model_layers
-        model_layers.check_model(model, self.model.spec)
+        float32_paths = _before_first_call(model, self.float32_layers, self.model.spec)
         # One forward pass on a few samples: it builds a subclassed model, and its output
         # gives the unit count, the dtype and whether the outputs are probabilities.
         prediction = (_forward(model, sample_batch[0], self.model.spec)
@@ -148,15 +138,27 @@ class Task:
                         else compiled_metrics if compiled_metrics is not None
                         else list(losses.DEFAULT_METRICS))
         notes += _compiled_note(optimizer, compiled_loss, compiled_metrics)
-        if float32_paths:
-            notes.append(f"{f32.FLAG}: {', '.join(float32_paths)} compute in float32, the rest "
-                         "of the model under the policy")
+        notes += [f"{f32.FLAG}: {', '.join(float32_paths)} compute in float32, the rest of "
+                  "the model under the policy"] if float32_paths else []
 
         def make_metrics():
             return [losses.make_metric(m, bundle, units) for m in metric_specs]
         make_metrics()  # resolve now: a bad name is a usage error before anything is written
         return BuiltModel(model, optimizer, loss_fn, make_metrics, notes,
                           _output_warnings(model, prediction), float32_paths)
+
+
+def _before_first_call(model, float32_layers, spec: str) -> list:
+    """The float32 layers set (so every step traces them in float32, and the kernels check
+    sees the dtypes the model will run in), then the kernels check: a layer whose dtype this
+    TensorFlow has no kernels for here (bfloat16 convolutions on TF 2.9 without AVX-512) is
+    one line, not "your code raised".  Returns the float32 layers' full paths."""
+    from app.task import model_layers
+
+    paths = f32.apply(model, float32_layers, spec)
+    model_layers.check_model(model, spec)
+    return paths
+
 
 def _check_pairing(model: ModelEntry, dataset: DatasetEntry) -> None:
     """The built-in pairs that cannot work (a 28x28x1 model on colour images)."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from app.training.sentinel_watch import SentinelWatch
 from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
                                    plain_lines)
 from app.run_folder.lock import RunLock
+from app.training.resuming import check_same_task, read_previous_metrics, resumed_float32_layers
 from app.task.task import BuiltModel, Task
 
 DIAGNOSIS = (
@@ -159,68 +159,6 @@ def _runnable(decision: prec.PrecisionDecision, model: str, hw) -> prec.Precisio
         return prec.PrecisionDecision(registry.BASELINE_POLICY,
                                       f"{decision.reason}, but {exc.what}", requested="auto")
     return decision
-
-
-def read_previous_metrics(output: str) -> Optional[dict]:
-    """The metrics.json of the run being resumed; None when it wrote none."""
-    path = os.path.join(output, "metrics.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path!r} cannot be read ({type(exc).__name__}); the run cannot be "
-                         "resumed safely", "restore it from a copy, or start a new --output")\
-            from None
-
-
-def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
-    """--resume continues the same job: a run whose model, dataset, loss or metrics spec
-    changed would restore weights into something else (or fail deep in TensorFlow)."""
-    if previous is None:
-        return
-    before = previous.get("task") if isinstance(previous, dict) else None
-    if not isinstance(before, dict):
-        before = {"model": previous.get("config", {}).get("model"),
-                  "dataset": previous.get("config", {}).get("dataset")} \
-            if isinstance(previous, dict) else {}
-    now = task.describe()
-    changed = [k for k in ("model", "dataset", "loss", "metrics") if k in before
-               and before.get(k) != now.get(k)]
-    if changed:
-        what = ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in changed)
-        raise UsageError(f"--resume: the run in {output!r} was trained with a different spec ({what})",
-                         "the same --model, --dataset, --loss and --metrics as the run being "
-                         "resumed, or a new --output")
-
-
-def resumed_float32_layers(cfg: TrainConfig, task: Task, previous: Optional[dict]):
-    """--resume keeps the float32 layers the run was trained with when none are given; given
-    ones (a fix after a fault) replace them, and a line says so.  The weights fit either
-    way: a layer's variables are float32 under every policy."""
-    before = previous.get("task") if isinstance(previous, dict) else None
-    recorded = before.get("float32_layers") if isinstance(before, dict) else None
-    if recorded is None:
-        recorded = ((previous or {}).get("config") or {}).get("float32_layers") \
-            if isinstance(previous, dict) else None
-    from app.task import float32_layers as f32
-
-    try:
-        was = f32.parse(recorded)
-    except UsageError:
-        was = ()   # not written by this program: nothing to keep
-    if cfg.float32_layers is None:
-        if was:
-            print(f"note: --resume keeps the run's float32 layers ({f32.flag(was)})",
-                  file=sys.stderr, flush=True)
-        return (dataclasses.replace(cfg, float32_layers=f32.text(was)),
-                task.with_float32_layers(was))
-    if tuple(task.float32_layers) != was:
-        print(f"note: the run was trained with float32 layers "
-              f"{f32.text(was) or '(none)'}; it continues with "
-              f"{f32.text(task.float32_layers) or '(none)'}", file=sys.stderr, flush=True)
-    return cfg, task
 
 
 # ---- 2. build: model, optimizer, step statistics, checkpointer -------------------------------

@@ -22,7 +22,7 @@ import tensorflow as tf
 from app.precision import loss_scale
 from app.training import step_stats
 from app.precision import policy as prec
-from app.core.errors import NumericsFault, TrainingDiverged, TrainingInterrupted
+from app.core.errors import TrainingDiverged, TrainingInterrupted
 from app.training.interrupts import StopFlag
 from app.core.files import finite_or_none
 
@@ -75,18 +75,11 @@ class StepMonitor:
         st = self.stats
         if log:
             self.drain()
-        self._sentinel(epoch)
-        if self.watch is not None:
-            # The sentinel owns the rules (every non-finite step is latched at the step);
-            # an update that overflowed the weights is its fault too.
-            self.skipped_epoch += int(st.nonfinite_total.numpy()) - self.skipped_seen
-            self.skipped_seen = int(st.nonfinite_total.numpy())
-            st.max_consecutive.assign(st.consecutive)
-            if model is not None and not _weights_finite(model):
-                raise NumericsFault(self.watch.weights_fault(int(st.steps.numpy())))
-            return
-        if not self.loss_scaled and ((epoch_loss is not None and finite_or_none(epoch_loss) is None)
-                                     or (model is not None and not _weights_finite(model))):
+        if self.watch is not None:   # the sentinel owns the rules: every fault is latched
+            self.watch.raise_fault(self.opt, model)
+        elif not self.loss_scaled and ((epoch_loss is not None
+                                        and finite_or_none(epoch_loss) is None)
+                                       or (model is not None and not _weights_finite(model))):
             st.nonfinite_total.assign_add(1)
         total = int(st.nonfinite_total.numpy())
         self.skipped_epoch += total - self.skipped_seen
@@ -96,17 +89,9 @@ class StepMonitor:
         if problem:
             raise TrainingDiverged(problem)
 
-    def _sentinel(self, epoch: int) -> None:
-        """The sentinel's fault, raised as NumericsFault (its latch, its rules, the weights
-        at a headroom probe)."""
-        if self.watch is None:
-            return
-        fault = (self.watch.fault(lambda: float(loss_scale.current_loss_scale(self.opt)))
-                 or self.watch.probe_if_due(int(self.stats.steps.numpy())))
-        if fault is not None:
-            raise NumericsFault(fault)
-
     def _divergence(self, epoch: int, total: int, worst_run: int) -> str | None:
+        if self.watch is not None:
+            return None
         return divergence(f"step {int(self.stats.steps.numpy())} (epoch {epoch + 1})", total,
                           worst_run, self.loss_scaled, self.max_skipped_steps,
                           lambda: float(loss_scale.current_loss_scale(self.opt)))
@@ -121,39 +106,46 @@ class StepMonitor:
                 self.emit(step_record(row, self.epoch))
 
     # --loop fit: a thread instead of a per-batch hook
-    @contextlib.contextmanager
     def polling(self, model):
-        done = threading.Event()
-
-        def poll():
-            while not done.wait(self.poll_seconds):
-                try:
-                    self.drain()
-                    self._sentinel(self.epoch)
-                    st = self.stats
-                    problem = None if self.watch is not None else self._divergence(
-                        self.epoch, int(st.nonfinite_total.numpy()),
-                        int(st.max_consecutive.numpy()))
-                except BaseException as exc:  # e.g. the user's on_step raised
-                    problem = exc
-                if problem:
-                    self.pending = (problem if isinstance(problem, BaseException)
-                                    else TrainingDiverged(problem))
-                    model.stop_training = True
-                    return
-        thread = threading.Thread(target=poll, name="tfmp-step-log", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            done.set()
-            thread.join()
+        """While Keras trains: drain and check every ``poll_seconds`` in a thread."""
+        return _polling(self, model)
 
     def raise_pending(self):
         """In the main thread, at a hook: a stop the signal handler or the thread asked for."""
         if self.pending is not None:
             raise self.pending
         self.stop.check()
+
+
+@contextlib.contextmanager
+def _polling(monitor: StepMonitor, model):
+    """``StepMonitor.polling``: on a divergence (or the user's on_step raising) the thread sets
+    ``model.stop_training``; the error is raised at the next hook (``raise_pending``)."""
+    done = threading.Event()
+
+    def poll():
+        while not done.wait(monitor.poll_seconds):
+            try:
+                monitor.drain()
+                if monitor.watch is not None:
+                    monitor.watch.raise_fault(monitor.opt)
+                st = monitor.stats
+                problem = monitor._divergence(monitor.epoch, int(st.nonfinite_total.numpy()),
+                                           int(st.max_consecutive.numpy()))
+            except BaseException as exc:  # e.g. the user's on_step raised
+                problem = exc
+            if problem:
+                monitor.pending = (problem if isinstance(problem, BaseException)
+                                else TrainingDiverged(problem))
+                model.stop_training = True
+                return
+    thread = threading.Thread(target=poll, name="tfmp-step-log", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def divergence(where: str, total: int, worst_run: int, loss_scaled: bool,

@@ -198,21 +198,9 @@ class Recorder:
         if not self.is_chief:
             return  # multi-worker: only the chief writes metrics.json
         self.metrics["peak_memory"] = peak_memory()
-        self._numerics()
+        self.metrics["numerics"] = numerics_block(self.metrics, self.watch)
         self.metrics["steps"] = (self.previous_steps + self.step_log)[-1000:]
         write_json_atomic(os.path.join(self.output, "metrics.json"), self.metrics)
-
-    def _numerics(self):
-        """metrics.json's ``numerics``: what the sentinel saw (a fault already recorded
-        there is kept)."""
-        before = self.metrics.get("numerics") or {}
-        if self.watch is None:
-            self.metrics["numerics"] = {"sentinel": False, **before}
-            return
-        skipped = sum(e.get("skipped_steps", 0) for e in self.metrics["epochs"])
-        now = self.watch.to_json(skipped)
-        now.update({k: v for k, v in before.items() if k in ("fault", "checkpoint")})
-        self.metrics["numerics"] = now
 
     def finish(self, status: str, **facts):
         """The run's end: its status (and e.g. a diagnosis), the time, metrics.json."""
@@ -235,3 +223,15 @@ def learning_rate(opt):
         return finite_or_none(lr)
     except Exception:  # an exotic schedule: leave it out rather than fail the epoch
         return None
+
+
+def numerics_block(metrics: dict, watch) -> dict:
+    """metrics.json's ``numerics``: what the sentinel (``watch``, None when off) saw; a fault
+    already recorded there is kept."""
+    before = metrics.get("numerics") or {}
+    if watch is None:
+        return {"sentinel": False, **before}
+    skipped = sum(e.get("skipped_steps", 0) for e in metrics["epochs"])
+    now = watch.to_json(skipped)
+    now.update({k: v for k, v in before.items() if k in ("fault", "checkpoint")})
+    return now

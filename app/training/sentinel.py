@@ -62,20 +62,6 @@ class SentinelState:
         return self.stash.batches()
 
     # ---- inside the step ----------------------------------------------------------------
-    def apply(self, opt, grads, variables, loss, batch) -> loss_scale.Applied:
-        """``loss_scale.unscale_and_apply`` behind the guard (the custom loop's step):
-        ``grads`` of the scaled loss, ``loss`` the step's unscaled loss, ``batch`` its data."""
-        if loss_scale.is_loss_scaled(opt):
-            done = []
-
-            def run(g):
-                done.append(loss_scale.unscale_and_apply(opt, g, variables))
-                return done[-1].skipped
-            self.guard(opt, grads, loss, batch, run)
-            return done[-1]
-        self.guard(opt, grads, loss, batch, lambda g: opt.apply_gradients(zip(g, variables)))
-        return loss_scale.Applied(list(grads), None, None)
-
     def guard(self, opt, grads, loss, batch, apply) -> tuple:
         """Apply ``grads`` with ``apply(grads)`` (which returns whether the LossScaleOptimizer
         skipped the step, or None without one) unless the step is faulty or a fault is

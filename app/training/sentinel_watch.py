@@ -11,8 +11,10 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from app.core.errors import NumericsFault
 from app.numerics import replay, rules
 from app.numerics.headroom import Headroom, HeadroomProbe
+from app.precision import loss_scale
 from app.task import model_layers
 
 
@@ -68,31 +70,20 @@ class SentinelWatch:
             self.probe_seconds += time.perf_counter() - t0
         return rules.weights_fault(step) if bad else None
 
-    def weights_fault(self, step: int) -> rules.Fault:
-        return rules.weights_fault(step)
+    def raise_fault(self, optimizer, model=None) -> None:
+        """Raise NumericsFault for what the counters show, a due probe finds, or, given the
+        ``model`` (an epoch's end), a non-finite weight (an update that overflowed)."""
+        step = int(self.state.stats.steps.numpy())
+        fault = (self.fault(lambda: float(loss_scale.current_loss_scale(optimizer)))
+                 or self.probe_if_due(step))
+        if fault is None and model is not None and replay.nonfinite_weights(model):
+            fault = rules.weights_fault(step)
+        if fault is not None:
+            raise NumericsFault(fault)
 
     def diagnose(self, fault: rules.Fault, epoch: int, loss_spec: str):
-        """Replay the stashed batch of each local replica (the first whose replay shows the
-        fault is the one named); without a stash (a rule, not the latch) the probe batch."""
-        batches = self.state.batches() if self.state.latched() else []
-        in_epoch = max(0, fault.step - self.epoch_start_step - 1)
-        per_replica = max(1, self.global_batch // max(1, len(self.state.stash)))
-        found = None
-        for i, batch in enumerate(batches or [None]):
-            if batch is None:
-                if self.probe_x is None:
-                    break
-                batch = (self.probe_x, None)
-            failed = replay.FailedStep(
-                fault, epoch, in_epoch * self.global_batch + i * per_replica, self.policy,
-                loss_spec, self.start_weights_max,
-                replica=i if len(batches) > 1 else None, worker=self.worker)
-            if batch[1] is None:
-                return None
-            found = replay.diagnose(self.model, self.loss_fn, self.entries, batch, failed)
-            if found.verdict != "not reproduced":
-                return found
-        return found
+        """The replay's diagnosis (``diagnose`` below), or None with nothing to replay."""
+        return diagnose(self, fault, epoch, loss_spec)
 
     def report(self, fault: rules.Fault, metrics: dict, *, epoch: int, loss_spec: str,
                checkpoint: str, fallback: str) -> None:
@@ -117,3 +108,21 @@ class SentinelWatch:
         return {"sentinel": True, "every": self.every, "skipped_steps": skipped_steps,
                 "headroom": self.headroom.to_json(), "warnings": list(self.warnings),
                 "probe_seconds": round(self.probe_seconds, 3), "fault": None}
+
+
+def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int, loss_spec: str):
+    """Replay the stashed batch of each local replica (the first whose replay shows the
+    fault is the one named); None without a stash (a rule's fault, not the latch's)."""
+    batches = watch.state.batches() if watch.state.latched() else []
+    in_epoch = max(0, fault.step - watch.epoch_start_step - 1)
+    per_replica = max(1, watch.global_batch // max(1, len(watch.state.stash)))
+    found = None
+    for i, batch in enumerate(batches):
+        failed = replay.FailedStep(
+            fault, epoch, in_epoch * watch.global_batch + i * per_replica, watch.policy,
+            loss_spec, watch.start_weights_max,
+            replica=i if len(batches) > 1 else None, worker=watch.worker)
+        found = replay.diagnose(watch.model, watch.loss_fn, watch.entries, batch, failed)
+        if found.verdict != "not reproduced":
+            return found
+    return found

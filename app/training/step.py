@@ -46,9 +46,20 @@ def train_step(model, loss_fn, opt, x, y, sentinel=None):
     weights and the first fault is latched with its batch.  Returns the
     ``ForwardBackward`` and ``loss_scale.Applied``."""
     out = forward_backward(model, loss_fn, x, y, lambda loss: loss_scale.scale_loss(opt, loss))
+    variables = model.trainable_variables
     if sentinel is None:
-        return out, loss_scale.unscale_and_apply(opt, out.grads, model.trainable_variables)
-    return out, sentinel.apply(opt, out.grads, model.trainable_variables, out.loss, (x, y))
+        return out, loss_scale.unscale_and_apply(opt, out.grads, variables)
+    if not loss_scale.is_loss_scaled(opt):
+        sentinel.guard(opt, out.grads, out.loss, (x, y),
+                       lambda g: opt.apply_gradients(zip(g, variables)))
+        return out, loss_scale.Applied(list(out.grads), None, None)
+    done = []
+
+    def apply(g):   # behind the guard: the scaled gradients, unscaled and applied
+        done.append(loss_scale.unscale_and_apply(opt, g, variables))
+        return done[-1].skipped
+    sentinel.guard(opt, out.grads, out.loss, (x, y), apply)
+    return out, done[-1]
 
 
 class _LossMetric:

@@ -373,7 +373,7 @@ def test_training_and_resume_keep_the_float32_layer(tmp_path, capsys, policy_kep
 def test_resume_with_other_float32_layers_uses_them_and_says_so(capsys):
     from app.task.task import Task
     from app.training.config import TrainConfig
-    from app.training.job import resumed_float32_layers
+    from app.training.resuming import resumed_float32_layers
 
     previous = {"task": {"model": "mlp", "dataset": "synthetic", "float32_layers": ["out"]}}
     task = Task.from_specs("mlp", "synthetic", float32_layers="dense,out")
