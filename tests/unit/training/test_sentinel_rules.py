@@ -119,3 +119,22 @@ def test_the_report_names_replica_and_worker():
 def test_an_epsilon_fix_names_the_value_and_what_float16_holds():
     text = dx.layer_fix("rms", "float16", "forward", ("epsilon", 1e-12))
     assert "epsilon=1e-12 is 0 in float16" in text and "--float32-layers rms" in text
+
+
+@pytest.mark.parametrize("args,env,wrong", [
+    (["--numerics-every", "0"], {}, "numerics_every must be at least 1"),
+    (["--numerics-every", "often"], {}, "--numerics-every: invalid int value: 'often'"),
+    ([], {"TFMP_NO_SENTINEL": "maybe"}, "TFMP_NO_SENTINEL='maybe' is not valid"),
+    ([], {"TFMP_NUMERICS_EVERY": "-5"}, "numerics_every must be at least 1")])
+def test_a_bad_sentinel_setting_is_one_line_and_exit_2(tmp_path, args, env, wrong):
+    import os
+
+    from tests.unit.helpers import error_lines, run_app
+
+    out = tmp_path / "run"
+    proc = run_app("train", "--dataset", "synthetic", "--output", str(out), *args,
+                   env={**os.environ, **env})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 1 and wrong in errors[0], proc.stderr
+    assert not out.exists()
