@@ -27,12 +27,22 @@ class BatchStash:
     def __len__(self) -> int:
         return len(self.variables)
 
-    def write(self, replica: int, batch) -> list:
-        """The ops that keep ``batch`` as ``replica``'s (inside the step)."""
+    @property
+    def fixed(self) -> bool:
+        """Every part of a sample has a known shape (fixed-size rows)."""
+        return all(v.shape.rank for vs in self.variables for v in vs)
+
+    def write(self, replica: int, batch, new=True) -> list:
+        """The ops that keep ``batch`` as ``replica``'s where ``new`` (inside the step)."""
         flat = tf.nest.flatten(batch)
-        ops = [v.assign(_fitted(tf.cast(t, v.dtype), v), read_value=False)
+
+        def keep_or(value, var):
+            if new is True:
+                return var.assign(value, read_value=False)
+            return var.assign(tf.where(new, value, var), read_value=False)
+        ops = [keep_or(_fitted(tf.cast(t, v.dtype), v), v)
                for t, v in zip(flat, self.variables[replica])]
-        ops.append(self.rows[replica].assign(tf.cast(tf.shape(flat[0])[0], tf.int64)))
+        ops.append(keep_or(tf.cast(tf.shape(flat[0])[0], tf.int64), self.rows[replica]))
         return ops
 
     def batches(self) -> list:

@@ -48,6 +48,7 @@ class Side:
                           epochs=1, batch_size=args.batch_size, max_train_samples=args.samples,
                           max_val_samples=64, offline=True, progress="bar", save_model=False,
                           sentinel=sentinel, log_every=args.log_every,
+                          numerics_every=args.numerics_every,
                           output=os.path.join(work, f"{'on' if sentinel else 'off'}"))
         self.run = job.prepare(cfg)
         self.parts = job.build_parts(self.run)
@@ -80,6 +81,8 @@ def one(model, loop, policy, args) -> dict:
     for _ in range(args.warmup):
         for s in sides.values():
             s.epoch()
+    if sides["on"].monitor.watch is not None:   # the probe's one trace, not timed
+        sides["on"].monitor.watch.probe_if_due(10 ** 9)
     rounds = []
     for i in range(args.rounds):
         order = ["on", "off"] if i % 2 == 0 else ["off", "on"]
@@ -89,7 +92,9 @@ def one(model, loop, policy, args) -> dict:
             sides[name].epoch()
             got[name] = {"wall": time.perf_counter() - t, "cpu": time.process_time() - c}
         rounds.append(got)
-    out = {"model": model, "loop": loop, "policy": policy, "rounds": rounds}
+    watch = sides["on"].monitor.watch
+    out = {"model": model, "loop": loop, "policy": policy, "rounds": rounds,
+           "probe_seconds": watch.probe_seconds if watch else None}
     for fig in ("wall", "cpu"):
         out[f"median_cost_{fig}"] = statistics.median(r["on"][fig] / r["off"][fig] - 1.0
                                                       for r in rounds)
@@ -133,6 +138,7 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=2048, help="samples per block (one epoch)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--numerics-every", type=int, default=100)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--diagnosis-models", default="mlp,cnn,resnet")
     p.add_argument("--output", default=None)
@@ -149,7 +155,8 @@ def main(argv=None) -> int:
     work = args.output or tempfile.mkdtemp(prefix="bench-sentinel-")
     os.makedirs(work, exist_ok=True)
     common = ["--rounds", str(args.rounds), "--samples", str(args.samples), "--batch-size",
-              str(args.batch_size), "--log-every", str(args.log_every), "--warmup",
+              str(args.batch_size), "--log-every", str(args.log_every), "--numerics-every",
+              str(args.numerics_every), "--warmup",
               str(args.warmup)]
     results, diagnoses = [], []
     for model in filter(None, args.models.split(",")):
