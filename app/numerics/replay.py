@@ -50,6 +50,7 @@ class PassResult:
     loss_finite: bool
     sample_finite: np.ndarray      # per sample of the batch: its loss is finite
     bad_variables: List[str]       # variables whose gradient is not finite, backward order
+    bad_objects: list = None       # the same variables
 
     @property
     def finite(self) -> bool:
@@ -108,8 +109,8 @@ def run_pass(model, loss_fn, entries, x, y, scale: float) -> PassResult:
     per_call = per_call.numpy()
     calls = [CallResult(c.path, c.class_name, c.dtype, c.layer, bool(r[0]), float(r[1]),
                         float(r[2]), bool(r[3]), bool(r[4])) for c, r in zip(meta, per_call)]
-    bad = [v.name for v, ok in zip(variables, var_ok.numpy()) if not ok]
-    return PassResult(calls, bool(loss_ok), sample_ok.numpy(), list(reversed(bad)))
+    bad = list(reversed([v for v, ok in zip(variables, var_ok.numpy()) if not ok]))
+    return PassResult(calls, bool(loss_ok), sample_ok.numpy(), [v.name for v in bad], bad)
 
 
 @contextlib.contextmanager
@@ -239,16 +240,29 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model):
                         float32_finite=True)
         return _not_precision(where, failed, done, model, dict(float32_finite=False))
     if run.bad_variables:
-        where = dx.Where("layer", run.bad_variables[0], phase="backward")
+        owner = _owner(run.bad_objects[0], run.calls)
+        where = (dx.Where("layer", owner.path, owner.class_name, owner.dtype, "backward")
+                 if owner is not None else dx.Where("weights", run.bad_variables[0], phase="backward"))
+        if precision and owner is not None:
+            return done(where, "precision", dx.layer_fix(owner.path, owner.dtype or "float16",
+                                                         "backward"),
+                        layers=[owner.path], float32_finite=True)
         if precision:
-            return done(where, "precision", "its gradient overflows in 16 bits: clip it, or run "
-                        f"the layer owning {run.bad_variables[0]} in float32",
-                        float32_finite=True)
+            return done(where, "precision", f"the gradient of {run.bad_variables[0]} overflows "
+                        "in 16 bits: clip it, or run its layer in float32", float32_finite=True)
         return _not_precision(where, failed, done, model, dict(float32_finite=False))
     return done(dx.Where("none"), "not reproduced",
                 "the batch that failed is finite when replayed (dropout draws anew, or the "
                 "weights moved since): run `tfmp check --steps N` with the same data, or "
                 "lower --learning-rate", float32_finite=f32.finite)
+
+
+def _owner(variable, calls: List[CallResult]) -> Optional[CallResult]:
+    """The innermost recorded layer owning ``variable``."""
+    for c in calls:   # inner layers first (the order calls return in)
+        if any(v is variable for v in getattr(c.layer, "trainable_weights", [])):
+            return c
+    return None
 
 
 def _not_precision(where, failed: FailedStep, done, model, facts):

@@ -112,9 +112,18 @@ def run(req: dict) -> dict:
     loss_scale.build_optimizer(opt, model.trainable_variables)
     loss_fn = built.loss
 
+    # The step training runs, the numerics sentinel's guard and batch stash included (unless
+    # the run being tuned turns it off): the trial's memory and speed are the run's.
+    sentinel = None
+    if req.get("sentinel", True):
+        from app.training.sentinel import SentinelState
+        from app.training.step_stats import StepStats
+
+        sentinel = SentinelState(StepStats(), bundle.train.element_spec, 1, batch)
+
     @tf.function(jit_compile=bool(req.get("jit")) or None)
     def train_step(x, y):
-        return step.train_step(model, loss_fn, opt, x, y)[0].loss
+        return step.train_step(model, loss_fn, opt, x, y, sentinel)[0].loss
 
     # Only full batches: a short last batch would be a second shape (another trace) and
     # a smaller step in the timing.

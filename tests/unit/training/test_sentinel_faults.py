@@ -19,11 +19,12 @@ LOOPS = ["fit", "custom"]
 
 class Amplify(tf.keras.layers.Layer):
     """Multiplies by ``start`` times a factor that grows by ``rate`` with every training
-    call: an activation that grows during training."""
+    call, up to ``most``: an activation that grows during training past float16's limit
+    (after ~29 calls), then stays where float32 holds it and float16 gradients can follow."""
 
-    def __init__(self, rate=1.25, start=100.0, **kwargs):
+    def __init__(self, rate=1.25, start=100.0, most=2000.0, **kwargs):
         super().__init__(**kwargs)
-        self.rate, self.start = rate, start
+        self.rate, self.start, self.most = rate, start, most
 
     def build(self, shape):
         self.k = self.add_weight(name="k", shape=(), trainable=False,
@@ -31,7 +32,7 @@ class Amplify(tf.keras.layers.Layer):
 
     def call(self, x, training=None):
         if training:
-            self.k.assign(tf.cast(self.k, tf.float32) * self.rate)
+            self.k.assign(tf.minimum(tf.cast(self.k, tf.float32) * self.rate, self.most))
         return x * tf.cast(tf.cast(self.k, tf.float32) * self.start, x.dtype)
 
 
