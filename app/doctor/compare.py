@@ -47,7 +47,7 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         kind = _faulty(loss, [g for g, _ in pairs], optimizer)
         if kind is not None:
-            fault = {"fault": rules.Fault(kind, i, _HEADLINES[kind].format(policy=policy), scale),
+            fault = {"fault": rules.Fault(kind, i, rules.headline(kind, policy=policy), scale),
                      "batch": (x, y)}
             losses.append(finite_float(loss))
             break
@@ -61,19 +61,12 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
         at_floor = at_floor + 1 if was_skipped and scale <= rules.FLOOR else 0
         losses.append(finite_float(loss))
         if at_floor >= rules.FLOOR_PATIENCE:
-            fault = {"fault": rules.Fault("floor", i, "the loss scale reached its floor "
-                                          f"({rules.FLOOR:g}); every step since step "
-                                          f"{run_start} was skipped", scale), "batch": (x, y)}
+            fault = {"fault": rules.Fault("floor", i, rules.headline("floor", run_start=run_start),
+                                          scale), "batch": (x, y)}
             break
     end = eval_loss(model, loss_fn, x_eval, y_eval)
     return {"start": start, "end": end, "train_losses": losses, "skipped_steps": skipped,
             "fault": fault}
-
-
-_HEADLINES = {"forward": "the loss was not finite (a non-finite value in the forward pass, "
-                         "which loss scaling cannot help)",
-              "gradients": "non-finite gradients under {policy}, which has no loss scaling to "
-                           "recover with"}
 
 
 def _faulty(loss, grads, optimizer) -> Optional[str]:

@@ -15,7 +15,8 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from app.numerics import limits
-from app.numerics.tap import Tap
+from app.numerics.tap import Tap, largest_finite
+from app.precision import loss_scale
 
 
 class HeadroomProbe:
@@ -37,12 +38,8 @@ class HeadroomProbe:
             meta[:] = [(c.path, c.dtype) for c in calls]
             rows = []
             for c in calls:
-                outs = c.outputs or [tf.zeros([0])]
-                finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(o)) for o in outs]))
-                largest = tf.reduce_max(tf.stack([tf.maximum(tf.reduce_max(tf.where(
-                    tf.math.is_finite(o), tf.abs(tf.cast(o, tf.float32)), 0.0)), 0.0)
-                    for o in outs]))
-                rows.append(tf.stack([largest, tf.cast(finite, tf.float32)]))
+                rows.append(tf.stack([largest_finite(c.outputs),
+                                      tf.cast(loss_scale.all_finite(c.outputs), tf.float32)]))
             return tf.stack(rows) if rows else tf.zeros([0, 2])
         probe.get_concrete_function(x)   # traced now, with the tap on; the tap is gone after
         return probe

@@ -23,8 +23,8 @@ import tensorflow as tf
 
 from app.numerics import diagnosis as dx
 from app.numerics import limits, rules
-from app.numerics.tap import Tap
-from app.precision import layer_policy
+from app.numerics.tap import Tap, largest_finite
+from app.precision import layer_policy, loss_scale
 
 # Weights this many times larger than at the start, with the batch non-finite in float32
 # too, point at the optimizer (the learning rate) rather than the model.
@@ -58,18 +58,6 @@ class PassResult:
                 and all(c.out_finite and c.grad_in_finite for c in self.calls))
 
 
-def _max_finite(tensors):
-    """The largest finite magnitude in ``tensors`` (0 for none), in float32."""
-    vals = [tf.maximum(tf.reduce_max(tf.where(tf.math.is_finite(t), tf.abs(tf.cast(t, tf.float32)),
-                                              0.0)), 0.0) for t in tensors]
-    return tf.reduce_max(tf.stack(vals)) if vals else tf.constant(0.0)
-
-
-def _all_finite(tensors):
-    checks = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors if t is not None]
-    return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-
-
 def run_pass(model, loss_fn, entries, x, y, scale: float) -> PassResult:
     """One forward and backward pass of ``x, y`` through ``model`` as its layers' policies
     are now, gradients of ``loss * scale``."""
@@ -96,14 +84,14 @@ def run_pass(model, loss_fn, entries, x, y, scale: float) -> PassResult:
             g_in, g_out = rest[i:i + len(c.inputs)], rest[i + len(c.inputs):i + len(c.inputs) + len(c.outputs)]
             i += len(c.inputs) + len(c.outputs)
             per_call.append(tf.stack([
-                tf.cast(_all_finite(c.outputs), tf.float32), _max_finite(c.outputs),
-                _max_finite(c.inputs), tf.cast(_all_finite(g_out), tf.float32),
-                tf.cast(_all_finite(g_in), tf.float32)]))
+                tf.cast(loss_scale.all_finite(c.outputs), tf.float32), largest_finite(c.outputs),
+                largest_finite(c.inputs), tf.cast(loss_scale.all_finite(g_out), tf.float32),
+                tf.cast(loss_scale.all_finite(g_in), tf.float32)]))
         sample = tf.reshape(tf.cast(per_example, tf.float32), [tf.shape(per_example)[0], -1])
         return (tf.stack(per_call) if per_call else tf.zeros([0, 5]),
                 tf.math.is_finite(loss),
                 tf.reduce_all(tf.math.is_finite(sample), axis=1),
-                tf.stack([_all_finite([g]) for g in var_grads]) if var_grads else tf.zeros([0], tf.bool))
+                tf.stack([loss_scale.all_finite([g]) for g in var_grads]) if var_grads else tf.zeros([0], tf.bool))
 
     per_call, loss_ok, sample_ok, var_ok = run(x, y, tf.constant(scale, tf.float32))
     per_call = per_call.numpy()
@@ -140,9 +128,14 @@ def nonfinite_samples(x) -> List[int]:
     return [int(i) for i in np.flatnonzero(bad)] if bad is not None else []
 
 
-def nonfinite_weights(model) -> List[str]:
-    return [v.name for v in model.weights
-            if tf.as_dtype(v.dtype).is_floating and not bool(tf.reduce_all(tf.math.is_finite(v)))]
+def nonfinite_weights(variables) -> List[str]:
+    """The names of the variables that hold a NaN or inf: one check (one sync) for all of
+    them, the names only when it fails."""
+    variables = [v for v in variables if tf.as_dtype(v.dtype).is_floating]
+    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables]
+    if not checks or bool(tf.reduce_all(tf.stack(checks))):
+        return []
+    return [v.name for v, ok in zip(variables, checks) if not bool(ok)]
 
 
 def weights_max(model) -> float:
@@ -204,7 +197,7 @@ def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis
         return done(dx.Where("input samples", samples=[failed.position + i for i in bad_samples]),
                     "data", "repair or drop those samples (NaN or inf in the data); check how the "
                     "data is read and normalised", float32_finite=False)
-    bad_weights = nonfinite_weights(model)
+    bad_weights = nonfinite_weights(model.weights)
     if bad_weights:
         return done(dx.Where("weights", name=", ".join(bad_weights[:4])), "optimizer",
                     "an update sent the weights out of range: lower --learning-rate (by 10x or "

@@ -47,20 +47,25 @@ class Fault:
     loss_scale: float = 1.0  # the scale the failing step ran with (the replay uses it)
 
 
+def headline(kind: str, *, policy: str = "", run_start: int = 0) -> str:
+    """What a latched fault of ``kind`` means, in one line (train and check say the same)."""
+    if kind == "forward":
+        return ("the loss was not finite (a non-finite value in the forward pass, which loss "
+                "scaling cannot help)")
+    if kind == "gradients":
+        return f"non-finite gradients under {policy}, which has no loss scaling to recover with"
+    return (f"the loss scale reached its floor ({FLOOR:g}); every step since step {run_start} "
+            "was skipped")
+
+
 def fault(c: Counters, *, loss_scaled: bool, policy: str, max_skipped_steps: int,
           loss_scale_now: float) -> Optional[Fault]:
     """The fault these counters show, or None.  A headline says what happened; the
     diagnosis puts the step and epoch in front of it."""
     kind = KIND_CODES.get(c.fault_code)
-    if kind == "forward":
-        return Fault(kind, c.fault_step, "the loss was not finite (a non-finite value in the "
-                     "forward pass, which loss scaling cannot help)", c.fault_scale)
-    if kind == "gradients":
-        return Fault(kind, c.fault_step, f"non-finite gradients under {policy}, which has no "
-                     "loss scaling to recover with", c.fault_scale)
-    if kind == "floor":
-        return Fault(kind, c.fault_step, f"the loss scale reached its floor ({FLOOR:g}); every "
-                     f"step since step {c.run_start} was skipped", c.fault_scale)
+    if kind is not None:
+        return Fault(kind, c.fault_step, headline(kind, policy=policy, run_start=c.run_start),
+                     c.fault_scale)
     if loss_scaled and c.worst_run > max_skipped_steps:
         return Fault("skipped", c.run_start, f"{c.worst_run} steps in a row had "
                      f"non-finite gradients (more than --max-skipped-steps {max_skipped_steps}; "

@@ -47,6 +47,16 @@ def floating(values) -> list:
             if getattr(getattr(t, "dtype", None), "is_floating", False)]
 
 
+def largest_finite(tensors):
+    """The largest finite magnitude in ``tensors`` (0 for none), as a float32 tensor: what a
+    layer's values reach, an inf or NaN among them left out."""
+    import tensorflow as tf
+
+    vals = [tf.maximum(tf.reduce_max(tf.where(tf.math.is_finite(t), tf.abs(tf.cast(t, tf.float32)),
+                                              0.0)), 0.0) for t in tensors]
+    return tf.reduce_max(tf.stack(vals)) if vals else tf.constant(0.0)
+
+
 class Tap:
     """Wraps the layers of ``entries`` (``app.task.model_layers.walk``) once; ``recording()``
     yields the list of ``Call`` records a forward pass in this thread fills."""

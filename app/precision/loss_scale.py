@@ -91,6 +91,29 @@ def multi_replica_context():
     return ctx
 
 
+def agreed(ok):
+    """Several replicas: True only where every replica's ``ok`` is (one scalar all-reduce);
+    ``ok`` itself with one replica."""
+    ctx = multi_replica_context()
+    if ctx is None:
+        return ok
+    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(ok), tf.float32))
+    return tf.equal(bad, 0.0)
+
+
+def poisoned(grads, poison):
+    """``grads`` with NaN in the first dense one when ``poison``: a LossScaleOptimizer, which
+    checks every gradient, then skips the step (and lowers the scale).  One small op, not a
+    pass over the gradients."""
+    out, done = [], False
+    for g in grads:
+        if g is not None and not done and not isinstance(g, tf.IndexedSlices):
+            g = g + tf.cast(tf.where(poison, float("nan"), 0.0), g.dtype)
+            done = True
+        out.append(g)
+    return out
+
+
 def agree_on_nonfinite(grads):
     """Several replicas: if any replica's gradients are non-finite, make every replica's
     non-finite, so that all of them skip the step together.
@@ -99,13 +122,9 @@ def agree_on_nonfinite(grads):
     the all-reduce, so without this one replica could apply a step that another skips (a
     hang in the all-reduce, or NaN weights).  Keras 2's aggregates first.  Costs one scalar
     all-reduce per step."""
-    ctx = multi_replica_context()
-    if ctx is None:
+    if multi_replica_context() is None:
         return grads
-    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
-                         tf.cast(tf.logical_not(all_finite(grads)), tf.float32))
-    poison = tf.where(bad > 0, tf.constant(float("nan")), tf.constant(0.0))
-    return [g if g is None else g + tf.cast(poison, g.dtype) for g in grads]
+    return poisoned(grads, tf.logical_not(agreed(all_finite(grads))))
 
 
 def step_skipped(opt, scale_before):

@@ -17,7 +17,6 @@ import sys
 import threading
 from typing import Callable
 
-import tensorflow as tf
 
 from app.precision import loss_scale
 from app.training import step_stats
@@ -173,5 +172,6 @@ def step_record(row: dict, epoch: int) -> dict:
 
 def _weights_finite(model) -> bool:
     """One pass over the trainable weights, once an epoch."""
-    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in model.trainable_variables]
-    return bool(tf.reduce_all(tf.stack(checks))) if checks else True
+    from app.numerics.replay import nonfinite_weights
+
+    return not nonfinite_weights(model.trainable_variables)

@@ -71,13 +71,13 @@ class SentinelState:
         gradients alone decide."""
         grads = list(grads)
         latched = self.fault_step >= 0
-        loss_ok = tf.constant(True) if loss is None else _agreed(
+        loss_ok = tf.constant(True) if loss is None else loss_scale.agreed(
             tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32))))
         step = self.stats.steps + 1
         none, forward = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
         if loss_scale.is_loss_scaled(opt):
             before = loss_scale.current_loss_scale(opt)
-            grads = _poisoned(grads, tf.logical_or(latched, tf.logical_not(loss_ok)))
+            grads = loss_scale.poisoned(grads, tf.logical_or(latched, tf.logical_not(loss_ok)))
             skipped = apply(grads)
             at_floor = tf.logical_and(skipped, before <= rules.FLOOR)
             floor = tf.where(self._floor_run(at_floor) >= rules.FLOOR_PATIENCE,
@@ -86,7 +86,7 @@ class SentinelState:
             self._note_skips(skipped, step)
         else:
             before, skipped = tf.constant(1.0), None
-            grads_ok = _agreed(loss_scale.all_finite(grads))
+            grads_ok = loss_scale.agreed(loss_scale.all_finite(grads))
             ok = tf.logical_and(tf.logical_not(latched), tf.logical_and(loss_ok, grads_ok))
             _apply_if(ok, lambda *g: apply(list(g)), grads)
             code = tf.where(loss_ok, tf.where(grads_ok, none, tf.constant(2, tf.int64)), forward)
@@ -167,27 +167,6 @@ class FitView:
         if loss is not None and getattr(loss, "graph", graph) is not graph:
             loss = None
         return loss, batch
-
-
-def _poisoned(grads, poison):
-    """``grads`` with NaN in the first one when ``poison``: the LossScaleOptimizer then skips
-    the step (and lowers the scale), every replica alike.  One small op, not a pass."""
-    out, done = [], False
-    for g in grads:
-        if g is not None and not done and not isinstance(g, tf.IndexedSlices):
-            g = g + tf.cast(tf.where(poison, float("nan"), 0.0), g.dtype)
-            done = True
-        out.append(g)
-    return out
-
-
-def _agreed(ok):
-    """Several replicas: True only where every replica's ``ok`` is (one scalar all-reduce)."""
-    ctx = loss_scale.multi_replica_context()
-    if ctx is None:
-        return ok
-    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(ok), tf.float32))
-    return tf.equal(bad, 0.0)
 
 
 def _replica_index() -> int:

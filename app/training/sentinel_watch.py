@@ -43,14 +43,11 @@ class SentinelWatch:
     def begin_epoch(self, step: int) -> None:
         self.epoch_start_step = step
 
-    def fault(self, loss_scale_now: Callable[[], float]) -> Optional[rules.Fault]:
+    def fault(self, loss_scale_now: float) -> Optional[rules.Fault]:
         """The fault the counters show now (the latch, or a rule over the skipped steps)."""
-        c = self.state.counters()
-        if c.fault_code == 0 and not (self.loss_scaled and c.worst_run > self.max_skipped_steps):
-            return None
-        return rules.fault(c, loss_scaled=self.loss_scaled, policy=self.policy,
+        return rules.fault(self.state.counters(), loss_scaled=self.loss_scaled, policy=self.policy,
                            max_skipped_steps=self.max_skipped_steps,
-                           loss_scale_now=loss_scale_now())
+                           loss_scale_now=loss_scale_now)
 
     def probe_if_due(self, step: int) -> Optional[rules.Fault]:
         """Every ``every`` steps: each layer's headroom (warnings once a layer) and the
@@ -66,7 +63,7 @@ class SentinelWatch:
                 self.warn(line)
             if self.on_probe is not None:
                 self.on_probe(step, self.headroom.scalars())
-            bad = replay.nonfinite_weights(self.model)
+            bad = replay.nonfinite_weights(self.model.weights)
             self.probe_seconds += time.perf_counter() - t0
         return rules.weights_fault(step) if bad else None
 
@@ -74,9 +71,9 @@ class SentinelWatch:
         """Raise NumericsFault for what the counters show, a due probe finds, or, given the
         ``model`` (an epoch's end), a non-finite weight (an update that overflowed)."""
         step = int(self.state.stats.steps.numpy())
-        fault = (self.fault(lambda: float(loss_scale.current_loss_scale(optimizer)))
+        fault = (self.fault(float(loss_scale.current_loss_scale(optimizer)))
                  or self.probe_if_due(step))
-        if fault is None and model is not None and replay.nonfinite_weights(model):
+        if fault is None and model is not None and replay.nonfinite_weights(model.weights):
             fault = rules.weights_fault(step)
         if fault is not None:
             raise NumericsFault(fault)
