@@ -117,6 +117,12 @@ class Diagnosis:
         d["flag"] = self.flag
         return d
 
+    @classmethod
+    def from_json(cls, d: dict) -> "Diagnosis":
+        """``to_json``'s inverse (another worker's diagnosis, pooled)."""
+        fields = {k: v for k, v in d.items() if k != "flag"}
+        return cls(**{**fields, "where": Where(**fields["where"])})
+
 
 def _positions(samples: List[int], most: int = 12) -> str:
     shown = ", ".join(str(s) for s in samples[:most])

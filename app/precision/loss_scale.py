@@ -102,16 +102,26 @@ def agreed(ok):
 
 
 def poisoned(grads, poison):
-    """``grads`` with NaN in the first dense one when ``poison``: a LossScaleOptimizer, which
-    checks every gradient, then skips the step (and lowers the scale).  One small op, not a
-    pass over the gradients."""
-    out, done = [], False
-    for g in grads:
-        if g is not None and not done and not isinstance(g, tf.IndexedSlices):
-            g = g + tf.cast(tf.where(poison, float("nan"), 0.0), g.dtype)
-            done = True
-        out.append(g)
+    """``grads`` with NaN in one dense gradient when ``poison``: a LossScaleOptimizer, which
+    checks every gradient, then skips the step (and lowers the scale).  The smallest dense
+    gradient takes it (a bias, usually): one small op, not a pass over a kernel's gradient
+    on the way to the update."""
+    dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
+    if not dense:
+        return list(grads)
+    target = min(dense, key=lambda i: _static_size(grads[i]))
+    out = list(grads)
+    g = out[target]
+    out[target] = g + tf.cast(tf.where(poison, float("nan"), 0.0), g.dtype)
     return out
+
+
+def _static_size(t) -> float:
+    """Elements of ``t`` as far as its static shape tells (unknown: the largest)."""
+    shape = t.shape
+    if shape.rank is None or not shape.is_fully_defined():
+        return float("inf")
+    return float(shape.num_elements())
 
 
 def agree_on_nonfinite(grads):

@@ -21,36 +21,29 @@ class BatchStash:
         self.rows = [tf.Variable(tf.constant(0, tf.int64), trainable=False,
                                  name=f"sentinel_batch_rows_{r}")
                      for r in range(len(self.variables))]
-        self.count = tf.Variable(tf.constant(0, tf.int64), trainable=False,
-                                 name="sentinel_stashed_replicas")
 
     def __len__(self) -> int:
         return len(self.variables)
 
-    @property
-    def fixed(self) -> bool:
-        """Every part of a sample has a known shape (fixed-size rows)."""
-        return all(v.shape.rank for vs in self.variables for v in vs)
-
-    def write(self, replica: int, batch, new=True) -> list:
-        """The ops that keep ``batch`` as ``replica``'s where ``new`` (inside the step)."""
+    def keep(self, replica: int, batch, unless) -> list:
+        """Keep ``batch`` as ``replica``'s unless ``unless`` (a fault is latched: the batch
+        kept is the one that failed).  Inside the step, at its start: nothing waits for it
+        but the latch.  Returns the op to wait for."""
         flat = tf.nest.flatten(batch)
 
-        def keep_or(value, var):
-            if new is True:
-                return var.assign(value, read_value=False)
-            return var.assign(tf.where(new, value, var), read_value=False)
-        ops = [keep_or(_fitted(tf.cast(t, v.dtype), v), v)
-               for t, v in zip(flat, self.variables[replica])]
-        ops.append(keep_or(tf.cast(tf.shape(flat[0])[0], tf.int64), self.rows[replica]))
-        return ops
+        def write():
+            for t, v in zip(flat, self.variables[replica]):
+                v.assign(_fitted(tf.cast(t, v.dtype), v), read_value=False)
+            self.rows[replica].assign(tf.cast(tf.shape(flat[0])[0], tf.int64), read_value=False)
+            return tf.constant(True)
+        return [tf.cond(unless, lambda: tf.constant(False), write)]
 
     def batches(self) -> list:
-        """Each replica's kept batch (those that wrote one), as the dataset's structure."""
-        n = int(self.count.numpy())
+        """Each replica's kept batch (those that kept one), as the dataset's structure."""
         return [tf.nest.pack_sequence_as(self.structure, [
-            tf.convert_to_tensor(v)[:int(rows.numpy())] for v in vs])
-            for vs, rows in zip(self.variables[:n], self.rows)]
+            tf.convert_to_tensor(v)[:n] for v in vs])
+            for vs, n in ((vs, int(rows.numpy())) for vs, rows in zip(self.variables, self.rows))
+            if n > 0]
 
 
 def _stash_variable(spec, batch_size: int, name: str) -> tf.Variable:

@@ -54,6 +54,13 @@ class Cluster:
     def task(self) -> str:
         return f"{self.task_type}:{self.task_index}"
 
+    @property
+    def rank(self) -> int:
+        """This task's place among the workers, the chief first (the collectives' order)."""
+        if self.task_type == "chief":
+            return 0
+        return self.task_index + (1 if self.has_chief else 0)
+
 
 def parse_tf_config(text: str | None) -> Cluster | None:
     """``TF_CONFIG`` -> Cluster; None when unset or empty.  Anything malformed is a
@@ -180,6 +187,14 @@ class Distribution:
                 "task": self.cluster.task if self.cluster else None,
                 "is_chief": self.is_chief}
 
+    def pool_json(self, value) -> list:
+        """Every worker's ``value`` (JSON-able, or None), in worker order: one all-gather
+        outside the step, for what each worker found alone (the sentinel's replay of its
+        own batch).  Every worker must call it, as for any collective.  One worker: [value]."""
+        if not self.multi_worker or self.cluster is None or self.cluster.num_workers < 2:
+            return [value]
+        return _gather_json(self.strategy, value)
+
     def describe(self) -> str:
         where = f", task {self.cluster.task} of {self.cluster.num_workers}" if self.cluster else ""
         role = "" if self.is_chief else " (not the chief: writes only temporary files)"
@@ -247,6 +262,35 @@ def setup(requested: str, per_replica_batch: int, gpu_count: int,
     return Distribution(choice=choice, strategy=strategy,
                         replicas=int(strategy.num_replicas_in_sync),
                         per_replica_batch=per_replica_batch, cluster=cluster, devices=devices)
+
+
+POOL_BYTES = 1 << 16   # one worker's JSON at most; a longer one is sent as None
+
+
+def _gather_json(strategy, value) -> list:
+    """``pool_json``: each worker's JSON as a fixed-size int32 row (its length first), from the
+    first local replica (the others send zeros), gathered by ``strategy.gather``."""
+    import json
+
+    import numpy as np
+    import tensorflow as tf
+
+    data = json.dumps(value).encode()
+    if len(data) > POOL_BYTES:
+        data = b"null"
+    row = np.zeros(POOL_BYTES + 1, np.int32)
+    row[0], row[1:1 + len(data)] = len(data), np.frombuffer(data, np.uint8)
+    local = len(strategy.extended.worker_devices)
+
+    def mine(ctx):
+        first = ctx.replica_id_in_sync_group % local == 0
+        return tf.constant(row if first else np.zeros_like(row))[None]
+    rows = strategy.gather(strategy.experimental_distribute_values_from_function(mine), axis=0)
+    out = []
+    for r in rows.numpy():
+        if r[0] > 0:
+            out.append(json.loads(r[1:1 + r[0]].astype(np.uint8).tobytes().decode()))
+    return out
 
 
 def distribute_dataset(dist: Distribution, dataset):

@@ -236,7 +236,9 @@ def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
                               max_skipped_steps=cfg.max_skipped_steps,
                               probe_batch=run.bundle.sample_batch,
                               global_batch=run.dist.global_batch,
-                              worker=run.dist.cluster.task_index if run.dist.multi_worker else None,
+                              worker=run.dist.cluster.rank if run.dist.multi_worker else None,
+                              workers=run.dist.cluster.num_workers if run.dist.multi_worker else 1,
+                              pool=run.dist.pool_json if run.dist.multi_worker else None,
                               on_probe=recorder.record_probe)
         recorder.watch = watch
     return StepMonitor(cfg.log_every, cfg.max_skipped_steps, parts.loss_scaled, parts.optimizer,

@@ -8,11 +8,17 @@ around the apply; under loss scaling nothing more than the optimizer's own check
 faulty step is handed to it poisoned, so it skips it).  Several replicas agree with one
 scalar all-reduce.  No ``check_numerics`` ops: they break XLA.
 
-The latch (``fault_step``, ``fault_code``: ``app.numerics.rules``) is set at the step:
+The latch (``fault``: the step, the code of ``app.numerics.rules`` and the loss scale, one
+variable written by one assign) is set at the step:
 * the loss is not finite (forward);
 * without loss scaling, a gradient is not finite;
 * under loss scaling, ``rules.FLOOR_PATIENCE`` steps in a row skipped at the floor.
 From then on every update is skipped; the monitor reads the latch between steps.
+
+The batch is stashed at the start of every step until a fault is latched (a copy that runs
+beside the forward pass), so the latch at the step's end writes three scalars and waits for
+nothing batch-sized: what the step adds after its update is on its critical path, and a
+chain of batch-sized writes there measured ~25% of a small CNN's step (bench_sentinel.py).
 
 The variables live outside the strategy's scope, like ``StepStats``: the first replica of
 each worker writes the latch, each replica stashes its own batch.
@@ -20,6 +26,8 @@ each worker writes the latch, each replica stashes its own batch.
 from __future__ import annotations
 
 import threading
+
+import numpy as np
 import tensorflow as tf
 
 from app.numerics import rules
@@ -36,9 +44,10 @@ class SentinelState:
 
     def __init__(self, stats, element_spec, local_replicas: int = 1, batch_size: int = 0):
         self.stats = stats
-        self.fault_step = _var("sentinel_fault_step", tf.int64, -1)
-        self.fault_code = _var("sentinel_fault_code", tf.int64)
-        self.fault_scale = _var("sentinel_fault_scale", tf.float32, 1.0)
+        # (step, code, the loss scale's float32 bits): one variable, so a reader in another
+        # thread (fit's poll) never sees a code without its step and scale.
+        self.fault = tf.Variable(tf.constant([-1, 0, _scale_bits(1.0)], tf.int64),
+                                 trainable=False, name="sentinel_fault")
         self.run_start = _var("sentinel_run_start", tf.int64)
         self.floor_in_a_row = _var("sentinel_floor_in_a_row", tf.int64)
         self.stash = BatchStash(element_spec, local_replicas, batch_size)
@@ -47,15 +56,14 @@ class SentinelState:
     # ---- read from Python, between steps ------------------------------------------------
     def counters(self) -> rules.Counters:
         st = self.stats
-        code = int(self.fault_code.numpy())   # first: see _latch
+        fault_step, code, scale = (int(v) for v in self.fault.numpy())
         return rules.Counters(
-            step=int(st.steps.numpy()), fault_step=int(self.fault_step.numpy()),
-            fault_code=code, fault_scale=float(self.fault_scale.numpy()),
-            run_start=int(self.run_start.numpy()), skipped_total=int(st.nonfinite_total.numpy()),
-            worst_run=int(st.max_consecutive.numpy()))
+            step=int(st.steps.numpy()), fault_step=fault_step, fault_code=code,
+            fault_scale=_scale_of(scale), run_start=int(self.run_start.numpy()),
+            skipped_total=int(st.nonfinite_total.numpy()), worst_run=int(st.max_consecutive.numpy()))
 
     def latched(self) -> bool:
-        return int(self.fault_code.numpy()) > 0
+        return int(self.fault.numpy()[1]) > 0
 
     def batches(self) -> list:
         """The stashed batch of each local replica, as the dataset's structure."""
@@ -70,7 +78,9 @@ class SentinelState:
         ``loss`` None (a fit step whose train_step never called compute_loss): the
         gradients alone decide."""
         grads = list(grads)
-        latched = self.fault_step >= 0
+        latched = self.fault[0] >= 0
+        replica = _replica_index()
+        stashed = [] if batch is None else self.stash.keep(replica, batch, unless=latched)
         loss_ok = tf.constant(True) if loss is None else loss_scale.agreed(
             tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32))))
         step = self.stats.steps + 1
@@ -90,9 +100,9 @@ class SentinelState:
             ok = tf.logical_and(tf.logical_not(latched), tf.logical_and(loss_ok, grads_ok))
             _apply_if(ok, lambda *g: apply(list(g)), grads)
             code = tf.where(loss_ok, tf.where(grads_ok, none, tf.constant(2, tf.int64)), forward)
-        if batch is not None:
+        if batch is not None and replica == 0:
             self._latch(tf.logical_and(tf.logical_not(latched), code > 0), code, step, before,
-                        batch)
+                        stashed)
         return grads, skipped
 
     def _floor_run(self, at_floor):
@@ -105,32 +115,24 @@ class SentinelState:
         begins = tf.logical_and(skipped, tf.equal(self.stats.consecutive, 0))
         _first_replica_assign(self.run_start, tf.where(begins, step, self.run_start))
 
-    def _latch(self, new, code, step, scale, batch):
-        """At a new fault: the code, the step and the scale (first replica), and each
-        replica's own batch.  Written every step with ``tf.where`` (keep or replace) rather
-        than under a ``tf.cond``: a cond holding the batch measured ~25% of a small CNN's
-        step in waiting (bench_sentinel.py), a select of a batch-sized buffer costs far less.
-        A sample of unknown shape (no fixed-size stash) is written under a cond."""
-        replica = _replica_index()
-        if not self.stash.fixed:
-            tf.cond(new, lambda: self._write(True, code, step, scale, batch, replica),
-                    lambda: tf.constant(False))
-            return
-        self._write(new, code, step, scale, batch, replica)
+    def _latch(self, new, code, step, scale, stashed):
+        """At a new fault: its step, code and scale, in one assign after this step's stash
+        (``stashed``, written at the step's start), so that a reader that sees the code sees
+        the batch it vouches for.  First replica only: every replica stashed its own batch."""
+        value = tf.stack([step, code, _scale_bits(scale)])
+        with tf.control_dependencies(stashed):
+            self.fault.assign(tf.where(new, value, self.fault), read_value=False)
 
-    def _write(self, new, code, step, scale, batch, replica):
-        def keep_or(value, var):
-            return var.assign(tf.where(new, tf.cast(value, var.dtype), var), read_value=False)
-        with tf.control_dependencies(self.stash.write(replica, batch, new)):
-            stashed = self.stash.count.assign_add(tf.cast(new, tf.int64))
-            if replica == 0:
-                # The code last, after everything it vouches for: a reader that sees it
-                # set (the monitor's thread, mid-step) sees the rest (``counters``).
-                with tf.control_dependencies([stashed]):
-                    done = [keep_or(step, self.fault_step), keep_or(scale, self.fault_scale)]
-                with tf.control_dependencies(done):
-                    keep_or(code, self.fault_code)
-        return tf.constant(True)
+
+def _scale_bits(scale):
+    """The loss scale as its float32 bit pattern in an int64 (the latch is one int64 vector)."""
+    if isinstance(scale, float):
+        return int(np.array(scale, np.float32).view(np.int32))
+    return tf.cast(tf.bitcast(tf.cast(scale, tf.float32), tf.int32), tf.int64)
+
+
+def _scale_of(bits: int) -> float:
+    return float(np.array(bits, np.int64).astype(np.int32).view(np.float32))
 
 
 class FitView:

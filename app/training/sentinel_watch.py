@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from app.core.errors import NumericsFault
 from app.numerics import replay, rules
+from app.numerics.diagnosis import Diagnosis
 from app.numerics.headroom import Headroom, HeadroomProbe
 from app.precision import loss_scale
 from app.task import model_layers
@@ -21,12 +22,17 @@ from app.task import model_layers
 class SentinelWatch:
     def __init__(self, state, model, loss_fn, *, every: int, policy: str, loss_scaled: bool,
                  max_skipped_steps: int, probe_batch=None, global_batch: int = 1,
-                 worker: Optional[int] = None, warn: Optional[Callable[[str], None]] = None,
+                 worker: Optional[int] = None, workers: int = 1,
+                 pool: Optional[Callable[[object], list]] = None,
+                 warn: Optional[Callable[[str], None]] = None,
                  on_probe: Optional[Callable[[int, dict], None]] = None):
+        # worker/workers: this worker's index and their number (multi-worker; worker None
+        # otherwise); pool: every worker's JSON value, in worker order (Distribution.pool_json).
         self.state, self.model, self.loss_fn = state, model, loss_fn
         self.every, self.policy, self.loss_scaled = every, policy, loss_scaled
-        self.max_skipped_steps, self.global_batch, self.worker = (
-            max_skipped_steps, global_batch, worker)
+        self.max_skipped_steps, self.global_batch, self.worker, self.workers = (
+            max_skipped_steps, global_batch, worker, max(1, workers))
+        self.pool = pool
         self.entries = model_layers.walk(model)
         self.probe = HeadroomProbe(model, self.entries) if probe_batch is not None else None
         self.probe_x = None if probe_batch is None else tf.convert_to_tensor(probe_batch[0])
@@ -109,15 +115,32 @@ class SentinelWatch:
 
 def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int, loss_spec: str):
     """Replay the stashed batch of each local replica (the first whose replay shows the
-    fault is the one named); None without a stash (a rule's fault, not the latch's)."""
+    fault is the one named); None without a stash (a rule's fault, not the latch's).
+    Several workers: each replays its own replicas' batches, and all of them take the first
+    worker's that shows the fault (``pool``), so the chief's metrics.json names it."""
+    found = _diagnose_here(watch, fault, epoch, loss_spec)
+    if watch.pool is None:
+        return found
+    everyone = [d for d in watch.pool(None if found is None else found.to_json()) if d]
+    shown = [d for d in everyone if d["verdict"] != "not reproduced"]
+    if shown or everyone:
+        return Diagnosis.from_json((shown or everyone)[0])
+    return found
+
+
+def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int, loss_spec: str):
     batches = watch.state.batches() if watch.state.latched() else []
     in_epoch = max(0, fault.step - watch.epoch_start_step - 1)
-    per_replica = max(1, watch.global_batch // max(1, len(watch.state.stash)))
+    local = max(1, len(watch.state.stash))
+    piece = max(1, watch.global_batch // (local * watch.workers))   # one replica's share
     found = None
     for i, batch in enumerate(batches):
+        # The data are split by position: each global batch in replica-sized pieces, worker
+        # w's local replica i taking piece i * workers + w (TensorFlow's rebatch, then the
+        # shard by worker: distribute.shard_by_data).
+        first = in_epoch * watch.global_batch + (i * watch.workers + (watch.worker or 0)) * piece
         failed = replay.FailedStep(
-            fault, epoch, in_epoch * watch.global_batch + i * per_replica, watch.policy,
-            loss_spec, watch.start_weights_max,
+            fault, epoch, first, watch.policy, loss_spec, watch.start_weights_max,
             replica=i if len(batches) > 1 else None, worker=watch.worker)
         found = replay.diagnose(watch.model, watch.loss_fn, watch.entries, batch, failed)
         if found.verdict != "not reproduced":

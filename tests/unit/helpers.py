@@ -1,7 +1,9 @@
 """What the unit tests import: ``python -m app`` as a user runs it, and its error lines."""
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -23,3 +25,20 @@ def run_app(*args, env=None, timeout=180, cwd=None):
 
 def error_lines(stderr: str):
     return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def free_ports(n):
+    """``n`` free localhost ports (for a multi-worker job's TF_CONFIG)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def tf_config(ports, index):
+    """TF_CONFIG of worker ``index`` in a cluster of localhost workers (no chief task)."""
+    return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import time
 import pytest
 
 from tests.paths import ROOT
+from tests.unit.helpers import free_ports, tf_config
 
 pytestmark = pytest.mark.slow
 
@@ -49,21 +49,6 @@ def _app(args, env, log_path):
     log = open(log_path, "w")
     return subprocess.Popen([sys.executable, "-m", "app", "train", *args], stdout=log,
                             stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-
-
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _tf_config(ports, index):
-    return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
-                       "task": {"type": "worker", "index": index}})
 
 
 def _read(path):
@@ -128,13 +113,13 @@ def test_mirrored_replicas_skip_overflowing_steps_together(tmp_path):
 def _start_workers(tmp_path, ports, out, epochs, tag, train_samples):
     args = [*COMMON, "--loop", LOOP, "--precision", "float32", "--epochs", str(epochs),
             "--max-train-samples", str(train_samples), "--log-every", "16", "--output", str(out)]
-    return [_app(args, _env({"TF_CONFIG": _tf_config(ports, i)}), tmp_path / f"{tag}{i}.log")
+    return [_app(args, _env({"TF_CONFIG": tf_config(ports, i)}), tmp_path / f"{tag}{i}.log")
             for i in range(2)]
 
 
 def test_two_workers_on_localhost_finish_and_only_the_chief_writes(tmp_path):
     out = tmp_path / "run"
-    procs = _start_workers(tmp_path, _free_ports(2), out, 2, "w", 512)
+    procs = _start_workers(tmp_path, free_ports(2), out, 2, "w", 512)
     codes = _wait(procs, 300)
     logs = [_read(tmp_path / f"w{i}.log") for i in range(2)]
     assert codes == [0, 0], "\n=====\n".join(log[-2500:] for log in logs)
@@ -155,7 +140,7 @@ def test_two_workers_on_localhost_finish_and_only_the_chief_writes(tmp_path):
 
 def test_killed_worker_restarted_resumes_from_the_backup(tmp_path):
     out = tmp_path / "run"
-    ports = _free_ports(2)
+    ports = free_ports(2)
     epochs = 6
     procs = _start_workers(tmp_path, ports, out, epochs, "a", 1024)
     try:

@@ -321,6 +321,56 @@ def test_under_mirrored_strategy_the_report_names_the_replica(tmp_path):
     assert f["where"]["samples"] and all(first <= s < first + 8 for s in f["where"]["samples"])
 
 
+@pytest.mark.slow
+def test_in_a_two_worker_job_every_worker_names_the_worker_whose_batch_failed(tmp_path):
+    """A real MultiWorkerMirroredStrategy job, two workers on localhost ports (the custom
+    loop, on both Kerases).  Worker 1 reads a copy of the data with NaN in samples 200..259
+    (one corrupt file, read by one worker); worker 0's copy is clean.  Both stop at the same
+    step with exit 3, each replays its own share of the batch, and both (the chief's
+    metrics.json too) name worker 1, samples in its share, and the data verdict."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.paths import ROOT
+    from tests.unit.helpers import free_ports, tf_config
+
+    (tmp_path / "faulty.py").write_text(MIRRORED_FAULT.replace(
+        "    x[[205, 333]] = np.nan\n",
+        "    import json, os\n"
+        "    if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1:\n"
+        "        x[200:260] = np.nan\n"))
+    out, ports = tmp_path / "run", free_ports(2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFMP_")}
+    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    args = [sys.executable, "-m", "app", "train", "--model", f"{tmp_path / 'faulty.py'}:build",
+            "--dataset", f"{tmp_path / 'faulty.py'}:load", "--loop", "custom",
+            "--precision", "float32", "--batch-size", "8", "--epochs", "1", "--log-every", "4",
+            "--progress", "lines", "--no-save-model", "--output", str(out)]
+    logs = [tmp_path / f"w{i}.log" for i in range(2)]
+    procs = [subprocess.Popen(args, stdout=open(logs[i], "w"), stderr=subprocess.STDOUT,
+                              env={**env, "TF_CONFIG": tf_config(ports, i)}, cwd=ROOT)
+             for i in range(2)]
+    try:
+        codes = [p.wait(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    texts = [log.read_text() for log in logs]
+    assert codes == [3, 3], "\n=====\n".join(t[-2500:] for t in texts)
+    f = json.loads((out / "metrics.json").read_text())["numerics"]["fault"]
+    assert (f["worker"], f["where"]["kind"], f["verdict"]) == (1, "input samples", "data")
+    first = (f["step"] - 1) * 16 + 8      # worker 1's share: the second 8 of the global 16
+    assert f["where"]["samples"] and all(first <= s < first + 8 for s in f["where"]["samples"])
+    for text in texts:
+        assert f"error: training diverged at step {f['step']} (epoch 1) (worker 1):" in text, \
+            text[-2500:]
+        assert f"samples at positions {f['where']['samples'][0]}" in text
+
+
 def test_check_watches_its_steps_and_names_the_fault_with_the_flag():
     """`tfmp check --steps N`: the fault that needs ~30 steps is found before a long run, by
     the same replay, with the exact flag."""
