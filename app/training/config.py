@@ -33,6 +33,8 @@ class TrainConfig:
     loop: str = "fit"
     epochs: int = 5
     batch_size: int = 128
+    accumulate: int | None = None     # micro-batches per update; None: from global_batch, else 1
+    global_batch: int | None = None   # the batch per update; None: batch_size x replicas x accumulate
     learning_rate: float = 1e-3
     workspace: str = "workspace"
     data_dir: str | None = None       # default: <workspace>/data
@@ -204,6 +206,7 @@ def validate(cfg: TrainConfig) -> None:
         if not isinstance(v, int) or v < 1:
             raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
                              "an integer >= 1")
+    check_accumulation(cfg)
     for name in ("max_train_samples", "max_val_samples"):
         v = getattr(cfg, name)
         if v is not None and v < 1:
@@ -233,6 +236,32 @@ def validate(cfg: TrainConfig) -> None:
     problem = registry.pairing_problem(cfg.model, cfg.dataset)   # pairs that cannot work
     if problem:
         raise UsageError(*problem)
+
+
+def check_accumulation(cfg: TrainConfig, replicas: int | None = None) -> int:
+    """The number of micro-batches per update that ``--accumulate`` and ``--global-batch``
+    say, checked (UsageError).  ``replicas`` None (before the strategy exists): the
+    global batch is checked against the batch size alone."""
+    n, total = cfg.accumulate, cfg.global_batch
+    for name, v in (("accumulate", n), ("global_batch", total)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
+                             "an integer >= 1" + (" (1: no accumulation)"
+                                                  if name == "accumulate" else ""))
+    if total is None:
+        return n or 1
+    micro = cfg.batch_size * (replicas or 1)
+    if total % micro:
+        lower, upper = total // micro * micro, (total // micro + 1) * micro
+        what = f"--batch-size {cfg.batch_size}" + (f" x {replicas} replicas" if replicas else "")
+        raise UsageError(f"global_batch {total} is not a multiple of the micro-batch {micro} "
+                         f"({what})", f"--global-batch {lower or upper} or {upper}, or a "
+                         f"--batch-size that divides {total}")
+    if n is not None and total != micro * n:
+        raise UsageError(f"global_batch {total} does not match --accumulate {n} x the "
+                         f"micro-batch {micro} (= {micro * n})",
+                         "one of --global-batch or --accumulate, or values that agree")
+    return total // micro
 
 
 def check_output_writable(path: str) -> None:

@@ -33,13 +33,14 @@ from app.precision import keras_version, loss_scale
 from app.training import step_stats
 from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
-from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,
-                                 default_output, validate)
+from app.training.config import (TrainConfig, check_accumulation, check_output_writable,
+                                 data_dir_chosen, default_data_dir, default_output, validate)
 from app.core.errors import (MixedPrecisionClash, NumericsFault, PrecisionUnsupported,
                              TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
                              unprefixed)
 from app.training.interrupts import StopFlag, signal_handlers
 from app.training.monitor import StepMonitor
+from app.training.accumulate import Accumulator
 from app.training.sentinel import SentinelState
 from app.training.sentinel_watch import SentinelWatch
 from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
@@ -89,6 +90,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     decision = prec.resolve(cfg.precision, hw)
     # Before the data: the strategy must exist before TensorFlow's first tensor.
     dist = distribute.setup(cfg.strategy, cfg.batch_size, len(hw.gpus))
+    cfg = _accumulation(cfg, dist)
     decision = _runnable(decision, cfg.model if task is None else task.model.spec, hw)
     if cfg.resume and not cfg.output:
         raise UsageError("--resume needs --output (or TFMP_OUTPUT) naming the run to continue",
@@ -119,6 +121,17 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                             offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
     return Prepared(dataclasses.replace(cfg, output=output, resume=resume), hw, decision, task,
                     bundle, dist, previous)
+
+
+def _accumulation(cfg: TrainConfig, dist: distribute.Distribution) -> TrainConfig:
+    """``cfg`` with ``accumulate`` and ``global_batch`` resolved for the replicas there are."""
+    n = check_accumulation(cfg, dist.replicas)
+    if n > 1 and dist.multi_worker:
+        raise UsageError("--accumulate/--global-batch cannot be used with the multi-worker "
+                         "strategy (its restarts resume at epoch boundaries, not at a group's)",
+                         "--strategy one or mirrored with --accumulate, or multi-worker "
+                         "without it")
+    return dataclasses.replace(cfg, accumulate=n, global_batch=dist.global_batch * n)
 
 
 def check_holds_no_run(output: str) -> None:
@@ -173,6 +186,7 @@ class TrainingParts:
     stats: step_stats.StepStats
     checkpointer: checkpointing.Checkpointer
     sentinel: Optional[SentinelState] = None   # None: --no-sentinel
+    accumulator: Optional[Accumulator] = None  # None: one batch per update
 
     @property
     def loss_scaled(self) -> bool:
@@ -205,7 +219,24 @@ def build_parts(run: Prepared, stop: StopFlag | None = None) -> TrainingParts:
     stats = step_stats.StepStats(log_every=cfg.log_every)
     sentinel = (SentinelState(stats, run.bundle.train.element_spec, _local_replicas(strategy),
                               cfg.batch_size) if cfg.sentinel else None)
-    return TrainingParts(built.model, opt, strategy, built, stats, ckpt, sentinel)
+    return TrainingParts(built.model, opt, strategy, built, stats, ckpt, sentinel,
+                         _accumulator(run, built.model, strategy))
+
+
+def _accumulator(run: Prepared, model, strategy) -> Optional[Accumulator]:
+    """N > 1: the accumulator, and the one line about BatchNormalization when the model has it."""
+    n = run.config.accumulate or 1
+    if n == 1:
+        return None
+    from app.task import model_layers
+
+    if any(isinstance(layer, tf.keras.layers.BatchNormalization)
+           for _, layer, _ in model_layers.walk(model)):
+        print(f"note: --accumulate {n}: BatchNormalization's statistics are computed per "
+              f"micro-batch of {run.dist.global_batch}, not over the global batch of "
+              f"{run.config.global_batch} (docs/training.md)", file=sys.stderr, flush=True)
+    per_epoch = -(-run.bundle.train_samples // run.dist.global_batch)
+    return Accumulator(model.trainable_variables, n, per_epoch, strategy, run.dist.replicas)
 
 
 def _local_replicas(strategy) -> int:
@@ -236,6 +267,7 @@ def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
                               max_skipped_steps=cfg.max_skipped_steps,
                               probe_batch=run.bundle.sample_batch,
                               global_batch=run.dist.global_batch,
+                              accumulate=run.config.accumulate or 1,
                               worker=run.dist.cluster.task_index if run.dist.multi_worker else None,
                               on_probe=recorder.record_probe)
         recorder.watch = watch
@@ -263,6 +295,9 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
 
             print(console_line(run.config.tuning), flush=True)
         print(run.dist.describe(), flush=True)
+        if (run.config.accumulate or 1) > 1:
+            print(f"accumulate: {run.config.accumulate} micro-batches of {run.dist.global_batch} "
+                  f"per update, global batch {run.config.global_batch}", flush=True)
     loop = _loop(run)
     metrics = new_metrics(run, envreport.collect(run.hardware), loop)
     stop = StopFlag()

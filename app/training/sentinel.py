@@ -62,11 +62,14 @@ class SentinelState:
         return self.stash.batches()
 
     # ---- inside the step ----------------------------------------------------------------
-    def guard(self, opt, grads, loss, batch, apply) -> tuple:
+    def guard(self, opt, grads, loss, batch, apply, accumulated: bool = False) -> tuple:
         """Apply ``grads`` with ``apply(grads)`` (which returns whether the LossScaleOptimizer
         skipped the step, or None without one) unless the step is faulty or a fault is
-        latched; latch a new fault with ``batch``.  Returns (the gradients as applied, the
-        skipped tensor or None).
+        latched; latch a new fault with ``batch``.  ``accumulated``: ``apply(grads, ok)``
+        is a micro-batch of ``app.training.accumulate`` returning (skipped, update); it
+        applies no group holding a micro-batch that is not ``ok``, and the step latched is
+        the update the micro-batch belongs to.  Returns (the gradients as applied, the
+        skipped tensor or None, the update tensor or None).
         ``loss`` None (a fit step whose train_step never called compute_loss): the
         gradients alone decide."""
         grads = list(grads)
@@ -75,12 +78,13 @@ class SentinelState:
             tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32))))
         step = self.stats.steps + 1
         none, forward = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
+        update = None
         if loss_scale.is_loss_scaled(opt):
             before = loss_scale.current_loss_scale(opt)
             grads = loss_scale.poisoned(grads, tf.logical_or(latched, tf.logical_not(loss_ok)))
-            skipped = apply(grads)
+            skipped, update = apply(grads, None) if accumulated else (apply(grads), None)
             at_floor = tf.logical_and(skipped, before <= rules.FLOOR)
-            floor = tf.where(self._floor_run(at_floor) >= rules.FLOOR_PATIENCE,
+            floor = tf.where(self._floor_run(at_floor, update) >= rules.FLOOR_PATIENCE,
                              tf.constant(3, tf.int64), none)
             code = tf.where(loss_ok, floor, forward)
             self._note_skips(skipped, step)
@@ -88,17 +92,23 @@ class SentinelState:
             before, skipped = tf.constant(1.0), None
             grads_ok = loss_scale.agreed(loss_scale.all_finite(grads))
             ok = tf.logical_and(tf.logical_not(latched), tf.logical_and(loss_ok, grads_ok))
-            _apply_if(ok, lambda *g: apply(list(g)), grads)
+            if accumulated:
+                _, update = apply(grads, ok)
+            else:
+                _apply_if(ok, lambda *g: apply(list(g)), grads)
             code = tf.where(loss_ok, tf.where(grads_ok, none, tf.constant(2, tf.int64)), forward)
         if batch is not None:
             self._latch(tf.logical_and(tf.logical_not(latched), code > 0), code, step, before,
                         batch)
-        return grads, skipped
+        return grads, skipped, update
 
-    def _floor_run(self, at_floor):
-        """Steps in a row skipped at the floor, this one counted."""
-        return _first_replica_assign(self.floor_in_a_row, tf.where(
-            at_floor, self.floor_in_a_row + 1, tf.constant(0, tf.int64)))
+    def _floor_run(self, at_floor, update=None):
+        """Updates in a row skipped at the floor, this one counted (a micro-batch that did
+        not update leaves the count as it is)."""
+        new = tf.where(at_floor, self.floor_in_a_row + 1, tf.constant(0, tf.int64))
+        if update is not None:
+            new = tf.where(update, new, self.floor_in_a_row)
+        return _first_replica_assign(self.floor_in_a_row, new)
 
     def _note_skips(self, skipped, step):
         # stats.consecutive still holds the run before this step: a run begins here.
