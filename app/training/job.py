@@ -303,7 +303,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     stop = StopFlag()
     with _policy_restored(), signal_handlers(stop):
         parts = _build_or_explain(run, stop)
-        start, previous_steps = _resume(run, parts, metrics)
+        start, skip, previous_steps = _resume(run, parts, metrics)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
         monitor = make_monitor(run, parts, recorder, stop)
         # The chief holds the folder from its first write until it ends (app/run_folder/lock.py);
@@ -316,7 +316,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                     # Another run may have finished here since prepare() looked.
                     check_holds_no_run(run.output)
             recorder.open()
-            _train_and_save(run, parts, recorder, monitor, loop, start)
+            _train_and_save(run, parts, recorder, monitor, loop, start, skip)
     return metrics
 
 
@@ -351,16 +351,32 @@ def _build_or_explain(run: Prepared, stop: StopFlag) -> TrainingParts:
 
 
 def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
-    """(first epoch to train, the continued run's step records)."""
+    """(first epoch to train, micro-batches of it already trained, the continued run's step
+    records)."""
     if not run.config.resume:
-        return 0, []
+        return 0, 0, []
     start = parts.checkpointer.restore_latest()  # UsageError if incompatible: nothing written
-    parts.stats.steps.assign(parts.checkpointer.step)
-    previous_steps = continue_metrics(metrics, run.previous, start,
-                                      int(parts.checkpointer.step.numpy()))
-    print(f"resuming from {parts.checkpointer.restored_path} at epoch {start + 1}",
-          file=sys.stderr)
-    return start, previous_steps
+    step = int(parts.checkpointer.step.numpy())
+    parts.stats.steps.assign(step)
+    previous_steps = continue_metrics(metrics, run.previous, start, step)
+    skip = 0 if run.dist.multi_worker else _trained_in_epoch(run, start, step)
+    if parts.accumulator is not None:
+        parts.accumulator.start_at(skip)
+    where = f" after {skip} batch(es) of epoch {start + 1}" if skip else f" at epoch {start + 1}"
+    print(f"resuming from {parts.checkpointer.restored_path}{where}", file=sys.stderr)
+    return start, skip, previous_steps
+
+
+def _trained_in_epoch(run: Prepared, start: int, step: int) -> int:
+    """The (micro-)batches of epoch ``start`` that the checkpoint's ``step`` updates already
+    trained: a checkpoint saved mid-epoch (an interrupt) continues after them, and one saved
+    mid-group at that group's start (a group's sums are not saved).  0 when the count does
+    not fit this run's epochs (another batch size)."""
+    n = run.config.accumulate or 1
+    per_epoch = -(-run.bundle.train_samples // run.dist.global_batch)
+    updates = -(-per_epoch // n)
+    done = step - start * updates
+    return done * n if 0 < done < updates else 0
 
 
 @contextlib.contextmanager
@@ -377,13 +393,13 @@ def _output_faults_described(recorder: Recorder):
 
 
 def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
-                    monitor: StepMonitor, loop: str, start: int):
+                    monitor: StepMonitor, loop: str, start: int, skip: int = 0):
     """The loop and the final model; the run's end goes into metrics.json."""
     cfg = run.config
     try:
         if start < cfg.epochs:
             run_loop = loops.run_fit if loop == "fit" else loops.run_custom
-            run_loop(run, parts, recorder, monitor, start)
+            run_loop(run, parts, recorder, monitor, start, skip)
         recorder.metrics["status"] = "completed"
         if cfg.save_model:
             # Every worker saves (saving may read synced variables), only the chief
