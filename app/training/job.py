@@ -33,7 +33,8 @@ from app.precision import keras_version, loss_scale
 from app.training import step_stats
 from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
-from app.training.config import (TrainConfig, check_accumulation, check_output_writable,
+from app.training.config import (TrainConfig, check_accumulation, check_accumulation_strategy,
+                                 check_output_writable,
                                  data_dir_chosen, default_data_dir, default_output, validate)
 from app.core.errors import (MixedPrecisionClash, NumericsFault, PrecisionUnsupported,
                              TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
@@ -126,11 +127,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
 def _accumulation(cfg: TrainConfig, dist: distribute.Distribution) -> TrainConfig:
     """``cfg`` with ``accumulate`` and ``global_batch`` resolved for the replicas there are."""
     n = check_accumulation(cfg, dist.replicas)
-    if n > 1 and dist.multi_worker:
-        raise UsageError("--accumulate/--global-batch cannot be used with the multi-worker "
-                         "strategy (its restarts resume at epoch boundaries, not at a group's)",
-                         "--strategy one or mirrored with --accumulate, or multi-worker "
-                         "without it")
+    check_accumulation_strategy(cfg, dist.choice.kind, n)
     return dataclasses.replace(cfg, accumulate=n, global_batch=dist.global_batch * n)
 
 
