@@ -125,7 +125,8 @@ def micro_batch(acc: Accumulator, opt, grads, samples, apply, *, scale_in=None, 
     if sentinel is None:
         skipped, update = run(grads)
     else:
-        _, skipped, update = sentinel.guard(opt, grads, loss, batch, run, accumulated=True)
+        _, skipped, update = sentinel.guard(opt, grads, loss, batch, run, accumulated=True,
+                                            position=acc.position.read_value())
     if record is not None:
         record(lambda: acc.mean(dtypes), skipped, update)
     acc.reset_if(update)

@@ -264,7 +264,6 @@ def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
                               max_skipped_steps=cfg.max_skipped_steps,
                               probe_batch=run.bundle.sample_batch,
                               global_batch=run.dist.global_batch,
-                              accumulate=run.config.accumulate or 1,
                               worker=run.dist.cluster.task_index if run.dist.multi_worker else None,
                               on_probe=recorder.record_probe)
         recorder.watch = watch

@@ -41,6 +41,8 @@ class SentinelState:
         self.fault_scale = _var("sentinel_fault_scale", tf.float32, 1.0)
         self.run_start = _var("sentinel_run_start", tf.int64)
         self.floor_in_a_row = _var("sentinel_floor_in_a_row", tf.int64)
+        # --accumulate: the faulty micro-batch's place in its epoch (-1: not accumulating)
+        self.fault_micro = _var("sentinel_fault_micro_batch", tf.int64, -1)
         self.stash = BatchStash(element_spec, local_replicas, batch_size)
         self.fit = FitView()
 
@@ -62,13 +64,15 @@ class SentinelState:
         return self.stash.batches()
 
     # ---- inside the step ----------------------------------------------------------------
-    def guard(self, opt, grads, loss, batch, apply, accumulated: bool = False) -> tuple:
+    def guard(self, opt, grads, loss, batch, apply, accumulated: bool = False,
+              position=None) -> tuple:
         """Apply ``grads`` with ``apply(grads)`` (which returns whether the LossScaleOptimizer
         skipped the step, or None without one) unless the step is faulty or a fault is
         latched; latch a new fault with ``batch``.  ``accumulated``: ``apply(grads, ok)``
         is a micro-batch of ``app.training.accumulate`` returning (skipped, update); it
         applies no group holding a micro-batch that is not ``ok``, and the step latched is
-        the update the micro-batch belongs to.  Returns (the gradients as applied, the
+        the update the micro-batch belongs to, ``position`` the micro-batch's place in its
+        epoch (latched too, for the replay's sample numbers).  Returns (the gradients as applied, the
         skipped tensor or None, the update tensor or None).
         ``loss`` None (a fit step whose train_step never called compute_loss): the
         gradients alone decide."""
@@ -99,7 +103,7 @@ class SentinelState:
             code = tf.where(loss_ok, tf.where(grads_ok, none, tf.constant(2, tf.int64)), forward)
         if batch is not None:
             self._latch(tf.logical_and(tf.logical_not(latched), code > 0), code, step, before,
-                        batch)
+                        batch, position)
         return grads, skipped, update
 
     def _floor_run(self, at_floor, update=None):
@@ -115,7 +119,7 @@ class SentinelState:
         begins = tf.logical_and(skipped, tf.equal(self.stats.consecutive, 0))
         _first_replica_assign(self.run_start, tf.where(begins, step, self.run_start))
 
-    def _latch(self, new, code, step, scale, batch):
+    def _latch(self, new, code, step, scale, batch, position=None):
         """At a new fault: the code, the step and the scale (first replica), and each
         replica's own batch.  Written every step with ``tf.where`` (keep or replace) rather
         than under a ``tf.cond``: a cond holding the batch measured ~25% of a small CNN's
@@ -123,12 +127,12 @@ class SentinelState:
         A sample of unknown shape (no fixed-size stash) is written under a cond."""
         replica = _replica_index()
         if not self.stash.fixed:
-            tf.cond(new, lambda: self._write(True, code, step, scale, batch, replica),
+            tf.cond(new, lambda: self._write(True, code, step, scale, batch, replica, position),
                     lambda: tf.constant(False))
             return
-        self._write(new, code, step, scale, batch, replica)
+        self._write(new, code, step, scale, batch, replica, position)
 
-    def _write(self, new, code, step, scale, batch, replica):
+    def _write(self, new, code, step, scale, batch, replica, position=None):
         def keep_or(value, var):
             return var.assign(tf.where(new, tf.cast(value, var.dtype), var), read_value=False)
         with tf.control_dependencies(self.stash.write(replica, batch, new)):
@@ -138,6 +142,8 @@ class SentinelState:
                 # set (the monitor's thread, mid-step) sees the rest (``counters``).
                 with tf.control_dependencies([stashed]):
                     done = [keep_or(step, self.fault_step), keep_or(scale, self.fault_scale)]
+                    if position is not None:
+                        done.append(keep_or(position, self.fault_micro))
                 with tf.control_dependencies(done):
                     keep_or(code, self.fault_code)
         return tf.constant(True)

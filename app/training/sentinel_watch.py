@@ -21,14 +21,12 @@ from app.task import model_layers
 class SentinelWatch:
     def __init__(self, state, model, loss_fn, *, every: int, policy: str, loss_scaled: bool,
                  max_skipped_steps: int, probe_batch=None, global_batch: int = 1,
-                 accumulate: int = 1,
                  worker: Optional[int] = None, warn: Optional[Callable[[str], None]] = None,
                  on_probe: Optional[Callable[[int, dict], None]] = None):
         self.state, self.model, self.loss_fn = state, model, loss_fn
         self.every, self.policy, self.loss_scaled = every, policy, loss_scaled
         self.max_skipped_steps, self.global_batch, self.worker = (
             max_skipped_steps, global_batch, worker)
-        self.accumulate = accumulate   # micro-batches (of global_batch) per step counted
         self.entries = model_layers.walk(model)
         self.probe = HeadroomProbe(model, self.entries) if probe_batch is not None else None
         self.probe_x = None if probe_batch is None else tf.convert_to_tensor(probe_batch[0])
@@ -114,13 +112,13 @@ def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int, loss_spec: st
     fault is the one named); None without a stash (a rule's fault, not the latch's)."""
     batches = watch.state.batches() if watch.state.latched() else []
     in_epoch = max(0, fault.step - watch.epoch_start_step - 1)
+    micro = int(watch.state.fault_micro.numpy())   # --accumulate: the micro-batch's place
+    first = (micro if micro >= 0 else in_epoch) * watch.global_batch
     per_replica = max(1, watch.global_batch // max(1, len(watch.state.stash)))
     found = None
     for i, batch in enumerate(batches):
         failed = replay.FailedStep(
-            fault, epoch, in_epoch * watch.accumulate * watch.global_batch + i * per_replica,
-            watch.policy,
-            loss_spec, watch.start_weights_max,
+            fault, epoch, first + i * per_replica, watch.policy, loss_spec, watch.start_weights_max,
             replica=i if len(batches) > 1 else None, worker=watch.worker)
         found = replay.diagnose(watch.model, watch.loss_fn, watch.entries, batch, failed)
         if found.verdict != "not reproduced":
