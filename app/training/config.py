@@ -130,9 +130,12 @@ def _with_tune(cfg: TrainConfig, given: Mapping[str, Any]) -> TrainConfig:
     applied = tuned.apply(cfg.tuned, model=cfg.model, dataset=cfg.dataset,
                           precision=given.get("precision"), batch_size=given.get("batch_size"),
                           learning_rate=cfg.learning_rate, scale_lr=cfg.scale_lr,
-                          default_batch=TrainConfig.batch_size)
+                          default_batch=TrainConfig.batch_size,
+                          accumulation_given=given.get("accumulate") is not None
+                          or given.get("global_batch") is not None)
     cfg = replace(cfg, precision=applied.precision, batch_size=applied.batch_size,
-                  learning_rate=applied.learning_rate, tuning=applied.record)
+                  learning_rate=applied.learning_rate, tuning=applied.record,
+                  accumulate=applied.accumulate or cfg.accumulate)
     validate(cfg)
     return cfg
 
