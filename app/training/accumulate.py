@@ -21,11 +21,14 @@ the cross-replica context, as the sentinel's guarded apply is.
 """
 from __future__ import annotations
 
+import dataclasses
+import sys
 from typing import Callable, Optional
 
 import tensorflow as tf
 
 from app.precision import loss_scale
+from app.training.config import check_accumulation, check_accumulation_strategy
 from app.training.sentinel import FitView
 
 _ON_READ = tf.VariableSynchronization.ON_READ
@@ -35,6 +38,48 @@ _FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
 def _local(name, value, aggregation=tf.VariableAggregation.SUM):
     return tf.Variable(value, trainable=False, name=name, synchronization=_ON_READ,
                        aggregation=aggregation)
+
+
+# ---- the run's accumulation (``app.training.job``) --------------------------------------------
+
+def resolve(cfg, dist):
+    """``cfg`` with ``accumulate`` and ``global_batch`` resolved for the replicas ``dist``
+    (``app.training.distribute.Distribution``) has; UsageError for what cannot be."""
+    n = check_accumulation(cfg, dist.replicas)
+    check_accumulation_strategy(cfg, dist.choice.kind, n)
+    return dataclasses.replace(cfg, accumulate=n, global_batch=dist.global_batch * n)
+
+
+def for_run(run, model, strategy) -> Optional["Accumulator"]:
+    """The run's accumulator (None: one batch per update), and the one line about
+    BatchNormalization when the model has it.  ``run``: ``app.training.job.Prepared``."""
+    n = run.config.accumulate or 1
+    if n == 1:
+        return None
+    from app.task import model_layers
+
+    if any(isinstance(layer, tf.keras.layers.BatchNormalization)
+           for _, layer, _ in model_layers.walk(model)):
+        print(f"note: --accumulate {n}: BatchNormalization's statistics are computed per "
+              f"micro-batch of {run.dist.global_batch}, not over the global batch of "
+              f"{run.config.global_batch} (docs/training.md)", file=sys.stderr, flush=True)
+    return Accumulator(model.trainable_variables, n, _per_epoch(run), strategy,
+                       run.dist.replicas)
+
+
+def _per_epoch(run) -> int:
+    return -(-run.bundle.train_samples // run.dist.global_batch)
+
+
+def trained_in_epoch(run, start: int, step: int) -> int:
+    """The (micro-)batches of epoch ``start`` that the checkpoint's ``step`` updates already
+    trained: a checkpoint saved mid-epoch (an interrupt) continues after them, and one saved
+    mid-group at that group's start (a group's sums are not saved).  0 when the count does
+    not fit this run's epochs (another batch size)."""
+    n = run.config.accumulate or 1
+    updates = -(-_per_epoch(run) // n)
+    done = step - start * updates
+    return done * n if 0 < done < updates else 0
 
 
 def batch_samples(batch):

@@ -34,7 +34,7 @@ class TrainConfig:
     epochs: int = 5
     batch_size: int = 128
     accumulate: int | None = None     # micro-batches per update; None: from global_batch, else 1
-    global_batch: int | None = None   # the batch per update; None: batch_size x replicas x accumulate
+    global_batch: int | None = None   # per update; None: batch_size x replicas x accumulate
     learning_rate: float = 1e-3
     workspace: str = "workspace"
     data_dir: str | None = None       # default: <workspace>/data

@@ -33,14 +33,14 @@ from app.precision import keras_version, loss_scale
 from app.training import step_stats
 from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
-from app.training.config import (TrainConfig, check_accumulation, check_accumulation_strategy,
-                                 check_output_writable,
-                                 data_dir_chosen, default_data_dir, default_output, validate)
+from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen,
+                                 default_data_dir, default_output, validate)
 from app.core.errors import (MixedPrecisionClash, NumericsFault, PrecisionUnsupported,
                              TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
                              unprefixed)
 from app.training.interrupts import StopFlag, signal_handlers
 from app.training.monitor import StepMonitor
+from app.training import accumulate
 from app.training.accumulate import Accumulator
 from app.training.sentinel import SentinelState
 from app.training.sentinel_watch import SentinelWatch
@@ -91,7 +91,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     decision = prec.resolve(cfg.precision, hw)
     # Before the data: the strategy must exist before TensorFlow's first tensor.
     dist = distribute.setup(cfg.strategy, cfg.batch_size, len(hw.gpus))
-    cfg = _accumulation(cfg, dist)
+    cfg = accumulate.resolve(cfg, dist)
     decision = _runnable(decision, cfg.model if task is None else task.model.spec, hw)
     if cfg.resume and not cfg.output:
         raise UsageError("--resume needs --output (or TFMP_OUTPUT) naming the run to continue",
@@ -122,13 +122,6 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                             offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
     return Prepared(dataclasses.replace(cfg, output=output, resume=resume), hw, decision, task,
                     bundle, dist, previous)
-
-
-def _accumulation(cfg: TrainConfig, dist: distribute.Distribution) -> TrainConfig:
-    """``cfg`` with ``accumulate`` and ``global_batch`` resolved for the replicas there are."""
-    n = check_accumulation(cfg, dist.replicas)
-    check_accumulation_strategy(cfg, dist.choice.kind, n)
-    return dataclasses.replace(cfg, accumulate=n, global_batch=dist.global_batch * n)
 
 
 def check_holds_no_run(output: str) -> None:
@@ -217,23 +210,7 @@ def build_parts(run: Prepared, stop: StopFlag | None = None) -> TrainingParts:
     sentinel = (SentinelState(stats, run.bundle.train.element_spec, _local_replicas(strategy),
                               cfg.batch_size) if cfg.sentinel else None)
     return TrainingParts(built.model, opt, strategy, built, stats, ckpt, sentinel,
-                         _accumulator(run, built.model, strategy))
-
-
-def _accumulator(run: Prepared, model, strategy) -> Optional[Accumulator]:
-    """N > 1: the accumulator, and the one line about BatchNormalization when the model has it."""
-    n = run.config.accumulate or 1
-    if n == 1:
-        return None
-    from app.task import model_layers
-
-    if any(isinstance(layer, tf.keras.layers.BatchNormalization)
-           for _, layer, _ in model_layers.walk(model)):
-        print(f"note: --accumulate {n}: BatchNormalization's statistics are computed per "
-              f"micro-batch of {run.dist.global_batch}, not over the global batch of "
-              f"{run.config.global_batch} (docs/training.md)", file=sys.stderr, flush=True)
-    per_epoch = -(-run.bundle.train_samples // run.dist.global_batch)
-    return Accumulator(model.trainable_variables, n, per_epoch, strategy, run.dist.replicas)
+                         accumulate.for_run(run, built.model, strategy))
 
 
 def _local_replicas(strategy) -> int:
@@ -355,24 +332,12 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     step = int(parts.checkpointer.step.numpy())
     parts.stats.steps.assign(step)
     previous_steps = continue_metrics(metrics, run.previous, start, step)
-    skip = 0 if run.dist.multi_worker else _trained_in_epoch(run, start, step)
+    skip = 0 if run.dist.multi_worker else accumulate.trained_in_epoch(run, start, step)
     if parts.accumulator is not None:
         parts.accumulator.start_at(skip)
     where = f" after {skip} batch(es) of epoch {start + 1}" if skip else f" at epoch {start + 1}"
     print(f"resuming from {parts.checkpointer.restored_path}{where}", file=sys.stderr)
     return start, skip, previous_steps
-
-
-def _trained_in_epoch(run: Prepared, start: int, step: int) -> int:
-    """The (micro-)batches of epoch ``start`` that the checkpoint's ``step`` updates already
-    trained: a checkpoint saved mid-epoch (an interrupt) continues after them, and one saved
-    mid-group at that group's start (a group's sums are not saved).  0 when the count does
-    not fit this run's epochs (another batch size)."""
-    n = run.config.accumulate or 1
-    per_epoch = -(-run.bundle.train_samples // run.dist.global_batch)
-    updates = -(-per_epoch // n)
-    done = step - start * updates
-    return done * n if 0 < done < updates else 0
 
 
 @contextlib.contextmanager

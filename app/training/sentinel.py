@@ -127,26 +127,27 @@ class SentinelState:
         A sample of unknown shape (no fixed-size stash) is written under a cond."""
         replica = _replica_index()
         if not self.stash.fixed:
-            tf.cond(new, lambda: self._write(True, code, step, scale, batch, replica, position),
+            tf.cond(new, lambda: _write(self, True, code, step, scale, batch, replica, position),
                     lambda: tf.constant(False))
             return
-        self._write(new, code, step, scale, batch, replica, position)
+        _write(self, new, code, step, scale, batch, replica, position)
 
-    def _write(self, new, code, step, scale, batch, replica, position=None):
-        def keep_or(value, var):
-            return var.assign(tf.where(new, tf.cast(value, var.dtype), var), read_value=False)
-        with tf.control_dependencies(self.stash.write(replica, batch, new)):
-            stashed = self.stash.count.assign_add(tf.cast(new, tf.int64))
-            if replica == 0:
-                # The code last, after everything it vouches for: a reader that sees it
-                # set (the monitor's thread, mid-step) sees the rest (``counters``).
-                with tf.control_dependencies([stashed]):
-                    done = [keep_or(step, self.fault_step), keep_or(scale, self.fault_scale)]
-                    if position is not None:
-                        done.append(keep_or(position, self.fault_micro))
-                with tf.control_dependencies(done):
-                    keep_or(code, self.fault_code)
-        return tf.constant(True)
+def _write(state, new, code, step, scale, batch, replica, position=None):
+    """``SentinelState._latch``'s writes: keep each value, or replace it at a new fault."""
+    def keep_or(value, var):
+        return var.assign(tf.where(new, tf.cast(value, var.dtype), var), read_value=False)
+    with tf.control_dependencies(state.stash.write(replica, batch, new)):
+        stashed = state.stash.count.assign_add(tf.cast(new, tf.int64))
+        if replica == 0:
+            # The code last, after everything it vouches for: a reader that sees it
+            # set (the monitor's thread, mid-step) sees the rest (``counters``).
+            with tf.control_dependencies([stashed]):
+                done = [keep_or(step, state.fault_step), keep_or(scale, state.fault_scale)]
+                if position is not None:
+                    done.append(keep_or(position, state.fault_micro))
+            with tf.control_dependencies(done):
+                keep_or(code, state.fault_code)
+    return tf.constant(True)
 
 
 class FitView:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from app.core.errors import UsageError
-from app.tuner.search import SPEED_TIE, STEP, Trial
+from app.tuner.search import SPEED_TIE, STEP, Trial, choose, judge
 
 MAX_PLAN_TRIALS = 3   # candidates measured with accumulation, per precision
 
@@ -23,9 +23,10 @@ def check_global_batch(value) -> Optional[int]:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < STEP or value % STEP:
+        near = max(STEP, value // STEP * STEP) if isinstance(value, int) else 1024
         raise UsageError(f"global_batch must be a multiple of {STEP} (the tune's batch sizes "
                          f"are). Received: global_batch={value!r}",
-                         f"a multiple of {STEP}, e.g. {max(STEP, (int(value) // STEP) * STEP) if isinstance(value, int) else 1024}")
+                         f"a multiple of {STEP}, e.g. {near}")
     return value
 
 
@@ -71,3 +72,34 @@ def entry(global_batch: int, measured: List[Trial]) -> dict:
             "samples_per_second": chosen.samples_per_second if chosen else None,
             "trials": [dict(t.to_dict(), accumulate=global_batch // t.batch_size)
                        for t in measured]}
+
+
+def measure(results, runner, bar, limit: int, global_batch: int, plans: dict, notes: list):
+    """Each precision's candidates measured with accumulation (``runner``: the tune's trial
+    runner, phase "plan"); fills ``plans`` (``entry`` by policy).  Returns (the fastest
+    precision, its plans as (micro-batch, N, samples/s), the chosen first, then the smaller
+    ones that fitted: the verification's step-downs)."""
+    measured_by = {}
+    for policy, r in results.items():
+        measured = []
+        for micro in candidates(r.trials, global_batch):
+            bar.start(policy, micro, phase="plan")
+            t = judge(micro, runner(policy, micro, any_fit=True, phase="plan",
+                                    accumulate=global_batch // micro), limit)
+            t.phase = "plan"
+            bar.finish(policy, t)
+            measured.append(t)
+        plans[policy] = entry(global_batch, measured)
+        measured_by[policy] = measured
+    picked = choose({p: best(m) for p, m in measured_by.items()})
+    if picked is None:
+        raise UsageError(f"no micro-batch that divides the global batch {global_batch} fits "
+                         "under any precision", "a --global-batch that a fitting size divides "
+                         "(a multiple of 8), or a larger --memory-budget")
+    policy, top = picked
+    notes.append(f"global batch {global_batch}: {policy} at micro-batch {top.batch_size} x "
+                 f"{global_batch // top.batch_size} measured fastest")
+    rest = sorted((t for t in measured_by[policy] if t.fits and t.batch_size < top.batch_size),
+                  key=lambda t: -t.batch_size)
+    return policy, [(t.batch_size, global_batch // t.batch_size, t.samples_per_second)
+                    for t in [top] + rest]

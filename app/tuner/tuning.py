@@ -396,60 +396,29 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
     best = {p: search.best_batch(r.trials) for p, r in results.items()}
     out = _Outcome(results)
     if global_batch is not None:
-        policy, chosen = _plan(results, runner, bar, limit, global_batch, out, notes)
+        policy, chosen = plan_mod.measure(results, runner, bar, limit, global_batch, out.plans,
+                                          notes)
     else:
         policy, trial = search.choose(best)
         # The chosen size first, then the smaller sizes that fitted, largest first.
-        chosen = [(t.batch_size, 1, t.samples_per_second) for t in sorted(
-            (t for t in results[policy].trials if t.fits and t.batch_size <= trial.batch_size),
-            key=lambda t: -t.batch_size)]
-        chosen = list({b: (b, n, sps) for b, n, sps in chosen}.values())
+        speed = {t.batch_size: t.samples_per_second for t in reversed(results[policy].trials)
+                 if t.fits and t.batch_size <= trial.batch_size}
+        chosen = [(b, 1, speed[b]) for b in sorted(speed, reverse=True)]
     _verify(policy, chosen, runner, bar, limit, verify_steps_for(steps), out, notes,
             planned=global_batch is not None)
     return out
-
-
-def _plan(results, runner, bar, limit, global_batch, out, notes):
-    """--global-batch: each precision's candidates measured with accumulation; (the
-    fastest precision, its plans as (micro-batch, N, samples/s), the chosen first)."""
-    measured_by = {}
-    for policy, r in results.items():
-        measured = []
-        for micro in plan_mod.candidates(r.trials, global_batch):
-            n = global_batch // micro
-            bar.start(policy, micro, phase="plan")
-            t = search.judge(micro, runner(policy, micro, any_fit=True, phase="plan",
-                                           accumulate=n), limit)
-            t.phase = "plan"
-            bar.finish(policy, t)
-            measured.append(t)
-        out.plans[policy] = plan_mod.entry(global_batch, measured)
-        measured_by[policy] = measured
-    ranked = {p: plan_mod.best(m) for p, m in measured_by.items()}
-    picked = search.choose(ranked)
-    if picked is None:
-        raise NothingFits(f"no micro-batch that divides the global batch {global_batch} fits "
-                          "under any precision",
-                          "a --global-batch that a fitting size divides (a multiple of 8), "
-                          "or a larger --memory-budget")
-    policy, top = picked
-    notes.append(f"global batch {global_batch}: {policy} at micro-batch {top.batch_size} x "
-                 f"{global_batch // top.batch_size} measured fastest")
-    rest = sorted((t for t in measured_by[policy] if t.fits and t.batch_size < top.batch_size),
-                  key=lambda t: -t.batch_size)
-    return policy, [(t.batch_size, global_batch // t.batch_size, t.samples_per_second)
-                    for t in [top] + rest]
 
 
 def _verify(policy, chosen, runner, bar, limit, verify_steps, out, notes,
             planned: bool = False) -> None:
     """Verify ``chosen`` ((batch, accumulate, searched samples/s), the choice first) in a
     real ``tfmp train``; step down to the next on a misfit."""
+    why = ("the fastest precision and micro-batch for the global batch" if planned
+           else "the fastest precision at its own fastest batch size")
     for batch, n, searched_sps in chosen[:MAX_STEP_DOWNS + 1]:
         bar.start(policy, batch, phase="verify")
-        extra = {"accumulate": n} if n > 1 else {}
-        v = search.judge(batch, runner.verify(policy, batch, steps=verify_steps, **extra),
-                         limit)
+        kw = {"accumulate": n} if n > 1 else {}
+        v = search.judge(batch, runner.verify(policy, batch, steps=verify_steps, **kw), limit)
         v.phase = "verify"
         out.verify_trials.setdefault(policy, []).append(v)
         bar.finish(policy, v)
@@ -461,12 +430,8 @@ def _verify(policy, chosen, runner, bar, limit, verify_steps, out, notes,
                             "stepped_down_from": chosen[0][0] if out.stepped_down else None,
                             **extra}
             out.choice = {"precision": policy, "batch_size": batch,
-                          "samples_per_second": searched_sps, **extra,
-                          "reason": ("the fastest precision and micro-batch for the global "
-                                     "batch" if planned else "the fastest precision at its "
-                                     "own fastest batch size") + (
-                                         " (stepped down in verification)"
-                                         if out.stepped_down else "")}
+                          "samples_per_second": searched_sps, **extra, "reason": why + (
+                              " (stepped down in verification)" if out.stepped_down else "")}
             if out.stepped_down:
                 bar.say(f"[tune] stepped down to {policy} at batch {batch}: the larger size "
                         "went over the budget in the longer verification run")

@@ -8,7 +8,9 @@ They train one short epoch each in rotating blocks (the order shifts every round
 neighbouring blocks share the machine's state; the cost is the median over the rounds of
 (accumulated / plain - 1), from wall time and from process CPU time (the machine is shared:
 CPU time is the steadier figure).  Target: at most 5% (wall median) for N = 2 and 4; the exit
-status is 1 when a configuration misses it.
+status is 1 when a configuration misses it.  ``--split`` adds, for each N, the plain
+micro-batch B/N (N times the updates) as a side: (accumulated / plain micro-batch - 1) is
+then what the accumulation itself adds, the rest of the cost is the smaller batch's.
 
     python3 tests/benchmarks/bench_accumulate.py --rounds 10
     python3 tests/benchmarks/bench_accumulate.py --models mlp --loops custom --global-batch 1024
@@ -37,15 +39,16 @@ TARGET = 0.05
 class Side:
     """One ``tfmp train`` set-up, driven one epoch at a time."""
 
-    def __init__(self, model, loop, policy, n: int, args, work: str):
+    def __init__(self, model, loop, policy, n: int, args, work: str, accumulate: bool = True):
         from app.training import distribute, job, step
         from app.training.config import TrainConfig
 
         cfg = TrainConfig(model=model, dataset="synthetic", precision=policy, loop=loop,
-                          epochs=1, batch_size=args.global_batch // n, accumulate=n,
+                          epochs=1, batch_size=args.global_batch // n,
+                          accumulate=n if accumulate else 1,
                           max_train_samples=args.samples, max_val_samples=64, offline=True,
                           progress="bar", save_model=False, log_every=args.log_every,
-                          output=os.path.join(work, f"n{n}"))
+                          output=os.path.join(work, f"n{n}{'' if accumulate else 'p'}"))
         self.run = job.prepare(cfg)
         self.parts = job.build_parts(self.run)
         recorder = job.make_recorder(self.run, self.parts, {}).open()
@@ -75,26 +78,28 @@ def one(model, loop, policy, args) -> dict:
     """Every side of one configuration, in this process."""
     work = tempfile.mkdtemp(prefix="bench-accumulate-")
     ns = [1] + [int(n) for n in args.accumulate.split(",")]
+    keys = [str(n) for n in ns] + ([f"p{n}" for n in ns[1:]] if args.split else [])
     with contextlib.redirect_stdout(sys.stderr):
-        sides = {n: Side(model, loop, policy, n, args, work) for n in ns}
+        sides = {k: Side(model, loop, policy, int(k.lstrip("p")), args, work,
+                         accumulate=not k.startswith("p")) for k in keys}
     for _ in range(args.warmup):
         for s in sides.values():
             s.epoch()
-    before = {n: s.updates() for n, s in sides.items()}
+    before = {k: s.updates() for k, s in sides.items()}
     rounds = []
     for i in range(args.rounds):
-        order = ns[i % len(ns):] + ns[:i % len(ns)]
+        order = keys[i % len(keys):] + keys[:i % len(keys)]
         got = {}
-        for n in order:
+        for k in order:
             t, c = time.perf_counter(), time.process_time()
-            sides[n].epoch()
-            got[str(n)] = {"wall": time.perf_counter() - t, "cpu": time.process_time() - c}
+            sides[k].epoch()
+            got[k] = {"wall": time.perf_counter() - t, "cpu": time.process_time() - c}
         rounds.append(got)
-    # Every side made the same number of updates: the same global batch per update.
-    updates = {n: s.updates() - before[n] for n, s in sides.items()}
-    assert len(set(updates.values())) == 1, updates
+    # Every accumulating side made as many updates as the plain batch: the same global batch.
+    updates = {k: s.updates() - before[k] for k, s in sides.items()}
+    assert len({updates[str(n)] for n in ns}) == 1, updates
     out = {"model": model, "loop": loop, "policy": policy, "global_batch": args.global_batch,
-           "samples_per_block": args.samples, "updates_per_block": updates[1] // args.rounds,
+           "samples_per_block": args.samples, "updates_per_block": updates["1"] // args.rounds,
            "rounds": rounds}
     plain = [r["1"] for r in rounds]
     out["median_ms_per_sample_plain"] = 1e3 * statistics.median(
@@ -103,6 +108,9 @@ def one(model, loop, policy, args) -> dict:
         for fig in ("wall", "cpu"):
             out[f"n{n}_median_cost_{fig}"] = statistics.median(
                 r[str(n)][fig] / r["1"][fig] - 1.0 for r in rounds)
+            if args.split:   # the accumulation's own part: against the plain micro-batch
+                out[f"n{n}_vs_micro_{fig}"] = statistics.median(
+                    r[str(n)][fig] / r[f"p{n}"][fig] - 1.0 for r in rounds)
     return out
 
 
@@ -117,6 +125,8 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=8192, help="samples per block (one epoch)")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--split", action="store_true",
+                   help="also time the plain micro-batch: the accumulation's own cost")
     p.add_argument("--output", default=None)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)   # MODEL,LOOP,POLICY child
     args = p.parse_args(argv)
@@ -128,7 +138,8 @@ def main(argv=None) -> int:
     os.makedirs(work, exist_ok=True)
     common = ["--rounds", str(args.rounds), "--samples", str(args.samples), "--global-batch",
               str(args.global_batch), "--accumulate", args.accumulate, "--log-every",
-              str(args.log_every), "--warmup", str(args.warmup)]
+              str(args.log_every), "--warmup", str(args.warmup)] + (["--split"] if args.split
+                                                                    else [])
     results = []
     ns = [int(n) for n in args.accumulate.split(",")]
     for model in filter(None, args.models.split(",")):
@@ -138,7 +149,10 @@ def main(argv=None) -> int:
                 r = results[-1]
                 costs = "; ".join(
                     f"N={n}: wall {100 * r[f'n{n}_median_cost_wall']:+5.1f}% CPU "
-                    f"{100 * r[f'n{n}_median_cost_cpu']:+5.1f}%" for n in ns)
+                    f"{100 * r[f'n{n}_median_cost_cpu']:+5.1f}%" + (
+                        f" (vs plain micro-batch: wall {100 * r[f'n{n}_vs_micro_wall']:+5.1f}% "
+                        f"CPU {100 * r[f'n{n}_vs_micro_cpu']:+5.1f}%)" if args.split else "")
+                    for n in ns)
                 print(f"{model:6s} {loop:6s} {policy:14s} B={args.global_batch} plain "
                       f"{r['median_ms_per_sample_plain'] * 1e3:7.1f} us/sample; {costs}",
                       flush=True)
