@@ -106,7 +106,9 @@ SETTINGS: Tuple[Setting, ...] = (
             "(default 1: none; docs/training.md)", int, passed=True),
     Setting("global_batch", "how", "the batch each update sees, the other way to say "
             "--accumulate: a multiple of --batch-size times the replicas (default: --batch-size "
-            "times the replicas times --accumulate)", int, metavar="B", passed=True),
+            "times the replicas times --accumulate)", int, metavar="B"),
+    # Not passed: the benchmark gives its runs batch sizes of their own (--best-batch), which
+    # one global batch would contradict; --accumulate is passed.
     Setting("strategy", "how", "tf.distribute strategy, one of {strategies} (default {default}: "
             "mirrored with several GPUs, multi-worker when TF_CONFIG describes a cluster, else "
             "one device)"),
