@@ -230,3 +230,27 @@ def test_resume_mid_group_reaches_the_uninterrupted_weights(uninterrupted, tmp_p
             assert np.array_equal(got[name], value), name
         else:
             assert np.allclose(got[name], value, rtol=1e-4, atol=1e-5), name
+
+
+def test_batchnormalization_is_said_once_and_groups_follow_the_epoch(capsys):
+    """BatchNormalization's statistics stay per micro-batch: one console line says so (none
+    for a model without it); 100 samples in micro-batches of 32 are 4, one update of 4."""
+    from types import SimpleNamespace
+
+    from app.training import accumulate
+
+    def model(bn):
+        inputs = tf.keras.Input((4,))
+        x = tf.keras.layers.BatchNormalization()(inputs) if bn else inputs
+        return tf.keras.Model(inputs, tf.keras.layers.Dense(2)(x))
+    run = SimpleNamespace(config=SimpleNamespace(accumulate=4, global_batch=128),
+                          dist=SimpleNamespace(global_batch=32, replicas=1),
+                          bundle=SimpleNamespace(train_samples=100))
+    acc = accumulate.for_run(run, model(True), tf.distribute.get_strategy())
+    err = capsys.readouterr().err
+    assert err.count("BatchNormalization") == 1
+    assert "per micro-batch of 32, not over the global batch of 128" in err
+    assert (acc.every, acc.per_epoch, acc.updates_per_epoch()) == (4, 4, 1)
+    accumulate.for_run(run, model(False), tf.distribute.get_strategy())
+    assert "BatchNormalization" not in capsys.readouterr().err
+    assert accumulate.trained_in_epoch(run, 0, 0) == 0
