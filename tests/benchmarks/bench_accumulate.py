@@ -12,10 +12,20 @@ status is 1 when a configuration misses it.  ``--split`` adds, for each N, the p
 micro-batch B/N (N times the updates) as a side: (accumulated / plain micro-batch - 1) is
 then what the accumulation itself adds, the rest of the cost is the smaller batch's.
 
-    python3 tests/benchmarks/bench_accumulate.py --rounds 10
+    python3 tests/benchmarks/bench_accumulate.py --rounds 8 --split
     python3 tests/benchmarks/bench_accumulate.py --models mlp --loops custom --global-batch 1024
 
 Prints a table and writes bench_accumulate.json into --output (default a temp folder).
+
+Measured on 2 shared cores (host, TF 2.21/Keras 3, float32, --rounds 8 --split, B 2048):
+cost against the plain batch, wall / CPU (the accumulation's own part, CPU, against the
+plain micro-batch):
+    mlp fit     N=2  -3.4% / +12.3% (-0.1%)    N=4   +0.2% / +21.1% (-8.1%)
+    mlp custom  N=2 +14.2% /  +9.9% (-3.5%)    N=4  +16.6% / +22.4% (-2.3%)
+    cnn fit     N=2 -20.2% /  +5.1% (+0.7%)    N=4   -7.4% /  +5.6% (-2.1%)
+    cnn custom  N=2 -27.1% /  +2.7% (-1.2%)    N=4  -23.2% /  +4.0% (-0.6%)
+The accumulation adds nothing measurable; what is left is the smaller micro-batch's own
+per-sample cost on a CPU (mlp's dense layers), which the 5% target misses for mlp custom.
 """
 from __future__ import annotations
 
@@ -120,9 +130,9 @@ def main(argv=None) -> int:
     p.add_argument("--loops", default="fit,custom")
     p.add_argument("--policies", default="float32")
     p.add_argument("--accumulate", default="2,4", help="the N compared with the plain batch")
-    p.add_argument("--global-batch", type=int, default=512)
+    p.add_argument("--global-batch", type=int, default=2048)
     p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--samples", type=int, default=8192, help="samples per block (one epoch)")
+    p.add_argument("--samples", type=int, default=16384, help="samples per block (one epoch)")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--split", action="store_true",
