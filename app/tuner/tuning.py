@@ -173,11 +173,8 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     (TFMP_BATCH_SIZE), else train's default.
 
     Raises ``UsageError`` on bad input (nothing written) and ``NothingFits`` when no size
-    fits under any precision.
-
-    ``global_batch``: also plan, per precision, the micro-batch and the accumulation that
-    reach this batch per update fastest (``app.tuner.plan``); the choice is then that plan,
-    verified by ``tfmp train --accumulate``."""
+    fits under any precision.  ``global_batch``: also plan, per precision, the micro-batch
+    and accumulation that reach it fastest (``app.tuner.plan``): the choice is that plan."""
     stream = stream or sys.stderr
     model, dataset = spec_of(model, "model"), spec_of(data, "data")
     wanted = parse_precisions(precision)
@@ -281,9 +278,8 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
     }
     workdir = tempfile.mkdtemp(prefix="tfmp-tune-")
     runner = TrialRunner(base_request, workdir, kill_above=None if gpus else budget.bytes)
-    plans = len(policies) * plan_mod.MAX_PLAN_TRIALS if global_batch else 0
-    bar = Progress(len(policies) * search.max_trials(cap) + 1 + plans, stream,
-                   enabled=progress)
+    per_policy = search.max_trials(cap) + (plan_mod.MAX_PLAN_TRIALS if global_batch else 0)
+    bar = Progress(len(policies) * per_policy + 1, stream, enabled=progress)
     bar.say(f"[tune] {model} / {dataset}: precisions {', '.join(policies)}; budget "
             f"{budget_mod.format_size(budget.bytes)} ({budget.source}), margin {margin:.0%}; "
             f"batch sizes 8..{cap}" + (f"; time budget {time_budget:g} s" if time_budget else ""))
@@ -327,9 +323,7 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
         "speedup_vs_float32": report.speedups(precisions),
         "choice": outcome.choice,
         "verified": outcome.verified,
-        # --global-batch: per precision, the micro-batch x accumulation measured fastest
-        "global_batch": (None if global_batch is None else
-                         {"requested": global_batch, "plans": outcome.plans}),
+        "global_batch": global_batch and {"requested": global_batch, "plans": outcome.plans},
         "notes": notes,
         "hardware": hardware, "environment": {k: v for k, v in env.items() if k != "hardware"},
         "started_utc": started.isoformat(timespec="seconds"),
@@ -396,8 +390,8 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
     best = {p: search.best_batch(r.trials) for p, r in results.items()}
     out = _Outcome(results)
     if global_batch is not None:
-        policy, chosen = plan_mod.measure(results, runner, bar, limit, global_batch, out.plans,
-                                          notes)
+        policy, chosen = plan_mod.measure(results, runner, bar, limit, global_batch,
+                                          out.plans, notes)
     else:
         policy, trial = search.choose(best)
         # The chosen size first, then the smaller sizes that fitted, largest first.
