@@ -9,7 +9,8 @@
 or directly what a dataset function returns: ``((x_train, y_train), (x_val, y_val))``
 arrays or a ``(train, val)`` pair of unbatched ``tf.data`` datasets.  Every other
 ``tfmp train`` setting is a keyword (``batch_size=64``, ``loop="custom"``,
-``strategy="mirrored"``, ``resume=True``, ``float32_layers=["predictions"]``, ...).  Bad input raises ``app.core.errors.UsageError``
+``strategy="mirrored"``, ``resume=True``, ``float32_layers=["predictions"]``,
+``accumulate=8`` or ``global_batch=1024`` (gradient accumulation), ...).  Bad input raises ``app.core.errors.UsageError``
 before anything is written.
 """
 from __future__ import annotations

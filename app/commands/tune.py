@@ -67,6 +67,11 @@ def add_parser(subparsers):
                           "`train --tuned --scale-lr linear` scales the learning rate from it "
                           "(default: the train batch size setting, TFMP_BATCH_SIZE, else "
                           "train's default 128)")
+    how.add_argument("--global-batch", type=int, metavar="B",
+                     help="the batch each update must see, when it is larger than fits: "
+                          "also plan, per precision, the micro-batch and the accumulation N "
+                          "(B = micro-batch x N) that reach it fastest, measured; "
+                          "`train --tuned` then trains with them (docs/tune.md)")
     how.add_argument("--output", metavar="DIR",
                      help="where tune.json, tune.png and the trials' logs go (default "
                           "<workspace>/tune/<UTC time>-<model>-<dataset>)")
@@ -84,7 +89,7 @@ def run(args) -> int:
                    max_batch=args.max_batch, time_budget=args.time_budget, output=args.output,
                    steps=args.steps, workspace=args.workspace, progress=not args.quiet,
                    reference_batch_size=args.reference_batch_size,
-                   **trial_settings(vars(args)))
+                   global_batch=args.global_batch, **trial_settings(vars(args)))
     except TrialFailed as exc:
         import sys
 

@@ -101,6 +101,14 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("epochs", "how", "number of epochs (default {default})", int, passed=True),
     Setting("batch_size", "how", "batch size per replica (default {default}); the global batch "
             "is this times the number of replicas", int, passed=True),
+    Setting("accumulate", "how", "gradient accumulation: N micro-batches of --batch-size per "
+            "optimizer update, so the update sees a global batch N times larger than fits "
+            "(default 1: none; docs/training.md)", int, passed=True),
+    Setting("global_batch", "how", "the batch each update sees, the other way to say "
+            "--accumulate: a multiple of --batch-size times the replicas (default: --batch-size "
+            "times the replicas times --accumulate)", int, metavar="B"),
+    # Not passed: the benchmark gives its runs batch sizes of their own (--best-batch), which
+    # one global batch would contradict; --accumulate is passed.
     Setting("strategy", "how", "tf.distribute strategy, one of {strategies} (default {default}: "
             "mirrored with several GPUs, multi-worker when TF_CONFIG describes a cluster, else "
             "one device)"),

@@ -188,3 +188,20 @@ def unscale_and_apply(opt, scaled_grads, variables) -> Applied:
     unscaled = opt.get_unscaled_gradients(scaled_grads)
     opt.apply_gradients(zip(unscaled, variables))  # skips and lowers the scale if non-finite
     return Applied(unscaled, None, step_skipped(opt, before))
+
+
+def apply_path(opt, variables):
+    """How the custom step hands ``opt`` one update of gradients it accumulated
+    (``app.training.accumulate``): (``apply(grads)``, ``scale_in``, ``scale_out``), the
+    gradients of the scaled loss being the true ones times ``scale_in()`` and ``apply``
+    taking them times ``scale_out()`` (None: 1).  Keras 2's LossScaleOptimizer takes
+    unscaled gradients (and checks them), Keras 3's the scaled ones (it unscales them)."""
+    variables = list(variables)
+    if not is_loss_scaled(opt):
+        return (lambda g: opt.apply_gradients(zip(g, variables))), None, None
+
+    def scale():
+        return current_loss_scale(opt)
+    if IS_KERAS3:
+        return (lambda g: opt.apply(agree_on_nonfinite(g), variables)), scale, scale
+    return (lambda g: opt.apply_gradients(zip(g, variables))), scale, None

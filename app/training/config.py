@@ -33,6 +33,8 @@ class TrainConfig:
     loop: str = "fit"
     epochs: int = 5
     batch_size: int = 128
+    accumulate: int | None = None     # micro-batches per update; None: from global_batch, else 1
+    global_batch: int | None = None   # per update; None: batch_size x replicas x accumulate
     learning_rate: float = 1e-3
     workspace: str = "workspace"
     data_dir: str | None = None       # default: <workspace>/data
@@ -128,9 +130,12 @@ def _with_tune(cfg: TrainConfig, given: Mapping[str, Any]) -> TrainConfig:
     applied = tuned.apply(cfg.tuned, model=cfg.model, dataset=cfg.dataset,
                           precision=given.get("precision"), batch_size=given.get("batch_size"),
                           learning_rate=cfg.learning_rate, scale_lr=cfg.scale_lr,
-                          default_batch=TrainConfig.batch_size)
+                          default_batch=TrainConfig.batch_size,
+                          accumulation_given=given.get("accumulate") is not None
+                          or given.get("global_batch") is not None)
     cfg = replace(cfg, precision=applied.precision, batch_size=applied.batch_size,
-                  learning_rate=applied.learning_rate, tuning=applied.record)
+                  learning_rate=applied.learning_rate, tuning=applied.record,
+                  accumulate=applied.accumulate or cfg.accumulate)
     validate(cfg)
     return cfg
 
@@ -204,6 +209,7 @@ def validate(cfg: TrainConfig) -> None:
         if not isinstance(v, int) or v < 1:
             raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
                              "an integer >= 1")
+    check_accumulation(cfg)
     for name in ("max_train_samples", "max_val_samples"):
         v = getattr(cfg, name)
         if v is not None and v < 1:
@@ -233,6 +239,43 @@ def validate(cfg: TrainConfig) -> None:
     problem = registry.pairing_problem(cfg.model, cfg.dataset)   # pairs that cannot work
     if problem:
         raise UsageError(*problem)
+
+
+def check_accumulation(cfg: TrainConfig, replicas: int | None = None) -> int:
+    """The number of micro-batches per update that ``--accumulate`` and ``--global-batch``
+    say, checked (UsageError).  ``replicas`` None (before the strategy exists): the
+    global batch is checked against the batch size alone."""
+    n, total = cfg.accumulate, cfg.global_batch
+    for name, v in (("accumulate", n), ("global_batch", total)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
+                             "an integer >= 1" + (" (1: no accumulation)"
+                                                  if name == "accumulate" else ""))
+    if total is None:
+        return n or 1
+    micro = cfg.batch_size * (replicas or 1)
+    if total % micro:
+        lower, upper = total // micro * micro, (total // micro + 1) * micro
+        what = f"--batch-size {cfg.batch_size}" + (f" x {replicas} replicas" if replicas else "")
+        raise UsageError(f"global_batch {total} is not a multiple of the micro-batch {micro} "
+                         f"({what})", f"--global-batch {lower or upper} or {upper}, or a "
+                         f"--batch-size that divides {total}")
+    if n is not None and total != micro * n:
+        raise UsageError(f"global_batch {total} does not match --accumulate {n} x the "
+                         f"micro-batch {micro} (= {micro * n})",
+                         "one of --global-batch or --accumulate, or values that agree")
+    return total // micro
+
+
+def check_accumulation_strategy(cfg: TrainConfig, strategy_kind: str, n: int | None = None) -> None:
+    """Accumulation with the multi-worker strategy is refused (UsageError): its restarts
+    (Keras' BackupAndRestore, the custom loop's backup) resume at epoch boundaries, and its
+    workers' groups are not checked to agree.  ``n`` None: ``--accumulate`` as given."""
+    n = cfg.accumulate or 1 if n is None else n
+    if n > 1 and strategy_kind == "multi-worker":
+        raise UsageError(f"accumulate {n} cannot be used with the multi-worker strategy",
+                         "--accumulate/--global-batch with --strategy one or mirrored, or "
+                         "multi-worker without them")
 
 
 def check_output_writable(path: str) -> None:

@@ -33,13 +33,15 @@ from app.precision import keras_version, loss_scale
 from app.training import step_stats
 from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
-from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen, default_data_dir,
-                                 default_output, validate)
+from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen,
+                                 default_data_dir, default_output, validate)
 from app.core.errors import (MixedPrecisionClash, NumericsFault, PrecisionUnsupported,
                              TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
                              unprefixed)
 from app.training.interrupts import StopFlag, signal_handlers
 from app.training.monitor import StepMonitor
+from app.training import accumulate
+from app.training.accumulate import Accumulator
 from app.training.sentinel import SentinelState
 from app.training.sentinel_watch import SentinelWatch
 from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
@@ -89,6 +91,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     decision = prec.resolve(cfg.precision, hw)
     # Before the data: the strategy must exist before TensorFlow's first tensor.
     dist = distribute.setup(cfg.strategy, cfg.batch_size, len(hw.gpus))
+    cfg = accumulate.resolve(cfg, dist)
     decision = _runnable(decision, cfg.model if task is None else task.model.spec, hw)
     if cfg.resume and not cfg.output:
         raise UsageError("--resume needs --output (or TFMP_OUTPUT) naming the run to continue",
@@ -173,6 +176,7 @@ class TrainingParts:
     stats: step_stats.StepStats
     checkpointer: checkpointing.Checkpointer
     sentinel: Optional[SentinelState] = None   # None: --no-sentinel
+    accumulator: Optional[Accumulator] = None  # None: one batch per update
 
     @property
     def loss_scaled(self) -> bool:
@@ -205,7 +209,8 @@ def build_parts(run: Prepared, stop: StopFlag | None = None) -> TrainingParts:
     stats = step_stats.StepStats(log_every=cfg.log_every)
     sentinel = (SentinelState(stats, run.bundle.train.element_spec, _local_replicas(strategy),
                               cfg.batch_size) if cfg.sentinel else None)
-    return TrainingParts(built.model, opt, strategy, built, stats, ckpt, sentinel)
+    return TrainingParts(built.model, opt, strategy, built, stats, ckpt, sentinel,
+                         accumulate.for_run(run, built.model, strategy))
 
 
 def _local_replicas(strategy) -> int:
@@ -265,12 +270,15 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
 
             print(console_line(run.config.tuning), flush=True)
         print(run.dist.describe(), flush=True)
+        if (run.config.accumulate or 1) > 1:
+            print(f"accumulate: {run.config.accumulate} micro-batches of {run.dist.global_batch} "
+                  f"per update, global batch {run.config.global_batch}", flush=True)
     loop = _loop(run)
     metrics = new_metrics(run, envreport.collect(run.hardware), loop)
     stop = StopFlag()
     with _policy_restored(), signal_handlers(stop):
         parts = _build_or_explain(run, stop)
-        start, previous_steps = _resume(run, parts, metrics)
+        start, skip, previous_steps = _resume(run, parts, metrics)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
         monitor = make_monitor(run, parts, recorder, stop)
         # The chief holds the folder from its first write until it ends (app/run_folder/lock.py);
@@ -283,7 +291,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                     # Another run may have finished here since prepare() looked.
                     check_holds_no_run(run.output)
             recorder.open()
-            _train_and_save(run, parts, recorder, monitor, loop, start)
+            _train_and_save(run, parts, recorder, monitor, loop, start, skip)
     return metrics
 
 
@@ -318,16 +326,20 @@ def _build_or_explain(run: Prepared, stop: StopFlag) -> TrainingParts:
 
 
 def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
-    """(first epoch to train, the continued run's step records)."""
+    """(first epoch to train, micro-batches of it already trained, the continued run's step
+    records)."""
     if not run.config.resume:
-        return 0, []
+        return 0, 0, []
     start = parts.checkpointer.restore_latest()  # UsageError if incompatible: nothing written
-    parts.stats.steps.assign(parts.checkpointer.step)
-    previous_steps = continue_metrics(metrics, run.previous, start,
-                                      int(parts.checkpointer.step.numpy()))
-    print(f"resuming from {parts.checkpointer.restored_path} at epoch {start + 1}",
-          file=sys.stderr)
-    return start, previous_steps
+    step = int(parts.checkpointer.step.numpy())
+    parts.stats.steps.assign(step)
+    previous_steps = continue_metrics(metrics, run.previous, start, step)
+    skip = 0 if run.dist.multi_worker else accumulate.trained_in_epoch(run, start, step)
+    if parts.accumulator is not None:
+        parts.accumulator.start_at(skip)
+    where = f" after {skip} batch(es) of epoch {start + 1}" if skip else f" at epoch {start + 1}"
+    print(f"resuming from {parts.checkpointer.restored_path}{where}", file=sys.stderr)
+    return start, skip, previous_steps
 
 
 @contextlib.contextmanager
@@ -344,13 +356,13 @@ def _output_faults_described(recorder: Recorder):
 
 
 def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
-                    monitor: StepMonitor, loop: str, start: int):
+                    monitor: StepMonitor, loop: str, start: int, skip: int = 0):
     """The loop and the final model; the run's end goes into metrics.json."""
     cfg = run.config
     try:
         if start < cfg.epochs:
             run_loop = loops.run_fit if loop == "fit" else loops.run_custom
-            run_loop(run, parts, recorder, monitor, start)
+            run_loop(run, parts, recorder, monitor, start, skip)
         recorder.metrics["status"] = "completed"
         if cfg.save_model:
             # Every worker saves (saving may read synced variables), only the chief

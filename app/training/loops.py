@@ -15,8 +15,9 @@ from app.training import distribute
 from app.training import step as steps
 
 
-def run_fit(run, parts, recorder, monitor, start_epoch: int):
-    """``run``: ``training.Prepared``; ``parts``: ``training.TrainingParts``."""
+def run_fit(run, parts, recorder, monitor, start_epoch: int, skip: int = 0):
+    """``run``: ``training.Prepared``; ``parts``: ``training.TrainingParts``; ``skip``: the
+    batches of the first epoch a resumed run already trained."""
     cfg = run.config
     steps.compile_for_fit(parts, cfg.jit, cfg.steps_per_execution)
     callbacks = [_EpochCallback(parts, recorder, monitor)]
@@ -28,10 +29,17 @@ def run_fit(run, parts, recorder, monitor, start_epoch: int):
         callbacks.append(_backup_and_restore(os.path.join(cfg.output, "backup")))
         train_ds, val_ds = (distribute.shard_by_data(train_ds),
                           distribute.shard_by_data(val_ds))
+    verbose = 0 if recorder.plain else 1
     with monitor.polling(parts.model):
-        parts.model.fit(train_ds, validation_data=val_ds, epochs=cfg.epochs,
-                        initial_epoch=start_epoch, verbose=0 if recorder.plain else 1,
-                        shuffle=False, callbacks=callbacks)
+        if skip:   # the rest of the interrupted epoch, then the others
+            parts.model.fit(train_ds.skip(skip), validation_data=val_ds, epochs=start_epoch + 1,
+                            initial_epoch=start_epoch, verbose=verbose, shuffle=False,
+                            callbacks=callbacks)
+            start_epoch += 1
+        if start_epoch < cfg.epochs and not parts.model.stop_training:
+            parts.model.fit(train_ds, validation_data=val_ds, epochs=cfg.epochs,
+                            initial_epoch=start_epoch, verbose=verbose, shuffle=False,
+                            callbacks=callbacks)
 
 
 class _EpochCallback(tf.keras.callbacks.Callback):
@@ -71,7 +79,7 @@ class _EpochCallback(tf.keras.callbacks.Callback):
         self.monitor.raise_pending()   # a signal during validation: the epoch is kept
 
 
-def run_custom(run, parts, recorder, monitor, start_epoch: int):
+def run_custom(run, parts, recorder, monitor, start_epoch: int, skip: int = 0):
     cfg = run.config
     custom = steps.CustomSteps(parts, cfg.jit)
     train_ds = distribute.distribute_dataset(run.dist, run.bundle.train)
@@ -83,7 +91,10 @@ def run_custom(run, parts, recorder, monitor, start_epoch: int):
         bar = None if recorder.plain else tf.keras.utils.Progbar(
             n_steps, stateful_metrics=["loss"] + [m.name for m in custom.train_metrics])
         t0, c0 = time.perf_counter(), time.process_time()
-        for i, (x, y) in enumerate(train_ds):
+        batches = train_ds
+        if skip and epoch == start_epoch:   # a resumed run: the rest of the epoch
+            batches = distribute.distribute_dataset(run.dist, run.bundle.train.skip(skip))
+        for i, (x, y) in enumerate(batches, start=skip if epoch == start_epoch else 0):
             custom.train_step(x, y)
             monitor.tick(epoch)
             if bar is not None and ((i + 1) % 10 == 0 or i + 1 == n_steps):

@@ -91,6 +91,10 @@ def new_metrics(run, env: dict, loop: str) -> dict:
         "precision": run.decision.to_dict(),
         "environment": env,
         "distribute": distribute,
+        # --accumulate: N micro-batches (each the distribute block's global batch) per update
+        "accumulation": {"micro_batch": run.dist.global_batch,
+                         "accumulate": run.config.accumulate or 1,
+                         "global_batch": run.config.global_batch or run.dist.global_batch},
         "data": {"train_samples": bundle.train_samples, "val_samples": bundle.val_samples,
                  "input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes,
                  "label_kind": bundle.label_kind},

@@ -44,9 +44,10 @@ class SentinelState:
 
     def __init__(self, stats, element_spec, local_replicas: int = 1, batch_size: int = 0):
         self.stats = stats
-        # (step, code, the loss scale's float32 bits): one variable, so a reader in another
-        # thread (fit's poll) never sees a code without its step and scale.
-        self.fault = tf.Variable(tf.constant([-1, 0, _scale_bits(1.0)], tf.int64),
+        # (step, code, the loss scale's float32 bits, and under --accumulate the faulty
+        # micro-batch's place in its epoch, else -1): one variable, so a reader in another
+        # thread (fit's poll) never sees a code without the rest.
+        self.fault = tf.Variable(tf.constant([-1, 0, _scale_bits(1.0), -1], tf.int64),
                                  trainable=False, name="sentinel_fault")
         self.run_start = _var("sentinel_run_start", tf.int64)
         self.floor_in_a_row = _var("sentinel_floor_in_a_row", tf.int64)
@@ -56,7 +57,7 @@ class SentinelState:
     # ---- read from Python, between steps ------------------------------------------------
     def counters(self) -> rules.Counters:
         st = self.stats
-        fault_step, code, scale = (int(v) for v in self.fault.numpy())
+        fault_step, code, scale, _ = (int(v) for v in self.fault.numpy())
         return rules.Counters(
             step=int(st.steps.numpy()), fault_step=fault_step, fault_code=code,
             fault_scale=_scale_of(scale), run_start=int(self.run_start.numpy()),
@@ -65,16 +66,25 @@ class SentinelState:
     def latched(self) -> bool:
         return int(self.fault.numpy()[1]) > 0
 
+    def fault_micro_batch(self) -> int:
+        """Under --accumulate, the faulty micro-batch's place in its epoch; else -1."""
+        return int(self.fault.numpy()[3])
+
     def batches(self) -> list:
         """The stashed batch of each local replica, as the dataset's structure."""
         return self.stash.batches()
 
     # ---- inside the step ----------------------------------------------------------------
-    def guard(self, opt, grads, loss, batch, apply) -> tuple:
+    def guard(self, opt, grads, loss, batch, apply, accumulated: bool = False,
+              position=None) -> tuple:
         """Apply ``grads`` with ``apply(grads)`` (which returns whether the LossScaleOptimizer
         skipped the step, or None without one) unless the step is faulty or a fault is
-        latched; latch a new fault with ``batch``.  Returns (the gradients as applied, the
-        skipped tensor or None).
+        latched; latch a new fault with ``batch``.  ``accumulated``: ``apply(grads, ok)``
+        is a micro-batch of ``app.training.accumulate`` returning (skipped, update); it
+        applies no group holding a micro-batch that is not ``ok``, and the step latched is
+        the update the micro-batch belongs to, ``position`` the micro-batch's place in its
+        epoch (latched too, for the replay's sample numbers).  Returns (the gradients as applied, the
+        skipped tensor or None, the update tensor or None).
         ``loss`` None (a fit step whose train_step never called compute_loss): the
         gradients alone decide."""
         grads = list(grads)
@@ -85,12 +95,13 @@ class SentinelState:
             tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32))))
         step = self.stats.steps + 1
         none, forward = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
+        update = None
         if loss_scale.is_loss_scaled(opt):
             before = loss_scale.current_loss_scale(opt)
             grads = loss_scale.poisoned(grads, tf.logical_or(latched, tf.logical_not(loss_ok)))
-            skipped = apply(grads)
+            skipped, update = apply(grads, None) if accumulated else (apply(grads), None)
             at_floor = tf.logical_and(skipped, before <= rules.FLOOR)
-            floor = tf.where(self._floor_run(at_floor) >= rules.FLOOR_PATIENCE,
+            floor = tf.where(self._floor_run(at_floor, update) >= rules.FLOOR_PATIENCE,
                              tf.constant(3, tf.int64), none)
             code = tf.where(loss_ok, floor, forward)
             self._note_skips(skipped, step)
@@ -98,28 +109,36 @@ class SentinelState:
             before, skipped = tf.constant(1.0), None
             grads_ok = loss_scale.agreed(loss_scale.all_finite(grads))
             ok = tf.logical_and(tf.logical_not(latched), tf.logical_and(loss_ok, grads_ok))
-            _apply_if(ok, lambda *g: apply(list(g)), grads)
+            if accumulated:
+                _, update = apply(grads, ok)
+            else:
+                _apply_if(ok, lambda *g: apply(list(g)), grads)
             code = tf.where(loss_ok, tf.where(grads_ok, none, tf.constant(2, tf.int64)), forward)
         if batch is not None and replica == 0:
             self._latch(tf.logical_and(tf.logical_not(latched), code > 0), code, step, before,
-                        stashed)
-        return grads, skipped
+                        stashed, position)
+        return grads, skipped, update
 
-    def _floor_run(self, at_floor):
-        """Steps in a row skipped at the floor, this one counted."""
-        return _first_replica_assign(self.floor_in_a_row, tf.where(
-            at_floor, self.floor_in_a_row + 1, tf.constant(0, tf.int64)))
+    def _floor_run(self, at_floor, update=None):
+        """Updates in a row skipped at the floor, this one counted (a micro-batch that did
+        not update leaves the count as it is)."""
+        new = tf.where(at_floor, self.floor_in_a_row + 1, tf.constant(0, tf.int64))
+        if update is not None:
+            new = tf.where(update, new, self.floor_in_a_row)
+        return _first_replica_assign(self.floor_in_a_row, new)
 
     def _note_skips(self, skipped, step):
         # stats.consecutive still holds the run before this step: a run begins here.
         begins = tf.logical_and(skipped, tf.equal(self.stats.consecutive, 0))
         _first_replica_assign(self.run_start, tf.where(begins, step, self.run_start))
 
-    def _latch(self, new, code, step, scale, stashed):
-        """At a new fault: its step, code and scale, in one assign after this step's stash
-        (``stashed``, written at the step's start), so that a reader that sees the code sees
-        the batch it vouches for.  First replica only: every replica stashed its own batch."""
-        value = tf.stack([step, code, _scale_bits(scale)])
+    def _latch(self, new, code, step, scale, stashed, position=None):
+        """At a new fault: its step, code, scale and micro-batch position, in one assign after
+        this step's stash (``stashed``, written at the step's start), so that a reader that
+        sees the code sees the batch it vouches for.  First replica only: every replica
+        stashed its own batch."""
+        micro = tf.constant(-1, tf.int64) if position is None else tf.cast(position, tf.int64)
+        value = tf.stack([step, code, _scale_bits(scale), micro])
         with tf.control_dependencies(stashed):
             self.fault.assign(tf.where(new, value, self.fault), read_value=False)
 

@@ -133,12 +133,14 @@ def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int, loss_sp
     in_epoch = max(0, fault.step - watch.epoch_start_step - 1)
     local = max(1, len(watch.state.stash))
     piece = max(1, watch.global_batch // (local * watch.workers))   # one replica's share
+    micro = watch.state.fault_micro_batch()   # --accumulate: the micro-batch's place
+    start = (micro if micro >= 0 else in_epoch) * watch.global_batch
     found = None
     for i, batch in enumerate(batches):
         # The data are split by position: each global batch in replica-sized pieces, worker
         # w's local replica i taking piece i * workers + w (TensorFlow's rebatch, then the
         # shard by worker: distribute.shard_by_data).
-        first = in_epoch * watch.global_batch + (i * watch.workers + (watch.worker or 0)) * piece
+        first = start + (i * watch.workers + (watch.worker or 0)) * piece
         failed = replay.FailedStep(
             fault, epoch, first, watch.policy, loss_spec, watch.start_weights_max,
             replica=i if len(batches) > 1 else None, worker=watch.worker)

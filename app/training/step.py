@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import tensorflow as tf
 
 from app.precision import loss_scale
-from app.training import step_stats
+from app.training import accumulate, step_stats
 
 
 class ForwardBackward(NamedTuple):
@@ -62,6 +62,22 @@ def train_step(model, loss_fn, opt, x, y, sentinel=None):
     return out, done[-1]
 
 
+def accumulated_train_step(model, loss_fn, opt, x, y, acc, sentinel=None, record=None,
+                           forward=None):
+    """``train_step`` for one micro-batch of an accumulation (``app.training.accumulate``):
+    the optimizer is called on the group's last micro-batch only.  ``forward(out)`` runs
+    right after the forward pass (the running loss); ``record(mean_fn, skipped, update)``
+    after the apply (the step statistics).  Returns the ``ForwardBackward``."""
+    out = forward_backward(model, loss_fn, x, y, lambda loss: loss_scale.scale_loss(opt, loss))
+    if forward is not None:
+        forward(out)
+    apply, scale_in, scale_out = loss_scale.apply_path(opt, model.trainable_variables)
+    accumulate.micro_batch(acc, opt, out.grads, accumulate.batch_samples(x), apply,
+                           scale_in=scale_in, scale_out=scale_out, sentinel=sentinel,
+                           loss=out.loss, batch=(x, y), record=record)
+    return out
+
+
 class _LossMetric:
     """The running mean of the training loss that Keras' fit keeps (both Kerases name it 'loss')."""
 
@@ -79,9 +95,12 @@ def compile_for_fit(parts, jit: bool, steps_per_execution: int) -> None:
     """Compile ``parts.model`` for Keras' fit with the task's loss and metrics and the step
     statistics recorded inside the train step (tests/benchmarks time exactly this)."""
     loss_metric = _LossMetric(parts.model)
-    parts.stats.attach_to(parts.optimizer, loss=loss_metric.result, sentinel=parts.sentinel)
+    parts.stats.attach_to(parts.optimizer, loss=loss_metric.result, sentinel=parts.sentinel,
+                          accumulator=parts.accumulator)
     if parts.sentinel is not None:
         parts.sentinel.fit.attach(parts.model)
+    if parts.accumulator is not None:
+        parts.accumulator.fit.attach(parts.model)
     extra = {"jit_compile": True} if jit else {}  # else Keras' own default
     with parts.strategy.scope():  # Keras 2: metric objects must come from the model's scope
         metrics = parts.built.make_metrics()
@@ -112,14 +131,25 @@ class CustomSteps:
         return run
 
     def _train_fn(self, x, y):
-        opt, train_loss = self.parts.optimizer, self.train_loss
-        out, applied = train_step(self.parts.model, self.parts.built.loss, opt, x, y,
-                                  self.parts.sentinel)
-        train_loss.update_state(tf.reduce_mean(out.per_example))
-        # the log row reads the running loss
-        self.parts.stats.record(applied.grads, applied.skipped, applied.divide_by,
-                                loss=lambda: step_stats.metric_mean(train_loss),
-                                loss_scale=lambda: loss_scale.current_loss_scale(opt))
+        opt, train_loss, parts = self.parts.optimizer, self.train_loss, self.parts
+
+        def running_loss():   # the log row reads the running loss
+            return step_stats.metric_mean(train_loss)
+
+        def scale():
+            return loss_scale.current_loss_scale(opt)
+        if parts.accumulator is not None:
+            def record(grads, skipped, update):
+                parts.stats.record(grads, skipped, None, loss=running_loss, loss_scale=scale,
+                                   update=update)
+            out = accumulated_train_step(
+                parts.model, parts.built.loss, opt, x, y, parts.accumulator, parts.sentinel,
+                record, lambda o: train_loss.update_state(tf.reduce_mean(o.per_example)))
+        else:
+            out, applied = train_step(parts.model, parts.built.loss, opt, x, y, parts.sentinel)
+            train_loss.update_state(tf.reduce_mean(out.per_example))
+            parts.stats.record(applied.grads, applied.skipped, applied.divide_by,
+                               loss=running_loss, loss_scale=scale)
         for m in self.train_metrics:
             m.update_state(y, out.predictions)
 

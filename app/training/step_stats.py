@@ -57,20 +57,22 @@ class StepStats:
         self.log_rows = var("stats_log_rows", tf.float64, (self.capacity, len(LOG_COLUMNS)))
         self.log_count = var("stats_log_count", tf.int64)   # rows ever written
 
-    def record(self, grads, skipped=None, scale=None, loss=None, loss_scale=None):
+    def record(self, grads, skipped=None, scale=None, loss=None, loss_scale=None, update=None):
         """Record one step (inside the tf.function), after the optimizer applied it.
-        ``skipped``: the bool tensor from ``step_skipped`` under loss scaling, else None.
-        ``scale``: divide the norm by it when ``grads`` are still multiplied by the loss
-        scale.  ``loss`` and ``loss_scale``: zero-argument callables giving the running
-        loss and the loss scale for the log row (traced into the logging branch only)."""
-        grads = [g for g in grads if g is not None]
-
+        ``grads``: a list, or a zero-argument callable giving it (read in the logging
+        branch only).  ``skipped``: the bool tensor from ``step_skipped`` under loss
+        scaling, else None.  ``scale``: divide the norm by it when ``grads`` are still
+        multiplied by the loss scale.  ``loss`` and ``loss_scale``: zero-argument callables
+        giving the running loss and the loss scale for the log row (traced into the logging
+        branch only).  ``update``: with gradient accumulation, a bool tensor, True on the
+        micro-batch that updated (only those count as steps)."""
         def norm():
-            n = global_norm(grads)
+            gs = [g for g in (grads() if callable(grads) else grads) if g is not None]
+            n = global_norm(gs)
             return n / tf.cast(scale, tf.float32) if scale is not None else n
         ctx = multi_replica_context()
         if ctx is None:
-            self._write(norm, skipped, loss, loss_scale)
+            self._write(norm, skipped, loss, loss_scale, update)
             return
         # Several replicas: the optimizer's skip decision is the same on all of them (it
         # looks at the all-reduced gradients), and only the first replica of each worker
@@ -79,17 +81,26 @@ class StepStats:
         local = len(tf.distribute.get_strategy().extended.worker_devices)
         first = tf.equal(tf.math.floormod(
             tf.cast(ctx.replica_id_in_sync_group, tf.int32), local), 0)
-        tf.cond(first, lambda: self._write(norm, skipped, loss, loss_scale),
+        tf.cond(first, lambda: self._write(norm, skipped, loss, loss_scale, update),
                 lambda: tf.constant(False))
 
-    def _write(self, norm, skipped, loss, loss_scale):
+    def _write(self, norm, skipped, loss, loss_scale, update=None):
         if skipped is not None:
             in_a_row = tf.where(skipped, self.consecutive + 1, tf.constant(0, tf.int64))
+            if update is not None:   # a micro-batch that did not update leaves the run as is
+                in_a_row = tf.where(update, in_a_row, self.consecutive)
             self.nonfinite_total.assign_add(tf.cast(skipped, tf.int64))
             self.consecutive.assign(in_a_row)
             self.max_consecutive.assign(tf.maximum(self.max_consecutive, in_a_row))
-        step = self.steps.assign_add(1)
+        step = self.steps.assign_add(1 if update is None else tf.cast(update, tf.int64))
+        log_row = self._log_row(norm, skipped, loss, loss_scale, step)
+        is_log = tf.equal(tf.math.floormod(step, self.log_every), 0)
+        if update is not None:
+            is_log = tf.logical_and(is_log, update)
+        tf.cond(is_log, log_row, lambda: tf.constant(False))
+        return tf.constant(True)
 
+    def _log_row(self, norm, skipped, loss, loss_scale, step):
         def log_row():
             n = norm()
             self.grad_norm.assign(n)
@@ -111,9 +122,7 @@ class StepStats:
             with tf.control_dependencies([written]):
                 self.log_count.assign_add(1)
             return tf.constant(True)
-        is_log = tf.equal(tf.math.floormod(step, self.log_every), 0)
-        tf.cond(is_log, log_row, lambda: tf.constant(False))
-        return tf.constant(True)
+        return log_row
 
     def read_log(self, seen: int):
         """(rows written since the first ``seen``, new count, rows lost to the ring) from
@@ -129,26 +138,38 @@ class StepStats:
                for i in range(oldest, count)]
         return out, count, oldest - seen
 
-    def attach_to(self, opt, loss=None, sentinel=None) -> None:
+    def attach_to(self, opt, loss=None, sentinel=None, accumulator=None) -> None:
         """Record the gradients ``Model.fit`` hands ``opt`` (``attach_stats_to_optimizer``)."""
-        attach_stats_to_optimizer(self, opt, loss, sentinel)
+        attach_stats_to_optimizer(self, opt, loss, sentinel, accumulator)
 
 
-def attach_stats_to_optimizer(stats: StepStats, opt, loss=None, sentinel=None) -> None:
+def attach_stats_to_optimizer(stats: StepStats, opt, loss=None, sentinel=None,
+                              accumulator=None) -> None:
     """Record into ``stats`` the gradients ``Model.fit`` hands ``opt``; ``loss``: a zero-argument
     callable giving the running loss (read on logging steps only).  ``sentinel``: an
     ``app.training.sentinel.SentinelState`` whose guard the update goes through.
+    ``accumulator``: an ``app.training.accumulate.Accumulator``: fit's steps are its
+    micro-batches, the optimizer is called once a group.
 
     fit computes gradients inside Keras' own train step, out of our reach, so this wraps
     the optimizer's apply method on this one instance.
     """
+    scaled = is_loss_scaled(opt)
+
+    def scale_now():
+        return current_loss_scale(opt)
     if IS_KERAS3:
         # Keras 3's train step calls optimizer.apply(grads, vars); an LSO gets scaled grads.
         original = opt.apply
-        scaled = is_loss_scaled(opt)
 
         def apply(grads, trainable_variables=None):
             grads = list(grads)
+            if accumulator is not None:
+                def apply_mean(g):
+                    original(agree_on_nonfinite(g) if scaled else g, trainable_variables)
+                _accumulated(stats, accumulator, opt, grads, apply_mean, sentinel, loss,
+                             scale_now if scaled else None)
+                return
             if scaled:
                 grads = agree_on_nonfinite(grads)  # all replicas skip together
             scale = current_loss_scale(opt) if scaled else None  # before apply changes it
@@ -157,24 +178,29 @@ def attach_stats_to_optimizer(stats: StepStats, opt, loss=None, sentinel=None) -
                 original(g, trainable_variables)
                 return step_skipped(opt, scale) if scaled else None
             grads, skipped = _applied(sentinel, opt, grads, run)
-            stats.record(grads, skipped, scale, loss, lambda: current_loss_scale(opt))
+            stats.record(grads, skipped, scale, loss, scale_now)
 
         object.__setattr__(opt, "apply", apply)
     else:
         # Keras 2's minimize calls apply_gradients with unscaled grads (LSO unscales first).
         original = opt.apply_gradients
-        scaled = is_loss_scaled(opt)
 
         def apply_gradients(grads_and_vars, *args, **kwargs):
             grads_and_vars = list(grads_and_vars)
             variables = [v for _, v in grads_and_vars]
+            grads = [g for g, _ in grads_and_vars]
+            if accumulator is not None:
+                def apply_mean(g):
+                    original(list(zip(g, variables)), *args, **kwargs)
+                _accumulated(stats, accumulator, opt, grads, apply_mean, sentinel, loss, None)
+                return
             before = current_loss_scale(opt) if scaled else None
 
             def run(g):
                 original(list(zip(g, variables)), *args, **kwargs)
                 return step_skipped(opt, before) if scaled else None
-            grads, skipped = _applied(sentinel, opt, [g for g, _ in grads_and_vars], run)
-            stats.record(grads, skipped, None, loss, lambda: current_loss_scale(opt))
+            grads, skipped = _applied(sentinel, opt, grads, run)
+            stats.record(grads, skipped, None, loss, scale_now)
 
         object.__setattr__(opt, "apply_gradients", apply_gradients)
 
@@ -185,4 +211,19 @@ def _applied(sentinel, opt, grads, run):
     if sentinel is None:
         return grads, run(grads)
     loss, batch = sentinel.fit.step()
-    return sentinel.guard(opt, grads, loss, batch, run)
+    grads, skipped, _ = sentinel.guard(opt, grads, loss, batch, run)
+    return grads, skipped
+
+
+def _accumulated(stats, acc, opt, grads, apply, sentinel, loss, scale) -> None:
+    """fit's step as one micro-batch of ``acc`` (``app.training.accumulate.micro_batch``):
+    ``grads`` are as fit hands them (times ``scale()`` on Keras 3 under loss scaling)."""
+    from app.training.accumulate import batch_samples, micro_batch
+
+    _, batch = acc.fit.step()
+    fit_loss = sentinel.fit.step()[0] if sentinel is not None else None
+
+    def record(mean, skipped, update):
+        stats.record(mean, skipped, None, loss, lambda: current_loss_scale(opt), update=update)
+    micro_batch(acc, opt, grads, batch_samples(batch), apply, scale_in=scale, scale_out=scale,
+                sentinel=sentinel, loss=fit_loss, batch=batch, record=record)

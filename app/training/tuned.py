@@ -36,10 +36,13 @@ class TunedChoice:
     budget_bytes: int
     # The batch the learning rate was configured for, when the tune recorded one.
     reference_batch: Optional[int] = None
+    # tune --global-batch: micro-batches of batch_size per update (1: none)
+    accumulate: int = 1
 
     def to_dict(self) -> dict:
         return {"path": self.path, "precision": self.precision, "batch_size": self.batch_size,
-                "samples_per_second": self.samples_per_second, "budget_bytes": self.budget_bytes}
+                "samples_per_second": self.samples_per_second, "budget_bytes": self.budget_bytes,
+                "accumulate": self.accumulate}
 
 
 def _damaged(path: str, why: str) -> UsageError:
@@ -77,8 +80,12 @@ def read_tuned(path: str, model: str, dataset: str) -> TunedChoice:
         raise _damaged(path, f"choice precision {policy!r} is not one of {', '.join(POLICIES)}")
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise _damaged(path, f"choice batch_size {batch!r} is not a positive integer")
+    accumulate = choice.get("accumulate", 1)
+    if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
+        raise _damaged(path, f"choice accumulate {accumulate!r} is not a positive integer")
     if not (isinstance(verified, dict) and verified.get("fits")
-            and verified.get("precision") == policy and verified.get("batch_size") == batch):
+            and verified.get("precision") == policy and verified.get("batch_size") == batch
+            and verified.get("accumulate", 1) == accumulate):
         raise _damaged(path, "its choice was not verified")
     budget = doc.get("budget_bytes")
     if not isinstance(budget, int) or budget < 1:
@@ -89,7 +96,7 @@ def read_tuned(path: str, model: str, dataset: str) -> TunedChoice:
                                   or reference < 1):
         raise _damaged(path, f"reference_batch_size {reference!r} is not a positive integer")
     return TunedChoice(path, policy, batch, float(sps) if isinstance(sps, (int, float)) else None,
-                       budget, reference)
+                       budget, reference, accumulate)
 
 
 def best_batches(path: str, model: str, dataset: str) -> dict:
@@ -172,21 +179,30 @@ class Applied:
     batch_size: int
     learning_rate: float
     record: dict
+    accumulate: Optional[int] = None   # the tune's accumulation, when taken
 
 
 def apply(path: str, *, model: str, dataset: str, precision: Optional[str],
           batch_size: Optional[int], learning_rate: float, scale_lr: str,
-          default_batch: int) -> Applied:
+          default_batch: int, accumulation_given: bool = False) -> Applied:
     """The tune at ``path`` applied to a job: ``precision`` and ``batch_size`` are the ones
     given explicitly (flag or TFMP_ variable; None when not), which win over the tune's.
     The learning rate is scaled (``scale_lr`` linear) from the batch it was configured for,
-    the tune's ``reference_batch_size`` or else ``default_batch``, to the batch used."""
+    the tune's ``reference_batch_size`` or else ``default_batch``, to the batch an update
+    sees.  A tune's accumulation (tune --global-batch) is taken with its micro-batch, unless
+    --accumulate or --global-batch (``accumulation_given``) or --batch-size was given."""
     choice = read_tuned(path, model, dataset)
     merged = merge(choice, precision, batch_size)
     reference = choice.reference_batch or default_batch
-    new_lr = scaled_learning_rate(scale_lr, learning_rate, reference, merged.batch_size)
+    take_n = choice.accumulate > 1 and not accumulation_given and batch_size is None
+    per_update = merged.batch_size * (choice.accumulate if take_n else 1)
+    new_lr = scaled_learning_rate(scale_lr, learning_rate, reference, per_update)
     taken = [name for name, given in (("precision", precision), ("batch_size", batch_size))
-             if given is None]
+             if given is None] + (["accumulate"] if take_n else [])
+    if choice.accumulate > 1 and not take_n:
+        merged.notes.append(f"the tune's accumulation ({choice.batch_size} x "
+                            f"{choice.accumulate}) is not used: a batch or accumulation was "
+                            "given")
     overridden = {name: {"tuned": tuned_value, "used": given}
                   for name, given, tuned_value in (("precision", precision, choice.precision),
                                                    ("batch_size", batch_size, choice.batch_size))
@@ -194,6 +210,7 @@ def apply(path: str, *, model: str, dataset: str, precision: Optional[str],
     record = {
         "path": os.path.abspath(choice.path),
         "choice": {"precision": choice.precision, "batch_size": choice.batch_size,
+                   "accumulate": choice.accumulate,
                    "samples_per_second": choice.samples_per_second},
         "budget_bytes": choice.budget_bytes,
         "taken": taken, "overridden": overridden, "notes": merged.notes,
@@ -201,10 +218,11 @@ def apply(path: str, *, model: str, dataset: str, precision: Optional[str],
         "reference_batch_size": reference,
         "scale_lr": scale_lr,
         "learning_rate": {"before": learning_rate, "after": new_lr},
-        "optimization_note": optimization_note(reference, merged.batch_size, scale_lr,
+        "optimization_note": optimization_note(reference, per_update, scale_lr,
                                                learning_rate, new_lr),
     }
-    return Applied(merged.precision, merged.batch_size, new_lr, record)
+    return Applied(merged.precision, merged.batch_size, new_lr, record,
+                   choice.accumulate if take_n else None)
 
 
 def console_line(record: dict) -> str:

@@ -213,13 +213,14 @@ class TrialRunner:
                         result_path=result)
         return outcome_of(end, self.kill_above, any_fit)
 
-    def verify(self, policy: str, batch_size: int, steps: int) -> Outcome:
+    def verify(self, policy: str, batch_size: int, steps: int, accumulate: int = 1) -> Outcome:
         """The choice trained by a real ``tfmp train`` in a fresh process (see
         ``verification_command``), under the same watchdog as the trials."""
         self.count += 1
         name = f"{self.count:02d}-{policy}-b{batch_size}-verify"
         output = os.path.join(self.workdir, name)
-        req = dict(self.base, policy=policy, batch_size=batch_size, steps=steps)
+        req = dict(self.base, policy=policy, batch_size=batch_size, steps=steps,
+                   accumulate=accumulate)
         end = run_child("app", verification_command(req, output),
                         os.path.join(self.workdir, name + ".log"), kill_above=self.kill_above,
                         timeout=self.timeout, result_path=os.path.join(output, "metrics.json"),
@@ -248,7 +249,8 @@ def verification_command(req: Dict[str, Any], output: str) -> List[str]:
     """``tfmp train`` arguments for one epoch of ``steps`` batches: the run a user will make
     with ``--tuned``, so its peak (Keras fit or the custom loop, validation, the recorder,
     checkpoints) is what a trial's bare training steps leave out."""
-    batch, steps = int(req["batch_size"]), int(req["steps"])
+    batch, n = int(req["batch_size"]), int(req.get("accumulate") or 1)
+    steps = max(int(req["steps"]), 2 * n) if n > 1 else int(req["steps"])   # whole groups
     # A short last batch, as most real epochs end with: the step is traced again for that
     # shape, and that graph's buffers are part of a real run's peak.
     samples = batch * steps + max(batch // 2, 1)
@@ -277,6 +279,8 @@ def verification_command(req: Dict[str, Any], output: str) -> List[str]:
         args.append("--offline")
     if req.get("jit"):
         args.append("--jit")
+    if n > 1:
+        args += ["--accumulate", str(n)]
     return args
 
 

@@ -121,39 +121,56 @@ def run(req: dict) -> dict:
 
         sentinel = SentinelState(StepStats(), bundle.train.element_spec, 1, batch)
 
+    n = int(req.get("accumulate") or 1)
+    acc = None
+    if n > 1:   # --accumulate: the micro-batch step, its sums included, timed by the group
+        from app.training.accumulate import Accumulator
+
+        acc = Accumulator(model.trainable_variables, n, 2 ** 62, tf.distribute.get_strategy())
+
     @tf.function(jit_compile=bool(req.get("jit")) or None)
     def train_step(x, y):
+        if acc is not None:
+            return step.accumulated_train_step(model, loss_fn, opt, x, y, acc, sentinel).loss
         return step.train_step(model, loss_fn, opt, x, y, sentinel)[0].loss
 
     # Only full batches: a short last batch would be a second shape (another trace) and
     # a smaller step in the timing.
     data = (bundle.train.filter(lambda x, y: tf.shape(_first_tensor(x))[0] == batch)
             .repeat())
-    batches = iter(data)
-    for _ in range(int(req.get("warmup_steps", 2))):
+    done, timed, step_times = _timed_steps(train_step, iter(data), req, n)
+    # The median step, not the mean: on a shared machine a step that lost the CPU to
+    # another process for a moment says nothing about this batch size.
+    median = sorted(step_times)[len(step_times) // 2]
+    peak = peak_memory()["bytes"]
+    result.update(steps=done, timed_seconds=round(timed, 4), accumulate=n,
+                  median_step_seconds=round(median, 5),
+                  mean_samples_per_second=round(done * batch / max(timed, 1e-9), 2),
+                  samples_per_second=round(n * batch / max(median, 1e-9), 2),
+                  peak_memory_bytes=peak, cpu_peak_rss_bytes=cpu_peak_bytes(),
+                  seconds=round(time.perf_counter() - started, 3))
+    return result
+
+
+def _timed_steps(train_step, batches, req: dict, n: int = 1):
+    """Warm-up, then timed calls of ``train_step``, each timing one group of ``n`` steps
+    (one update: with ``--accumulate n`` the update's cost is in every timing).  Returns
+    (steps timed, seconds timed, the groups' seconds)."""
+    for _ in range(max(int(req.get("warmup_steps", 2)), n)):
         x, y = next(batches)
         float(train_step(x, y))
     steps, min_seconds = int(req.get("steps", 4)), float(req.get("min_seconds", 1.5))
     max_steps = int(req.get("max_steps", max(steps, 200)))
     done, timed, step_times = 0, 0.0, []
     while done < steps or (timed < min_seconds and done < max_steps):
-        x, y = next(batches)   # fetched outside the clock; the pipeline prefetches anyway
+        group = [next(batches) for _ in range(n)]   # fetched outside the clock
         t0 = time.perf_counter()
-        float(train_step(x, y))     # a Python float: waits for the step to finish
+        for x, y in group:
+            float(train_step(x, y))     # a Python float: waits for the step to finish
         step_times.append(time.perf_counter() - t0)
         timed += step_times[-1]
-        done += 1
-    # The median step, not the mean: on a shared machine a step that lost the CPU to
-    # another process for a moment says nothing about this batch size.
-    median = sorted(step_times)[len(step_times) // 2]
-    peak = peak_memory()["bytes"]
-    result.update(steps=done, timed_seconds=round(timed, 4),
-                  median_step_seconds=round(median, 5),
-                  mean_samples_per_second=round(done * batch / max(timed, 1e-9), 2),
-                  samples_per_second=round(batch / max(median, 1e-9), 2),
-                  peak_memory_bytes=peak, cpu_peak_rss_bytes=cpu_peak_bytes(),
-                  seconds=round(time.perf_counter() - started, 3))
-    return result
+        done += n
+    return done, timed, step_times
 
 
 def _peak_so_far():

@@ -35,6 +35,7 @@ from app.precision.policy import parse_names
 from app.run_folder.lock import RunLock
 from app.tuner import budget as budget_mod
 from app.tuner import output as output_folder
+from app.tuner import plan as plan_mod
 from app.tuner import report, search
 from app.tuner.progress import Progress
 from app.core.launch import sigterm_as_exit
@@ -162,7 +163,8 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
          warmup_steps: int = DEFAULT_WARMUP, min_seconds: float = DEFAULT_MIN_SECONDS,
          start: int = search.DEFAULT_START, workspace: Optional[str] = None,
          reference_batch_size: Optional[int] = None, float32_layers=None,
-         progress: bool = True, stream=None) -> Dict[str, Any]:
+         global_batch: Optional[int] = None, progress: bool = True,
+         stream=None) -> Dict[str, Any]:
     """Find, per precision, the largest batch that fits the memory budget and the fastest
     one; choose, verify, write ``output``/tune.json and tune.png; return tune.json's dict.
 
@@ -171,7 +173,8 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     (TFMP_BATCH_SIZE), else train's default.
 
     Raises ``UsageError`` on bad input (nothing written) and ``NothingFits`` when no size
-    fits under any precision."""
+    fits under any precision.  ``global_batch``: also plan, per precision, the micro-batch
+    and accumulation that reach it fastest (``app.tuner.plan``): the choice is that plan."""
     stream = stream or sys.stderr
     model, dataset = spec_of(model, "model"), spec_of(data, "data")
     wanted = parse_precisions(precision)
@@ -179,6 +182,7 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     cap = check_max_batch(max_batch)
     time_budget = check_time_budget(time_budget)
     reference_batch_size = check_reference_batch(reference_batch_size)
+    global_batch = plan_mod.check_global_batch(global_batch)
     if memory_budget is not None and str(memory_budget).strip().lower() != "auto":
         budget_mod.parse_size(memory_budget)        # a bad size fails before any process
     for name, value in (("steps", steps), ("warmup_steps", warmup_steps)):
@@ -210,7 +214,7 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
         doc = _tune_locked(
             model, dataset, output, workspace, wanted, memory_budget, margin, cap, time_budget,
             reference_batch_size, steps, warmup_steps, min_seconds, start, progress, stream,
-            task)
+            dict(task, global_batch=global_batch))
     except BaseException:
         # Nothing of this tune's is in the folder: leave it as it was found.  A lock file
         # still there is another run's (it holds the folder); rmdir leaves a folder that
@@ -237,6 +241,7 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
     """Steps 2-5, with the output folder locked.  ``task``: what every trial trains besides
     the model and the dataset (loss, metrics, shapes, data, seed, learning rate, jit), as
     ``tune`` checked it."""
+    global_batch = task.pop("global_batch", None)
     env = collect_environment()
     hardware = env.get("hardware") or {}
     gpus = hardware.get("gpus") or []
@@ -273,7 +278,8 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
     }
     workdir = tempfile.mkdtemp(prefix="tfmp-tune-")
     runner = TrialRunner(base_request, workdir, kill_above=None if gpus else budget.bytes)
-    bar = Progress(len(policies) * search.max_trials(cap) + 1, stream, enabled=progress)
+    per_policy = search.max_trials(cap) + (plan_mod.MAX_PLAN_TRIALS if global_batch else 0)
+    bar = Progress(len(policies) * per_policy + 1, stream, enabled=progress)
     bar.say(f"[tune] {model} / {dataset}: precisions {', '.join(policies)}; budget "
             f"{budget_mod.format_size(budget.bytes)} ({budget.source}), margin {margin:.0%}; "
             f"batch sizes 8..{cap}" + (f"; time budget {time_budget:g} s" if time_budget else ""))
@@ -283,7 +289,7 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
         with sigterm_as_exit():
             outcome = _search_and_verify(policies, runner, bar, budget.bytes, margin, cap,
                                          start, deadline, steps, min_seconds, notes,
-                                         left_out)
+                                         left_out, global_batch)
     except (UsageError, KeyboardInterrupt, SystemExit):
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -317,6 +323,7 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
         "speedup_vs_float32": report.speedups(precisions),
         "choice": outcome.choice,
         "verified": outcome.verified,
+        "global_batch": global_batch and {"requested": global_batch, "plans": outcome.plans},
         "notes": notes,
         "hardware": hardware, "environment": {k: v for k, v in env.items() if k != "hardware"},
         "started_utc": started.isoformat(timespec="seconds"),
@@ -328,7 +335,8 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
 
 
 def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, deadline,
-                       steps, min_seconds, notes, left_out) -> "_Outcome":
+                       steps, min_seconds, notes, left_out,
+                       global_batch: Optional[int] = None) -> "_Outcome":
     from app.core.errors import PrecisionUnsupported
 
     limit = search.memory_limit(budget_bytes, margin)
@@ -380,39 +388,53 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
         if r.max_batch is None:
             notes.append(f"{p}: no size fitted")
     best = {p: search.best_batch(r.trials) for p, r in results.items()}
-    policy, trial = search.choose(best)
     out = _Outcome(results)
-    # The chosen size first, then the smaller sizes that fitted, largest first.
-    candidates = sorted({t.batch_size for t in results[policy].trials
-                         if t.fits and t.batch_size <= trial.batch_size}, reverse=True)
-    verify_steps = verify_steps_for(steps)
-    for batch in candidates[:MAX_STEP_DOWNS + 1]:
+    if global_batch is not None:
+        policy, chosen = plan_mod.measure(results, runner, bar, limit, global_batch,
+                                          out.plans, notes)
+    else:
+        policy, trial = search.choose(best)
+        # The chosen size first, then the smaller sizes that fitted, largest first.
+        speed = {t.batch_size: t.samples_per_second for t in reversed(results[policy].trials)
+                 if t.fits and t.batch_size <= trial.batch_size}
+        chosen = [(b, 1, speed[b]) for b in sorted(speed, reverse=True)]
+    _verify(policy, chosen, runner, bar, limit, verify_steps_for(steps), out, notes,
+            planned=global_batch is not None)
+    return out
+
+
+def _verify(policy, chosen, runner, bar, limit, verify_steps, out, notes,
+            planned: bool = False) -> None:
+    """Verify ``chosen`` ((batch, accumulate, searched samples/s), the choice first) in a
+    real ``tfmp train``; step down to the next on a misfit."""
+    why = ("the fastest precision and micro-batch for the global batch" if planned
+           else "the fastest precision at its own fastest batch size")
+    for batch, n, searched_sps in chosen[:MAX_STEP_DOWNS + 1]:
         bar.start(policy, batch, phase="verify")
-        v = search.judge(batch, runner.verify(policy, batch, steps=verify_steps), limit)
+        kw = {"accumulate": n} if n > 1 else {}
+        v = search.judge(batch, runner.verify(policy, batch, steps=verify_steps, **kw), limit)
         v.phase = "verify"
         out.verify_trials.setdefault(policy, []).append(v)
         bar.finish(policy, v)
         if v.fits:
-            searched = next(t for t in results[policy].trials
-                            if t.fits and t.batch_size == batch)
+            extra = {"accumulate": n, "global_batch": batch * n} if planned else {}
             out.verified = {"fits": True, "precision": policy, "batch_size": batch,
                             "steps": verify_steps, "peak_memory_bytes": v.peak_memory_bytes,
                             "samples_per_second": v.samples_per_second,
-                            "stepped_down_from": candidates[0] if out.stepped_down else None}
+                            "stepped_down_from": chosen[0][0] if out.stepped_down else None,
+                            **extra}
             out.choice = {"precision": policy, "batch_size": batch,
-                          "samples_per_second": searched.samples_per_second,
-                          "reason": "the fastest precision at its own fastest batch size"
-                          + (" (stepped down in verification)" if out.stepped_down else "")}
+                          "samples_per_second": searched_sps, **extra, "reason": why + (
+                              " (stepped down in verification)" if out.stepped_down else "")}
             if out.stepped_down:
                 bar.say(f"[tune] stepped down to {policy} at batch {batch}: the larger size "
                         "went over the budget in the longer verification run")
-            return out
+            return
         out.stepped_down = True
         notes.append(f"verification: {policy} at batch {batch} did not hold over "
                      f"{verify_steps} steps ({v.reason}); stepping down")
     out.verified = {"fits": False, "precision": policy, "batch_size": None,
                     "reason": "no size passed verification"}
-    return out
 
 
 class _Outcome:
@@ -424,3 +446,4 @@ class _Outcome:
         self.verified: Dict[str, Any] = {}
         self.choice: Optional[Dict[str, Any]] = None
         self.stepped_down = False
+        self.plans: Dict[str, Any] = {}     # --global-batch: app.tuner.plan.entry per policy

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.docker
 
 HEAVY = USER_MODELS / "activation_heavy.py"
 LIMIT_MIB = 1536
+GLOBAL_BATCH = 96     # more than fits under the limit; 8, 16, 24, 32 and 48 divide it
 
 
 def test_tune_under_a_container_memory_limit(image, tmp_path):
@@ -35,7 +36,7 @@ def test_tune_under_a_container_memory_limit(image, tmp_path):
     tune = ["tfmp", "tune", "--model", "./heavy.py:build", "--dataset", "synthetic",
             "--input-shape", "64,64,3", "--max-train-samples", "256",
             "--precision", "float32,mixed_bfloat16", "--margin", "0", "--steps", "1",
-            "--output", "/workspace/tune"]
+            "--global-batch", str(GLOBAL_BATCH), "--output", "/workspace/tune"]
     # ...then the choice trained in the same container, under the same limit.
     train = ["tfmp", "train", "--tuned", "/workspace/tune/tune.json", "--model", "./heavy.py:build",
              "--dataset", "synthetic", "--input-shape", "64,64,3", "--epochs", "1",
@@ -74,12 +75,23 @@ def test_tune_under_a_container_memory_limit(image, tmp_path):
         beyond = [t for t in search if t["batch_size"] > entry["max_batch"]]
         assert beyond and not any(t["fits"] for t in beyond), (policy, search)
     assert doc["verified"]["fits"] and doc["choice"]["batch_size"]
+    # --global-batch: the plan reaches it with a micro-batch that fits, measured accumulated
+    choice = doc["choice"]
+    assert choice["batch_size"] * choice["accumulate"] == GLOBAL_BATCH == choice["global_batch"]
+    assert choice["batch_size"] <= doc["precisions"][choice["precision"]]["max_batch"]
+    assert doc["verified"]["accumulate"] == choice["accumulate"] > 1
+    plans = doc["global_batch"]["plans"]
+    assert set(plans) == set(doc["precisions"]) and all(
+        t["phase"] == "plan" for p in plans.values() for t in p["trials"])
     assert (tmp_path / "tune" / "tune.png").exists()
     assert (tmp_path / "tune" / "tune.json").stat().st_uid == HOST_UID
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["status"] == "completed"
     assert (metrics["precision"]["policy"], metrics["config"]["batch_size"]) == \
         (doc["choice"]["precision"], doc["choice"]["batch_size"])
+    assert metrics["accumulation"] == {"micro_batch": choice["batch_size"],
+                                       "accumulate": choice["accumulate"],
+                                       "global_batch": GLOBAL_BATCH}
     assert metrics["tuned"]["path"] == "/workspace/tune/tune.json"
     assert metrics["peak_memory"]["bytes"] <= doc["budget_bytes"], metrics["peak_memory"]
 

@@ -33,6 +33,13 @@ def assert_usage_error(proc, needle, *not_created):
     (["--initial-loss-scale", "0"], "initial_loss_scale must be a finite number > 0"),
     (["--initial-loss-scale", "nan"], "initial_loss_scale must be a finite number > 0"),
     (["--epochs", "two"], "invalid int value"),
+    (["--accumulate", "0"], "accumulate must be at least 1. Received: accumulate=0"),
+    (["--global-batch", "100", "--batch-size", "32"],
+     "global_batch 100 is not a multiple of the micro-batch 32 (--batch-size 32); allowed: "
+     "--global-batch 96 or 128"),
+    (["--strategy", "multi-worker", "--accumulate", "2"],
+     "accumulate 2 cannot be used with the multi-worker strategy; allowed: "
+     "--accumulate/--global-batch with --strategy one or mirrored"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])
 def test_bad_flags(tmp_path, args, needle):

@@ -70,3 +70,20 @@ def test_config_is_a_plain_dataclass():
     assert list(d) == [f.name for f in dataclasses.fields(TrainConfig) if f.name != "tuning"]
     assert json.loads(json.dumps(d)) == d
     assert TrainConfig(**d) == cfg and TrainConfig(**d) != TrainConfig()
+
+
+def test_accumulation_from_either_flag_and_the_replicas():
+    from app.training.config import check_accumulation
+
+    assert check_accumulation(resolve_config({}, environ={})) == 1
+    assert check_accumulation(resolve_config({}, environ={"TFMP_ACCUMULATE": "4"})) == 4
+    cfg = resolve_config({"global_batch": 256, "batch_size": 32}, environ={})
+    assert check_accumulation(cfg) == 8
+    assert check_accumulation(cfg, replicas=2) == 4      # micro-batch 64 over two replicas
+    with pytest.raises(UsageError) as info:
+        check_accumulation(resolve_config({"global_batch": 96, "batch_size": 32}, environ={}),
+                           replicas=2)
+    assert "not a multiple of the micro-batch 64 (--batch-size 32 x 2 replicas)" in str(info.value)
+    assert "--global-batch 64 or 128" in str(info.value)
+    with pytest.raises(UsageError):
+        resolve_config({"global_batch": 0}, environ={})

@@ -110,6 +110,26 @@ def test_mirrored_replicas_skip_overflowing_steps_together(tmp_path):
     assert m["epochs"][-1]["val_accuracy"] >= TARGET_ACCURACY
 
 
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_mirrored_accumulation_skips_whole_updates_together(tmp_path, loop):
+    """--accumulate 2 over two replicas under mixed_float16, a first scale of 2**22: the
+    overflowing updates are skipped by both replicas together, the scale halved once per
+    skipped update (8 micro-batches, 4 updates an epoch), never once per micro-batch."""
+    out = tmp_path / "run"
+    p = _app([*COMMON, "--strategy", "mirrored", "--loop", loop, "--precision",
+              "mixed_float16", "--epochs", "1", "--max-train-samples", "256",
+              "--max-val-samples", "32", "--initial-loss-scale", str(2 ** 22),
+              "--accumulate", "2", "--log-every", "1", "--output", str(out)],
+             _env({"TFMP_LOGICAL_CPUS": "2"}), tmp_path / "log")
+    assert _wait([p], 300) == [0], _read(tmp_path / "log")[-3000:]
+    m = _metrics(out)
+    assert m["accumulation"] == {"micro_batch": 32, "accumulate": 2, "global_batch": 64}
+    assert [r["step"] for r in m["steps"]] == [1, 2, 3, 4]       # updates, not micro-batches
+    first = m["epochs"][0]
+    assert first["skipped_steps"] >= 1
+    assert first["loss_scale"] == 2.0 ** 22 / 2 ** first["skipped_steps"]
+
+
 def _start_workers(tmp_path, ports, out, epochs, tag, train_samples):
     args = [*COMMON, "--loop", LOOP, "--precision", "float32", "--epochs", str(epochs),
             "--max-train-samples", str(train_samples), "--log-every", "16", "--output", str(out)]

@@ -199,6 +199,24 @@ def test_nan_in_a_few_samples_of_the_data(tmp_path, loop):
     assert f["where"]["samples"] and all(first <= s < first + 16 for s in f["where"]["samples"])
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_nan_in_the_data_under_accumulation_names_the_update_and_its_micro_batch(tmp_path, loop):
+    """--accumulate 2: the fault is latched on the update the faulty micro-batch belongs to
+    (steps count updates: 16 an epoch), and the replay names samples of that micro-batch."""
+    x = _with_rows(_rng_x(), [97, 301], np.nan)
+    m = _train(tmp_path, _model(_dense()), _data(x), loop, precision="float32", accumulate=2)
+    f = _fault(m)
+    assert f["where"]["kind"] == "input samples" and f["verdict"] == "data"
+    group = (f["step"] - 1 - 16 * (f["epoch"] - 1)) * 32    # the failing update's first sample
+    # The epoch's order (app/task/data.py's permutation): where rows 97 and 301 came.
+    keys = tf.random.stateless_uniform([N], seed=tf.constant([0, f["epoch"]], tf.int64))
+    where = {int(row): p for p, row in enumerate(tf.argsort(keys, stable=True).numpy())}
+    first = min(where[97], where[301])
+    assert group <= first < group + 32, (f["step"], first)
+    micro = [where[r] for r in (97, 301) if where[r] // 16 == first // 16]
+    assert sorted(f["where"]["samples"]) == sorted(micro), (f, where[97], where[301])
+
+
 def _sgd_model(lr):
     """Plain SGD on a linear hidden layer: each update multiplies the weights' scale, until
     the logits pass float32's largest value a few steps in."""

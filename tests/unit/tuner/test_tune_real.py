@@ -3,8 +3,9 @@ the sizes that pass the budget, and tune.json is what ``train --tuned`` reads.
 
 Kept to a few trials: a model whose memory is almost all activations (tens of MB a sample,
 tests/unit/user_models/activation_heavy.py) under a 1 GiB budget, so batch 8 fits and 16
-does not, under float32 and mixed_bfloat16 alike.  Each trial still starts TensorFlow, so
-this takes about a minute on 2 cores.
+does not, under float32 and mixed_bfloat16 alike, and a --global-batch of 32 that does not
+fit is planned as micro-batches of 8 accumulated 4 times.  Each trial still starts
+TensorFlow, so this takes about a minute on 2 cores.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_pa
     out = tmp_path / "tune"
     proc = run_app("tune", "--model", MODEL, "--dataset", "synthetic", "--input-shape", "64,64,3",
                    "--max-train-samples", "64", "--precision", "float32,mixed_bfloat16",
-                   "--memory-budget", "1280MiB", "--steps", "1",
+                   "--memory-budget", "1280MiB", "--steps", "1", "--global-batch", "32",
                    "--output", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((out / "tune.json").read_text(encoding="utf-8"))
@@ -47,14 +48,27 @@ def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_pa
         assert all(t["reason"] for t in beyond)
         assert all(t["batch_size"] % 8 == 0 for t in trials)
         assert entry["best_batch"] in [t["batch_size"] for t in trials if t["fits"]]
+    # --global-batch 32, four times the largest size that fits: per precision the micro-batch
+    # that divides it, measured with accumulation (whole groups timed, the update included)
+    plans = doc["global_batch"]["plans"]
+    assert doc["global_batch"]["requested"] == 32 and set(plans) == set(doc["precisions"])
+    for policy, p in plans.items():
+        assert p["micro_batch"] * p["accumulate"] == 32, (policy, p)
+        assert p["micro_batch"] <= doc["precisions"][policy]["max_batch"]
+        assert p["trials"] and all(t["phase"] == "plan" and t["accumulate"] * t["batch_size"]
+                                   == 32 for t in p["trials"])
     choice, verified = doc["choice"], doc["verified"]
     assert verified["fits"] and verified["batch_size"] == choice["batch_size"]
     assert verified["peak_memory_bytes"] <= limit
+    assert choice["global_batch"] == 32 == choice["batch_size"] * choice["accumulate"]
+    assert verified["accumulate"] == choice["accumulate"] > 1
     assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
     assert os.listdir(out / "trials")
     # what `train --tuned` will read
     t = tuned.read_tuned(str(out / "tune.json"), MODEL, "synthetic")
-    assert (t.precision, t.batch_size) == (choice["precision"], choice["batch_size"])
+    assert (t.precision, t.batch_size, t.accumulate) == (choice["precision"],
+                                                         choice["batch_size"],
+                                                         choice["accumulate"])
     assert "largest batch" in proc.stderr and "choice:" in proc.stderr
 
     # ...and `train --tuned` trains the choice, records the tune and stays within the budget.
@@ -66,13 +80,16 @@ def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
     rec = metrics["tuned"]
-    assert rec["path"] == str(out / "tune.json") and rec["taken"] == ["precision", "batch_size"]
+    assert rec["path"] == str(out / "tune.json")
+    assert rec["taken"] == ["precision", "batch_size", "accumulate"]
     assert rec["choice"]["batch_size"] == choice["batch_size"] and rec["scale_lr"] == "none"
     assert metrics["config"]["batch_size"] == choice["batch_size"]
     assert metrics["precision"]["policy"] == choice["precision"]
     assert metrics["peak_memory"]["bytes"] <= doc["budget_bytes"], metrics["peak_memory"]
-    assert f"tuned: precision {choice['precision']}, batch size {choice['batch_size']}" \
-        in proc.stdout
+    assert metrics["accumulation"] == {"micro_batch": choice["batch_size"],
+                                       "accumulate": choice["accumulate"], "global_batch": 32}
+    assert f"tuned: precision {choice['precision']}, batch size {choice['batch_size']}, " \
+        f"accumulate {choice['accumulate']}" in proc.stdout
 
 
 def test_nothing_fits_is_one_line_naming_the_smallest_size_exit_2(tmp_path):
