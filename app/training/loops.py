@@ -12,6 +12,7 @@ import time
 import tensorflow as tf
 
 from app.training import distribute
+from app.training import profiling
 from app.training import step as steps
 
 
@@ -20,6 +21,9 @@ def run_fit(run, parts, recorder, monitor, start_epoch: int):
     cfg = run.config
     steps.compile_for_fit(parts, cfg.jit, cfg.steps_per_execution)
     callbacks = [_EpochCallback(parts, recorder, monitor)]
+    profiler = profiling.make(run)
+    if profiler is not None:   # batch hooks only when profiling
+        callbacks.append(profiling.ProfileCallback(profiler, cfg.steps_per_execution))
     train_ds, val_ds = run.bundle.train, run.bundle.val
     if run.dist.multi_worker:
         # Keras 2 only (Keras 3 runs multi-worker jobs in the custom loop): Keras'
@@ -28,10 +32,14 @@ def run_fit(run, parts, recorder, monitor, start_epoch: int):
         callbacks.append(_backup_and_restore(os.path.join(cfg.output, "backup")))
         train_ds, val_ds = (distribute.shard_by_data(train_ds),
                           distribute.shard_by_data(val_ds))
-    with monitor.polling(parts.model):
-        parts.model.fit(train_ds, validation_data=val_ds, epochs=cfg.epochs,
-                        initial_epoch=start_epoch, verbose=0 if recorder.plain else 1,
-                        shuffle=False, callbacks=callbacks)
+    try:
+        with monitor.polling(parts.model):
+            parts.model.fit(train_ds, validation_data=val_ds, epochs=cfg.epochs,
+                            initial_epoch=start_epoch, verbose=0 if recorder.plain else 1,
+                            shuffle=False, callbacks=callbacks)
+    finally:
+        if profiler is not None:
+            profiler.stop()
 
 
 class _EpochCallback(tf.keras.callbacks.Callback):
@@ -77,6 +85,19 @@ def run_custom(run, parts, recorder, monitor, start_epoch: int):
     train_ds = distribute.distribute_dataset(run.dist, run.bundle.train)
     val_ds = distribute.distribute_dataset(run.dist, run.bundle.val)
     n_steps = -(-run.bundle.train_samples // run.dist.global_batch)
+    profiler = profiling.make(run)
+    try:
+        _custom_epochs(run, parts, recorder, monitor, start_epoch, custom, train_ds, val_ds,
+                       n_steps, profiler)
+    finally:
+        if profiler is not None:
+            profiler.stop()
+
+
+def _custom_epochs(run, parts, recorder, monitor, start_epoch, custom, train_ds, val_ds,
+                   n_steps, profiler):
+    cfg = run.config
+    step = 0
     for epoch in range(start_epoch, cfg.epochs):
         monitor.begin_epoch(epoch)
         custom.reset()
@@ -84,7 +105,12 @@ def run_custom(run, parts, recorder, monitor, start_epoch: int):
             n_steps, stateful_metrics=["loss"] + [m.name for m in custom.train_metrics])
         t0, c0 = time.perf_counter(), time.process_time()
         for i, (x, y) in enumerate(train_ds):
+            step += 1
+            if profiler is not None:
+                profiler.begin(step)
             custom.train_step(x, y)
+            if profiler is not None:
+                profiler.end(step)
             monitor.tick(epoch)
             if bar is not None and ((i + 1) % 10 == 0 or i + 1 == n_steps):
                 bar.update(i + 1, custom.progress())
