@@ -151,6 +151,9 @@ COPY docker/bin/tfmp-home /usr/local/bin/tfmp-home
 # TensorBoard behind JupyterLab's token: the launcher tile's server (jupyter_server_config.py).
 COPY docker/bin/tfmp-tensorboard /usr/local/bin/tfmp-tensorboard
 COPY docker/config/tensorboard-icon.svg /usr/local/share/tfmp/tensorboard-icon.svg
+# The GPU view: JupyterLab's "GPU" tile (jupyter_server_config.py; reads NVML through app/).
+COPY docker/bin/tfmp-gpu-view /usr/local/bin/tfmp-gpu-view
+COPY docker/config/gpu-icon.svg /usr/local/share/tfmp/gpu-icon.svg
 # The start-up core and its parts (sourced in name order; see entrypoint.sh).
 COPY docker/start/ /usr/local/lib/tfmp/start/
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh
