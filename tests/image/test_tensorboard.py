@@ -406,7 +406,8 @@ def test_profile_of_cpu_steps_opens_in_the_profile_tab(stack, first_open, traine
     found = wait_until(tools, timeout=120, interval=2, what=f"profile tools of {trained_run}")
     (session, names), = found.items()
     assert {"overview_page@", "trace_viewer#"} <= set(names), names
-    resp = requests.get(stack.base_url + "/tensorboard/data/plugin/profile/tools", timeout=30)
+    resp = requests.get(stack.base_url + "/tensorboard/data/plugin/profile/tools", timeout=30,
+                        allow_redirects=False)
     assert _refused(resp.status_code, resp.headers.get("Location", "")), resp.status_code
     browser = DevTools(tmp_path / "profile", tmp_path / "chromium.log")
     shot = tmp_path / "tensorboard-profile.png"
