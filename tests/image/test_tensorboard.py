@@ -431,4 +431,6 @@ def test_profile_of_cpu_steps_opens_in_the_profile_tab(stack, first_open, traine
     finally:
         browser.close()
     assert "No profile data was found" not in text, text[:800]
+    # Whole steps in the trace: Keras 2 marks them, the Profile tab measures the step time.
+    assert "No step marker observed" not in text, text[:800]
     print(f"screenshot: {shot}")
