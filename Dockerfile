@@ -101,16 +101,19 @@ RUN --mount=type=secret,id=pip_ca \
 
 # XLA on the GPU (--jit): libdevice and ptxas from the CUDA 11 compiler wheel
 # (requirements.txt), linked where TensorFlow 2.9 looks without XLA_FLAGS: its CUDA
-# roots (the build's /usr/local/cuda-11.2, then /usr/local/cuda; in the real base the
-# second is a link to the first) + nvvm/libdevice/, and ptxas on PATH first.  The base
+# roots (its build's /usr/local/cuda-11.2, then /usr/local/cuda; in the real base the
+# second is a link to the first, linked in both all the same) + nvvm/libdevice/, and ptxas
+# on PATH first.  The base
 # has CUDA's runtime only (no compiler package).  `tfmp env` checks both (docs/image.md).
 RUN nvcc_dir="$(python3 -c 'import nvidia.cuda_nvcc as m, os; print(os.path.dirname(m.__file__))' 2>/dev/null \
       || python3 -c 'import site; print(site.getsitepackages()[0] + "/nvidia/cuda_nvcc")')" \
  && test -x "$nvcc_dir/bin/ptxas" && test -s "$nvcc_dir/nvvm/libdevice/libdevice.10.bc" \
- && mkdir -p /usr/local/cuda/nvvm/libdevice /usr/local/cuda/bin \
- && ln -sf "$nvcc_dir/nvvm/libdevice/libdevice.10.bc" /usr/local/cuda/nvvm/libdevice/libdevice.10.bc \
- && ln -sf "$nvcc_dir/bin/ptxas" /usr/local/cuda/bin/ptxas \
- && ln -sf /usr/local/cuda/bin/ptxas /usr/local/bin/ptxas \
+ && for root in /usr/local/cuda-11.2 /usr/local/cuda; do \
+      mkdir -p "$root/nvvm/libdevice" "$root/bin" \
+      && ln -sf "$nvcc_dir/nvvm/libdevice/libdevice.10.bc" "$root/nvvm/libdevice/libdevice.10.bc" \
+      && ln -sf "$nvcc_dir/bin/ptxas" "$root/bin/ptxas"; \
+    done \
+ && ln -sf "$nvcc_dir/bin/ptxas" /usr/local/bin/ptxas \
  && ptxas --version | tail -n 2
 
 # TF_FORCE_GPU_ALLOW_GROWTH: every TensorFlow process (kernels, SSH sessions, batch
