@@ -266,6 +266,17 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
     if "mixed_float16" in policies and not gpus:
         notes.append("mixed_float16 on a CPU is very slow (no float16 kernels): its speeds "
                      "are measured, not recommended")
+    xla = env.get("xla_gpu") or {}
+    if task.get("jit") and gpus and xla and not xla.get("can_compile"):
+        # The trials would each fail inside TensorFlow's first compiled step.
+        from app.machine import xla_toolchain
+
+        raise UsageError("--jit cannot compile for the GPU here: "
+                         + (xla_toolchain.problem(xla_toolchain.Toolchain(
+                             xla.get("libdevice"), xla.get("ptxas"), xla.get("ptxas_version"),
+                             xla.get("ptxas_error"), tuple(xla.get("searched") or ())))
+                            or "libdevice or ptxas missing"),
+                         "--jit once libdevice and ptxas are there: " + xla_toolchain.FIX)
     gpu_now = _gpu_now() if gpus else None
     own = nvml.own_pids()
     budget = budget_mod.resolve(

@@ -417,8 +417,10 @@ def test_profile_of_cpu_steps_opens_in_the_profile_tab(stack, first_open, traine
 
         def shows_profile():
             text = browser.eval(f"{DEEP_TEXT_FRAMES}(document)") or ""
+            # The run and its tools in the selectors, the overview page drawn from the trace
+            # (its "Performance Summary"; before, the tab says "No profile data" a moment).
             return ("Tools" in text and trained_run.split("/")[0] in text
-                    and "overview_page" in text and text)
+                    and "overview_page" in text and "Performance Summary" in text and text)
 
         try:
             text = wait_until(shows_profile, timeout=150, interval=1,
