@@ -18,9 +18,9 @@ PARAMS = "/proc/driver/nvidia/params"
 
 FIXES = ("on the host: `options nvidia NVreg_RestrictProfilingToAdminUsers=0` in a file of "
          "/etc/modprobe.d/, then reload the nvidia module (or reboot); or give the process "
-         "CAP_SYS_ADMIN: start the container with --cap-add SYS_ADMIN (or --privileged) and "
-         "run the job as root (`docker run --user 0:0 ...`: the image's user tf never holds "
-         "it)")
+         "CAP_SYS_ADMIN: start the container with --cap-add SYS_ADMIN and -e "
+         "TFMP_GPU_PROFILING=1 (the image then keeps it for the user tf; docs/image.md, "
+         "\"On a GPU box\")")
 
 
 def admin_only(params_text: Optional[str]) -> Optional[bool]:

@@ -95,6 +95,7 @@ def test_jit_on_a_gpu_without_the_toolchain_stops_train_before_anything(monkeypa
 PARAMS_ADMIN = "ResmanDebugLevel: 4294967295\nRmProfilingAdminOnly: 1\nRmLogonRC: 1\n"
 STATUS_USER = "Name:\tpython3\nCapEff:\t0000000000000000\n"
 STATUS_ROOT_ADMIN = "Name:\tpython3\nCapEff:\t00000000a82425fb\n"   # docker's default + SYS_ADMIN
+STATUS_USER_KEPT = "Name:\tpython3\nCapEff:\t0000000000200000\n"    # TFMP_GPU_PROFILING=1
 
 
 def test_cupti_refusal_names_the_cause_and_both_fixes():
@@ -102,12 +103,14 @@ def test_cupti_refusal_names_the_cause_and_both_fixes():
     assert line.startswith("warning: the profile will have no GPU kernels")
     assert "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES" in line and "RmProfilingAdminOnly: 1" in line
     assert "NVreg_RestrictProfilingToAdminUsers=0" in line and "--cap-add SYS_ADMIN" in line
+    assert "TFMP_GPU_PROFILING=1" in line
     assert "\n" not in line
 
 
 @pytest.mark.parametrize("params,status,gpu", [
     (PARAMS_ADMIN.replace("AdminOnly: 1", "AdminOnly: 0"), STATUS_USER, True),  # host allows all
     (PARAMS_ADMIN, STATUS_ROOT_ADMIN, True),                                    # CAP_SYS_ADMIN
+    (PARAMS_ADMIN, STATUS_USER_KEPT, True),                                     # kept for tf
     (PARAMS_ADMIN, STATUS_USER, False),                                         # no GPU
     (None, STATUS_USER, True),                                                  # no driver file
 ])
