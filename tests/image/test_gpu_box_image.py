@@ -56,3 +56,42 @@ def test_tqdm_notebook_bar_renders_as_a_widget_in_a_kernel(stack):
     assert "IProgress" not in text, text[:2000]
     assert len(widgets) >= 2, text[:2000]        # one bar per loop
     assert "MODE widget" in text and "one line above the bar" in text, text[:2000]
+
+
+def test_the_gpu_tile_opens_the_view_in_jupyterlab(stack, tmp_path):
+    """A real browser: the launcher's GPU tile opens a tab with the view, which says "no GPU"."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from image_helpers import wait_until
+    from test_tensorboard import DevTools
+
+    tile = ("[...document.querySelectorAll('.jp-LauncherCard')]"
+            ".find(card => card.innerText.trim() === 'GPU')")
+    frame = "document.querySelector('iframe[src*=\"/gpu/\"]')"
+    browser = DevTools(tmp_path / "profile", tmp_path / "chromium.log")
+    shot = tmp_path / "gpu-tile.png"
+    try:
+        # A workspace of its own (reset): the shared stack's default layout stays as it was,
+        # so later tests find the launcher, not this test's GPU tab restored.
+        browser.call("Page.navigate", url=f"{stack.base_url}/lab/workspaces/tfmp-gpu-tile"
+                                          f"?reset&token={stack.token()}")
+        wait_until(lambda: browser.eval(f"!!({tile})"), timeout=90, interval=0.5,
+                   what="the GPU tile in JupyterLab's launcher")
+        browser.eval(f"({tile}).click(), true")
+        wait_until(lambda: browser.eval(f"!!{frame}"), timeout=60, interval=0.5,
+                   what="a JupyterLab tab with the GPU view's frame")
+        body = f"((({frame}).contentDocument || {{}}).body || {{}}).innerText"
+        try:
+            text = wait_until(lambda: "no GPU" in (browser.eval(body) or "")
+                              and browser.eval(body), timeout=60, interval=0.5,
+                              what="the GPU view saying no GPU")
+        finally:
+            browser.screenshot(shot)
+            keep = os.environ.get("TFMP_SCREENSHOT_DIR")
+            if keep:
+                shutil.copy(shot, Path(keep) / "gpu-tile.png")
+    finally:
+        browser.close()
+    assert "libnvidia-ml.so.1" in text and "--gpus all" in text, text
