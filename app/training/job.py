@@ -417,14 +417,16 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
         # Unexpected (e.g. out of memory): leave an honest metrics.json, then re-raise;
         # a dtype clash in the user's layer becomes check's one-line diagnosis.
         clash = clash_diagnosis(exc, run.decision.policy, run.task)
-        recorder.finish("failed", diagnosis=clash or f"{type(exc).__name__}: {str(exc)[:500]}")
+        hint = None
         if run.hardware.gpus:
             from app.machine import nvml
 
             hint = nvml.oom_hint(exc)   # who else holds the GPU's memory (NVML)
             if hint:
                 recorder.metrics["gpu_memory_holders"] = hint
-                print(f"note: {hint}", file=sys.stderr, flush=True)
+        recorder.finish("failed", diagnosis=clash or f"{type(exc).__name__}: {str(exc)[:500]}")
+        if hint:
+            print(f"note: {hint}", file=sys.stderr, flush=True)
         if clash:
             raise MixedPrecisionClash(clash) from None
         raise
