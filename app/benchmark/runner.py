@@ -97,8 +97,10 @@ def subprocess_launcher(cmd: List[str], log_path: str, timeout: Optional[float],
 
 def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     # Every run is a fresh one into its own folder, whatever the user's shell says, and
-    # trains exactly the precision and batch size it is given (no tune.json).
-    return launch.child_env(base, without=("resume", "tuned", "scale_lr"))
+    # trains exactly the precision and batch size it is given (no tune.json), with the
+    # float32 of --fp32-baseline (TF32 as given per run) and no profile it was not given.
+    return launch.child_env(base, without=("resume", "tuned", "scale_lr", "tf32",
+                                           "profile_steps"))
 
 
 def _load_average() -> Optional[float]:

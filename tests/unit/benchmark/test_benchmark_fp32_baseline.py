@@ -125,3 +125,11 @@ def test_plan_rules():
     assert baseline.primary_tf32_flag(baseline.plan("strict", HardwareInfo())) is None
     with pytest.raises(ValueError):
         baseline.plan("fp19", a100)
+
+
+def test_the_users_tf32_and_profile_variables_do_not_reach_the_runs():
+    from app.benchmark import runner
+
+    env = runner.child_env({"TFMP_TF32": "off", "TFMP_PROFILE_STEPS": "1-9", "TFMP_SEED": "3"})
+    assert "TFMP_TF32" not in env and "TFMP_PROFILE_STEPS" not in env
+    assert env["TFMP_SEED"] == "3"
