@@ -188,6 +188,7 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
     for entry in schedule:
         policy, repeat, order = entry["policy"], entry["repeat"], entry["order"]
         if policy in left_out:
+            bar.advance()
             continue
         # An entry with its own batch size: a policy at its best batch (benchmark --tuned).
         batch = entry.get("batch_size")
