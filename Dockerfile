@@ -99,10 +99,32 @@ RUN --mount=type=secret,id=pip_ca \
  && python3 -c 'import site; print(site.getsitepackages()[0])' \
       | xargs -I{} sh -c 'echo /opt/tfmp/src > {}/tfmp-app.pth'
 
+# XLA on the GPU (--jit): libdevice and ptxas from the CUDA 11 compiler wheel
+# (requirements.txt), linked where TensorFlow 2.9 looks without XLA_FLAGS: its CUDA
+# roots (its build's /usr/local/cuda-11.2, then /usr/local/cuda; in the real base the
+# second is a link to the first, linked in both all the same) + nvvm/libdevice/, and ptxas
+# on PATH first.  The base
+# has CUDA's runtime only (no compiler package).  `tfmp env` checks both (docs/image.md).
+RUN nvcc_dir="$(python3 -c 'import nvidia.cuda_nvcc as m, os; print(os.path.dirname(m.__file__))' 2>/dev/null \
+      || python3 -c 'import site; print(site.getsitepackages()[0] + "/nvidia/cuda_nvcc")')" \
+ && test -x "$nvcc_dir/bin/ptxas" && test -s "$nvcc_dir/nvvm/libdevice/libdevice.10.bc" \
+ && for root in /usr/local/cuda-11.2 /usr/local/cuda; do \
+      mkdir -p "$root/nvvm/libdevice" "$root/bin" \
+      && ln -sf "$nvcc_dir/nvvm/libdevice/libdevice.10.bc" "$root/nvvm/libdevice/libdevice.10.bc" \
+      && ln -sf "$nvcc_dir/bin/ptxas" "$root/bin/ptxas"; \
+    done \
+ && ln -sf "$nvcc_dir/bin/ptxas" /usr/local/bin/ptxas \
+ && ptxas --version | tail -n 2
+
+# TF_FORCE_GPU_ALLOW_GROWTH: every TensorFlow process (kernels, SSH sessions, batch
+# jobs) takes GPU memory as it needs it instead of nearly all of it at start, so a
+# notebook kernel leaves room for a `tfmp tune` or a second kernel.  `-e
+# TF_FORCE_GPU_ALLOW_GROWTH=false` restores TensorFlow's default (docs/image.md).
 ENV PIP_CONSTRAINT=/etc/tfmp/constraints.txt \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
-    TFMP_WORKSPACE=/workspace
+    TFMP_WORKSPACE=/workspace \
+    TF_FORCE_GPU_ALLOW_GROWTH=true
 
 # --- configuration and start-up ---------------------------------------------------
 COPY docker/config/sshd_config /etc/ssh/sshd_config
@@ -132,6 +154,9 @@ COPY docker/bin/tfmp-home /usr/local/bin/tfmp-home
 # TensorBoard behind JupyterLab's token: the launcher tile's server (jupyter_server_config.py).
 COPY docker/bin/tfmp-tensorboard /usr/local/bin/tfmp-tensorboard
 COPY docker/config/tensorboard-icon.svg /usr/local/share/tfmp/tensorboard-icon.svg
+# The GPU view: JupyterLab's "GPU" tile (jupyter_server_config.py; reads NVML through app/).
+COPY docker/bin/tfmp-gpu-view /usr/local/bin/tfmp-gpu-view
+COPY docker/config/gpu-icon.svg /usr/local/share/tfmp/gpu-icon.svg
 # The start-up core and its parts (sourced in name order; see entrypoint.sh).
 COPY docker/start/ /usr/local/lib/tfmp/start/
 COPY entrypoint.sh /usr/local/bin/entrypoint.sh

@@ -33,6 +33,9 @@
 #   NB_UID, NB_GID       UID/GID for user tf (default 1000/1000).  Set them to
 #                        your host's `id -u` / `id -g` so files written to mounted
 #                        volumes are yours.  0 is refused.
+#   TFMP_GPU_PROFILING   1: the user's processes keep CAP_SYS_ADMIN (ambient), which
+#                        NVIDIA's driver asks of a GPU profiler (CUPTI) unless the host
+#                        allows everyone; needs --cap-add SYS_ADMIN.  Default 0.
 #
 # What the parts may use (set here once, read-only before any part runs):
 #   MODE                serve | self-test | command
@@ -228,11 +231,32 @@ take_state_dir() {
   find "$STATE_DIR" -mindepth 1 -delete
 }
 
+# TFMP_GPU_PROFILING=1: CAP_SYS_ADMIN stays with the user (setpriv's ambient set), so
+# TensorFlow's profiler may read the GPU's kernels through CUPTI where the driver lets only
+# administrators (RmProfilingAdminOnly: 1).  It is root's power inside the container: opt-in,
+# and only when the container was given the capability.
+check_gpu_profiling() {
+  local bounding
+  [[ ${TFMP_GPU_PROFILING:-0} =~ ^[01]$ ]] \
+    || fatal "TFMP_GPU_PROFILING must be 1 or 0. Received: TFMP_GPU_PROFILING='${TFMP_GPU_PROFILING}'"
+  [[ ${TFMP_GPU_PROFILING:-0} == 1 ]] || return 0
+  is_root || fatal "TFMP_GPU_PROFILING=1 needs the container to start as root (no --user): it keeps CAP_SYS_ADMIN for the user tf"
+  bounding=$(awk '/^CapBnd:/ {print $2}' /proc/self/status)
+  (((16#${bounding:-0} >> 21) & 1)) \
+    || fatal "TFMP_GPU_PROFILING=1 needs CAP_SYS_ADMIN in the container: start it with --cap-add SYS_ADMIN (compose: cap_add: [SYS_ADMIN])"
+  warn "TFMP_GPU_PROFILING=1: the user tf holds CAP_SYS_ADMIN (root's power inside the container) for GPU profiling"
+}
+
 # Prints USER_CMD, NUL-separated: the prefix that runs a command as the unprivileged
 # user with a clean identity (setpriv from util-linux: no extra package, no setuid binary).
 user_cmd() {
   local name
-  if is_root; then printf '%s\0' setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups; fi
+  if is_root; then
+    printf '%s\0' setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups
+    if [[ ${TFMP_GPU_PROFILING:-0} == 1 ]]; then
+      printf '%s\0' --inh-caps=+sys_admin --ambient-caps=+sys_admin
+    fi
+  fi
   printf '%s\0' env
   for name in "${PRIVATE_VARS[@]}"; do printf '%s\0' -u "$name"; done
   if is_root; then printf '%s\0' HOME="$USER_HOME" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash; fi
@@ -356,6 +380,7 @@ main() {
     TOKEN_FILE=$HOME/.jupyter/token
     HOME_TOKEN_FILE=$TOKEN_FILE
   fi
+  check_gpu_profiling
   mapfile -d '' USER_CMD < <(user_cmd)
   # shellcheck disable=SC2034  # TOKEN_FILE and HOME_TOKEN_FILE are read by the parts
   readonly MODE NB_UID NB_GID TOKEN_FILE HOME_TOKEN_FILE USER_CMD

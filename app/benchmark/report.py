@@ -134,6 +134,12 @@ def markdown(doc: Mapping[str, Any]) -> str:
             + (f"; the fastest policy trained at {share * 100:.0f}% of it." if share else "."))
     elif ip.get("error"):
         lines.append(f"Input pipeline alone: not measured ({ip['error']}).")
+    fp32 = doc.get("fp32_baseline") or {}
+    if fp32.get("explanation"):
+        lines.append(fp32["explanation"])
+    if doc.get("profiles"):
+        lines.append("Profiles (one short untimed run per policy, TensorBoard's Profile tab): "
+                     + "; ".join(f"{p}: {d}" for p, d in doc["profiles"].items()) + ".")
     if doc.get("baseline_added"):
         lines.append("float32 was added as the baseline of the relative columns.")
     if doc["skipped"]:

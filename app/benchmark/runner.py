@@ -21,6 +21,7 @@ from app.core import launch
 from app.core.errors import unprefixed
 from app.core.launch import ChildFailed, environment_report, log_tail, module_command, sigterm_as_exit
 from app.core.files import utc_now_iso
+from app.core.progress import Bar
 
 # Flags of ``tfmp train`` that the benchmark passes through unchanged when set (the
 # ``passed`` column of app.core.settings): (setting, flag) pairs, values and switches apart.
@@ -29,6 +30,9 @@ BOOL_PASS_THROUGH = tuple((s.name, s.flag) for s in settings_table.PASSED if s.s
 # Always: no model file (its saving time and disk are not what is measured), and plain
 # progress lines in the run's log instead of a progress bar.
 FIXED_FLAGS = ("--no-save-model", "--progress", "lines")
+# benchmark --profile: the steps of its short profiled run per policy (after the first two,
+# which trace and compile).
+PROFILE_STEPS = "3-5"
 
 
 
@@ -93,8 +97,10 @@ def subprocess_launcher(cmd: List[str], log_path: str, timeout: Optional[float],
 
 def child_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     # Every run is a fresh one into its own folder, whatever the user's shell says, and
-    # trains exactly the precision and batch size it is given (no tune.json).
-    return launch.child_env(base, without=("resume", "tuned", "scale_lr"))
+    # trains exactly the precision and batch size it is given (no tune.json), with the
+    # float32 of --fp32-baseline (TF32 as given per run) and no profile it was not given.
+    return launch.child_env(base, without=("resume", "tuned", "scale_lr", "tf32",
+                                           "profile_steps"))
 
 
 def _load_average() -> Optional[float]:
@@ -155,7 +161,7 @@ def run_schedule(schedule: Sequence[Mapping[str, Any]], settings: Mapping[str, A
                  launcher: Launcher = subprocess_launcher,
                  timeout: Optional[float] = None,
                  extra_flags: Sequence[str] = (),
-                 progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+                 progress: Optional[Callable[[str], None]] = None,
                  left_out: Optional[Dict[str, str]] = None,
                  ) -> List[Dict[str, Any]]:
     """Run every entry of ``schedule`` in order; one record per run, failures included.
@@ -176,20 +182,36 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
     env = child_env()
     records: List[Dict[str, Any]] = []
     total = len(schedule)
+    # tqdm: a bar on a terminal, a widget in a notebook, the lines alone in a log.
+    bar = Bar(total, "run", sys.stderr, enabled=progress is None, desc="benchmark")
+    say = progress or bar.line
     for entry in schedule:
         policy, repeat, order = entry["policy"], entry["repeat"], entry["order"]
         if policy in left_out:
+            bar.advance()
             continue
         # An entry with its own batch size: a policy at its best batch (benchmark --tuned).
         batch = entry.get("batch_size")
         run_settings = dict(settings, batch_size=batch) if batch else settings
+        series = entry.get("series", "equal_batch")
+        flags = list(extra_flags)
+        if entry.get("tf32"):
+            flags += ["--tf32", entry["tf32"]]       # --fp32-baseline strict|both
+        if series == "profile":   # one short untimed run with a profile (benchmark --profile)
+            run_settings = dict(run_settings, epochs=1)
+            flags += ["--profile-steps", PROFILE_STEPS]
+        tag = {"fp32_strict": "-strict", "profile": "-profile"}.get(series, "")
         run_dir = os.path.join(runs_dir, f"{order:02d}-{policy}-r{repeat}"
-                               + (f"-b{batch}" if batch else ""))
+                               + (f"-b{batch}" if batch else "") + tag)
         os.makedirs(run_dir, exist_ok=True)
         log_path = os.path.join(run_dir, "train.log")
-        cmd = train_command(run_settings, policy, run_dir, extra_flags)
-        progress(f"[benchmark] run {order + 1}/{total}: {policy}, repeat {repeat}"
-                 + (f", its best batch {batch}" if batch else "") + " ...")
+        cmd = train_command(run_settings, policy, run_dir, flags)
+        bar.label(f"{policy} #{repeat}")
+        say(f"[benchmark] run {order + 1}/{total}: {policy}, repeat {repeat}"
+            + (f", its best batch {batch}" if batch else "")
+            + {"fp32_strict": ", strict float32 (TF32 off)",
+               "profile": f", profile of steps {PROFILE_STEPS} (not timed)"}.get(series, "")
+            + " ...")
         started = utc_now_iso()
         load_before = _load_average()
         t0 = time.monotonic()
@@ -204,7 +226,8 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
             "command": cmd, "output_dir": run_dir, "log": log_path,
             "ok": False, "error": None, "measured": None, "policy_used": None,
             "batch_size": run_settings.get("batch_size"),
-            "series": entry.get("series", "equal_batch"),
+            "series": series,
+            "tf32": None,
         }
         metrics, rec["error"] = read_metrics(run_dir)
         rec["metrics_summary"] = metrics_summary(metrics or {})
@@ -212,11 +235,13 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
             rec["policy_used"] = used_policy(metrics)
             rec["metrics_status"] = metrics.get("status")
             rec["measured"] = stats.measure_run(metrics, warmup_epochs)
+            rec["tf32"] = ((metrics.get("environment") or {}).get("tf32") or {}).get("on")
         if rc == EXIT_USAGE:
             line = _error_line(log_path)
             if kernels.refused_policy(line) == policy:
                 left_out[policy] = line
-                progress(f"[benchmark]   left out: {left_out[policy]}")
+                say(f"[benchmark]   left out: {left_out[policy]}")
+                bar.advance()
                 continue
             raise TrainRejectedInput(line or "train rejected its arguments")
         if rc == -9:
@@ -234,12 +259,14 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
         if rec["ok"]:
             m = rec["measured"]
             sps = m["samples_per_second"]
-            progress(f"[benchmark]   {wall:.1f} s wall, "
+            say(f"[benchmark]   {wall:.1f} s wall, "
                      f"{m['seconds_per_epoch'] or float('nan'):.3g} s/epoch, "
                      f"{sps or float('nan'):,.0f} samples/s")
         else:
-            progress(f"[benchmark]   FAILED: {rec['error']}")
+            say(f"[benchmark]   FAILED: {rec['error']}")
         records.append(rec)
+        bar.advance()
+    bar.close()
     return records
 
 

@@ -7,7 +7,7 @@ import shutil
 import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from app.benchmark import chart, diagnose, layout, plan, report, runner, stats
+from app.benchmark import baseline, chart, diagnose, layout, plan, report, runner, stats
 from app.core.errors import UsageError, unprefixed
 from app.machine.hardware import HardwareInfo, read_cpu_flags
 from app.core.files import utc_now_iso
@@ -42,11 +42,14 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                   environment: Optional[Mapping[str, Any]] = None,
                   echo: Callable[[str], None] = print, measure_input: bool = True,
                   best_batches: Optional[Mapping[str, int]] = None,
-                  best_batch_source: Optional[str] = None) -> int:
+                  best_batch_source: Optional[str] = None,
+                  fp32_baseline: str = baseline.DEFAULT, profile: bool = False) -> int:
     """Run, write every file into ``output``, print the table; 0 if every run succeeded.
 
     ``best_batches`` ({policy: batch}, from a tune): after the equal-batch runs, each
-    policy runs again at its own best batch (the guide's real comparison)."""
+    policy runs again at its own best batch (the guide's real comparison).  ``fp32_baseline``:
+    which float32 the relative columns compare with (app.benchmark.baseline); ``profile``: one
+    short, untimed run per policy with a profile."""
     env = dict(environment) if environment is not None else runner.collect_environment()
     hw = hardware_from_env(env)
     # A built-in model's layer kinds are known: a policy this TensorFlow cannot run them
@@ -57,6 +60,13 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                   for p, e in kernels.builtin_refusals(settings["model"], env).items()}
     the_plan = plan.plan_policies(requested, hw, cannot_run)
     schedule = plan.interleaved_schedule(the_plan.run, repeats)
+    fp32 = baseline.plan(fp32_baseline, hw)
+    primary_tf32 = baseline.primary_tf32_flag(fp32)
+    if primary_tf32:
+        schedule = [dict(e, tf32=primary_tf32) if e["policy"] == plan.BASELINE else e
+                    for e in schedule]
+    if fp32.extra_strict:
+        schedule = baseline.with_strict_runs(schedule)
     left_out: Dict[str, str] = {}
 
     existed = os.path.isdir(output)
@@ -69,9 +79,12 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                     if measure_input else None)
         best_schedule = plan.best_batch_schedule(best_batches or {}, the_plan.run, repeats,
                                                  len(schedule))
-        all_records = runner.run_schedule(schedule + best_schedule, settings, runs_dir,
-                                          warmup_epochs, launcher=launcher, timeout=timeout,
-                                          left_out=left_out)
+        profile_schedule = ([{"order": len(schedule) + len(best_schedule) + i, "repeat": 1,
+                              "policy": p, "series": "profile"}
+                             for i, p in enumerate(the_plan.run)] if profile else [])
+        all_records = runner.run_schedule(schedule + best_schedule + profile_schedule,
+                                          settings, runs_dir, warmup_epochs, launcher=launcher,
+                                          timeout=timeout, left_out=left_out)
     except runner.TrainRejectedInput as exc:
         _remove_what_we_wrote(output, existed)
         # The trainer's line already says what is allowed.
@@ -91,6 +104,17 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         best = diagnose.fastest(results)[1]
         pipeline["training_share"] = (round(best / input_rate, 4)
                                       if best is not None and input_rate else None)
+    strict = None
+    if fp32.extra_strict:
+        strict = stats.summarize([dict(r, series="equal_batch") for r in all_records
+                                  if r["series"] == baseline.STRICT_SERIES],
+                                 [plan.BASELINE])[plan.BASELINE]
+    fp32_doc = dict(fp32.to_dict(), strict_float32=strict,
+                    speedup_vs_strict_float32=(baseline.against_strict(results, strict)
+                                               if strict else None),
+                    explanation=baseline.explanation(fp32, results, strict))
+    profiles = {r["policy"]: os.path.join(r["output_dir"], "tensorboard")
+                for r in all_records if r["series"] == "profile" and r["ok"]}
     failed = [r for r in all_records if not r["ok"]]
     loads = [v for r in all_records for v in (r.get("load_average") or []) if v is not None]
     diags = diagnose.diagnose(results, hw, settings, layer_widths=widths,
@@ -110,6 +134,10 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                          steps_per_execution=settings.get("steps_per_execution") or 1,
                          max_accuracy_gap_points=max_accuracy_gap),
         **_method(warmup_epochs, schedule + best_schedule),
+        # Per run: whether float32 ran on TF32 Tensor Cores (its metrics.json's environment).
+        "tf32_by_run": {f"{r['policy']}#{r['repeat']}" + ("-strict" if r["series"]
+                                                         == baseline.STRICT_SERIES else ""):
+                        r.get("tf32") for r in all_records},
         "hardware": dict(hw.to_dict(), description=plan.describe(hw), cpu_count=os.cpu_count()),
         "load_average_max": max(loads) if loads else None,
         "environment": env,
@@ -120,6 +148,9 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         "units": report.UNITS,
         "results": results,
         "results_best_batch": at_best,
+        # Which float32 the relative columns compare with, and TF32's part in it.
+        "fp32_baseline": fp32_doc,
+        "profiles": profiles or None,
         "input_pipeline": pipeline,
         "layer_widths": {"widths": widths, "note": widths_note},
         "diagnoses": [d.to_dict() for d in diags],

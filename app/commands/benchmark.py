@@ -54,6 +54,16 @@ def add_parser(subparsers):
                           "(percentage points, default 1.0)")
     how.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
                      help="give up on a single run after this long (default 3600)")
+    how.add_argument("--fp32-baseline", default="tf32", choices=("tf32", "strict", "both"),
+                     help="the float32 mixed precision is compared with, on a GPU with TF32 "
+                          "Tensor Cores (compute capability 8.0+): tf32, the float32 "
+                          "TensorFlow runs by default (default); strict, TF32 off; both: tf32 "
+                          "as the baseline and strict measured beside it.  Elsewhere float32 "
+                          "is strict either way")
+    how.add_argument("--profile", action="store_true",
+                     help="after the measured runs, one short run per policy with a profile "
+                          "of steps 3-5 (TensorBoard's Profile tab, <output>/profiles/); not "
+                          "timed")
     best = p.add_argument_group(
         "each at its own best batch (the larger batch mixed precision allows; docs/benchmark.md)")
     one = best.add_mutually_exclusive_group()
@@ -194,4 +204,5 @@ def run(args) -> int:
                          best_batches=best, best_batch_source=source,
                          warmup_epochs=args.warmup_epochs,
                          max_accuracy_gap=args.max_accuracy_gap, timeout=args.timeout,
+                         fp32_baseline=args.fp32_baseline, profile=args.profile,
                          argv=sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "benchmark" else [])

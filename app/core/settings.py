@@ -28,6 +28,22 @@ def _parse_negated(v: str) -> bool:
     return not parse_bool(v)
 
 
+STEP_RANGE_FORM = "A-B with 1 <= A <= B, e.g. 10-15 (training steps, counted from 1)"
+
+
+def parse_step_range(v: str) -> Tuple[int, int]:
+    """``"10-15"`` -> (10, 15); ``"7"`` -> (7, 7).  ValueError for anything else."""
+    text = str(v).strip()
+    first, sep, last = text.partition("-")
+    try:
+        a, b = int(first), int(last if sep else first)
+    except ValueError:
+        raise ValueError(v) from None
+    if a < 1 or b < a:
+        raise ValueError(v)
+    return a, b
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str                       # the TrainConfig field
@@ -133,7 +149,12 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("steps_per_execution", "how", "--loop fit: training steps per tf.function call; "
             "step logs and skipped-step checks then happen once per call (default {default})",
             int, passed=True),
-    Setting("jit", "how", "XLA-compile the train step", switch=True, passed=True),
+    Setting("jit", "how", "XLA-compile the train step (on a GPU it needs libdevice and ptxas: "
+            "`tfmp env` says whether XLA can compile here)", switch=True, passed=True),
+    # Not passed: the benchmark sets it per run (--fp32-baseline).
+    Setting("tf32", "how", "float32 matmuls and convolutions on TF32 Tensor Cores (compute "
+            "capability 8.0+): on, TensorFlow's default, or off for strict float32 (default "
+            "{default})", choices=("on", "off")),
     Setting("sentinel", "how", "do not watch the numerics (the sentinel: every step's loss and "
             "gradients, each layer's headroom, a replay of the step that went non-finite; "
             "docs/numerics.md)", flag_name="--no-sentinel", switch=True,
@@ -155,6 +176,9 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("numerics_every", "output", "the sentinel measures each layer's headroom against "
             "its dtype's largest value every N steps, checked at the step logs (default "
             "{default})", int, passed=True),
+    Setting("profile_steps", "output", "write a profile of training steps A to B (TensorBoard's "
+            "Profile tab) into the run's tensorboard/ folder; on a GPU it needs CUPTI's "
+            "profiling rights", metavar="A-B"),
     Setting("progress", "output", "progress bar, plain lines, or auto (bar on a terminal)",
             choices=("auto", "bar", "lines")),
 )

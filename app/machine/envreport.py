@@ -13,6 +13,7 @@ def collect(hardware=None, probe: bool = False) -> dict:
 
     from app.machine import gpu_problems
     from app.machine import kernels
+    from app.machine import xla_toolchain
     from app.machine import hardware as hw_mod
     from app.precision.keras_version import KERAS_MAJOR
     from app.precision.policy import choose_policy
@@ -38,6 +39,11 @@ def collect(hardware=None, probe: bool = False) -> dict:
         # Which layer kinds each probed policy runs here (app.machine.kernels), and why not.
         "precision_support": {p: s.to_dict() for p, s in kernels.supports(probe, hw).items()},
         "executable": sys.executable,
+        # float32 on TF32 Tensor Cores (compute capability 8.0+, TensorFlow's default).
+        "tf32": hw_mod.tf32_state(hw.gpus, hw_mod.read_tf32_enabled()),
+        # libdevice and ptxas: what --jit needs on a GPU (app.machine.xla_toolchain).
+        "xla_gpu": xla_toolchain.find(tf_cuda_version=build.get("cuda_version")
+                                      or "11.2").to_dict(),
         # Why no GPU (or no fast one), most fundamental first; [] on a working GPU box.
         "gpu_problems": gpu_problems.problems_here(tf=tf, tf_gpus=hw.gpus),
     }
@@ -66,6 +72,15 @@ def format_text(r: dict) -> str:
     lines.append(f"CPU bfloat16:  AVX512_BF16 {'yes' if r['hardware']['cpu_avx512_bf16'] else 'no'}, "
                  f"AMX {'yes' if r['hardware']['cpu_amx'] else 'no'}")
     lines.append(f"auto precision: {r['auto_precision']['policy']} ({r['auto_precision']['reason']})")
+    if r.get("tf32"):
+        lines.append(f"TF32:          {'on' if r['tf32']['on'] else 'off'} ({r['tf32']['why']})")
+    if r.get("xla_gpu"):
+        from app.machine import xla_toolchain
+
+        x = dict(r["xla_gpu"])
+        x.pop("can_compile", None)
+        x["searched"] = tuple(x.get("searched") or ())
+        lines.append(xla_toolchain.env_line(xla_toolchain.Toolchain(**x)))
     for policy, sup in (r.get("precision_support") or {}).items():
         lines += support_lines(policy, sup)
     if "gpu_problems" in r:

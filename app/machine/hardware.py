@@ -130,3 +130,39 @@ def detect() -> HardwareInfo:
                              details.get("compute_capability"),
                              limits[i] if i < len(limits) else None))
     return HardwareInfo(gpus=gpus, cpu_flags=read_cpu_flags())
+
+
+# ---- TensorFloat-32 ------------------------------------------------------------------------
+
+TF32_MIN_CC = (8, 0)
+
+
+def tf32_capable(gpus: Iterable[GpuInfo]) -> bool:
+    """Some GPU has TF32 Tensor Cores (Ampere, compute capability 8.0, and newer)."""
+    return any(g.compute_capability is not None and tuple(g.compute_capability) >= TF32_MIN_CC
+               for g in gpus)
+
+
+def tf32_state(gpus: Iterable[GpuInfo], enabled: bool) -> dict:
+    """Whether float32 matmuls and convolutions ran on TF32 Tensor Cores: TensorFlow's switch
+    (``tf.config.experimental.tensor_float_32_execution_enabled()``, on by default since TF
+    2.4) and a GPU that has them.  metrics.json and benchmark.json record it."""
+    capable = tf32_capable(list(gpus))
+    if not capable:
+        why = "no GPU of compute capability 8.0+ (TF32 Tensor Cores start with Ampere)"
+    elif enabled:
+        why = ("TensorFlow's default on compute capability 8.0+: float32 matmuls and "
+               "convolutions round their inputs to 10 mantissa bits")
+    else:
+        why = "turned off (--tf32 off): strict float32"
+    return {"on": bool(capable and enabled), "enabled": bool(enabled), "gpu_capable": capable,
+            "why": why}
+
+
+def read_tf32_enabled() -> bool:
+    import tensorflow as tf
+
+    try:
+        return bool(tf.config.experimental.tensor_float_32_execution_enabled())
+    except AttributeError:   # before TF 2.4: no TF32
+        return False

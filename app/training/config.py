@@ -53,6 +53,8 @@ class TrainConfig:
     progress: str = "auto"            # auto: progress bar on a TTY, plain lines otherwise
     steps_per_execution: int = 1      # fit only: steps per tf.function call
     jit: bool = False                 # XLA-compile the train step
+    tf32: str = "on"                  # TF32 Tensor Cores for float32 (CC 8.0+): on | off
+    profile_steps: str | None = None  # "A-B": a profile of those training steps
     sentinel: bool = True             # the numerics sentinel (app.training.sentinel)
     numerics_every: int = 100         # the sentinel's headroom probe, every N steps
     strategy: str = "auto"            # tf.distribute: auto | one | mirrored | multi-worker
@@ -200,6 +202,14 @@ def validate(cfg: TrainConfig) -> None:
     _one_of("loop", cfg.loop, LOOPS)
     _one_of("strategy", cfg.strategy, STRATEGIES)
     _one_of("scale_lr", cfg.scale_lr, SCALE_LR)
+    _one_of("tf32", cfg.tf32, settings.BY_NAME["tf32"].choices)
+    if cfg.profile_steps is not None:
+        try:
+            settings.parse_step_range(cfg.profile_steps)
+        except ValueError:
+            raise UsageError(f"profile_steps must be a range of steps. Received: "
+                             f"profile_steps={cfg.profile_steps!r}",
+                             settings.STEP_RANGE_FORM) from None
     if cfg.scale_lr != "none" and not cfg.tuned:
         raise UsageError(f"scale_lr {cfg.scale_lr!r} applies with --tuned only",
                          "--scale-lr linear together with --tuned DIR/tune.json")

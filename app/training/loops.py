@@ -12,6 +12,7 @@ import time
 import tensorflow as tf
 
 from app.training import distribute
+from app.training import profiling
 from app.training import step as steps
 
 
@@ -21,6 +22,9 @@ def run_fit(run, parts, recorder, monitor, start_epoch: int, skip: int = 0):
     cfg = run.config
     steps.compile_for_fit(parts, cfg.jit, cfg.steps_per_execution)
     callbacks = [_EpochCallback(parts, recorder, monitor)]
+    profiler = profiling.make(run)
+    if profiler is not None:   # batch hooks only when profiling
+        callbacks.append(profiling.ProfileCallback(profiler, cfg.steps_per_execution))
     train_ds, val_ds = run.bundle.train, run.bundle.val
     if run.dist.multi_worker:
         # Keras 2 only (Keras 3 runs multi-worker jobs in the custom loop): Keras'
@@ -30,16 +34,20 @@ def run_fit(run, parts, recorder, monitor, start_epoch: int, skip: int = 0):
         train_ds, val_ds = (distribute.shard_by_data(train_ds),
                           distribute.shard_by_data(val_ds))
     verbose = 0 if recorder.plain else 1
-    with monitor.polling(parts.model):
-        if skip:   # the rest of the interrupted epoch, then the others
-            parts.model.fit(train_ds.skip(skip), validation_data=val_ds, epochs=start_epoch + 1,
-                            initial_epoch=start_epoch, verbose=verbose, shuffle=False,
-                            callbacks=callbacks)
-            start_epoch += 1
-        if start_epoch < cfg.epochs and not parts.model.stop_training:
-            parts.model.fit(train_ds, validation_data=val_ds, epochs=cfg.epochs,
-                            initial_epoch=start_epoch, verbose=verbose, shuffle=False,
-                            callbacks=callbacks)
+    try:
+        with monitor.polling(parts.model):
+            if skip:   # the rest of the interrupted epoch, then the others
+                parts.model.fit(train_ds.skip(skip), validation_data=val_ds,
+                                epochs=start_epoch + 1, initial_epoch=start_epoch,
+                                verbose=verbose, shuffle=False, callbacks=callbacks)
+                start_epoch += 1
+            if start_epoch < cfg.epochs and not parts.model.stop_training:
+                parts.model.fit(train_ds, validation_data=val_ds, epochs=cfg.epochs,
+                                initial_epoch=start_epoch, verbose=verbose, shuffle=False,
+                                callbacks=callbacks)
+    finally:
+        if profiler is not None:
+            profiler.stop()
 
 
 class _EpochCallback(tf.keras.callbacks.Callback):
@@ -85,6 +93,19 @@ def run_custom(run, parts, recorder, monitor, start_epoch: int, skip: int = 0):
     train_ds = distribute.distribute_dataset(run.dist, run.bundle.train)
     val_ds = distribute.distribute_dataset(run.dist, run.bundle.val)
     n_steps = -(-run.bundle.train_samples // run.dist.global_batch)
+    profiler = profiling.make(run)
+    try:
+        _custom_epochs(run, parts, recorder, monitor, start_epoch, custom, train_ds, val_ds,
+                       n_steps, profiler, skip)
+    finally:
+        if profiler is not None:
+            profiler.stop()
+
+
+def _custom_epochs(run, parts, recorder, monitor, start_epoch, custom, train_ds, val_ds,
+                   n_steps, profiler, skip: int = 0):
+    cfg = run.config
+    step = 0
     for epoch in range(start_epoch, cfg.epochs):
         monitor.begin_epoch(epoch)
         custom.reset()
@@ -95,7 +116,12 @@ def run_custom(run, parts, recorder, monitor, start_epoch: int, skip: int = 0):
         if skip and epoch == start_epoch:   # a resumed run: the rest of the epoch
             batches = distribute.distribute_dataset(run.dist, run.bundle.train.skip(skip))
         for i, (x, y) in enumerate(batches, start=skip if epoch == start_epoch else 0):
+            step += 1
+            if profiler is not None:
+                profiler.begin(step)
             custom.train_step(x, y)
+            if profiler is not None:
+                profiler.end(step)
             monitor.tick(epoch)
             if bar is not None and ((i + 1) % 10 == 0 or i + 1 == n_steps):
                 bar.update(i + 1, custom.progress())

@@ -1,7 +1,8 @@
 """How much memory a trial may use: ``--memory-budget auto | SIZE``.
 
 ``parse_size`` reads ``2GiB``, ``1500MiB``, ``2g`` (Docker's binary units), ``2GB``
-(decimal) or plain bytes.  ``auto`` is, on a GPU, the memory TensorFlow can use on GPU 0;
+(decimal) or plain bytes.  ``auto`` is, on a GPU, the memory free on GPU 0 when the tune starts (NVML), at most what
+TensorFlow can use there;
 on a CPU, what is free for a trial when the tune starts: under a container's memory limit,
 the limit less what the container uses already (Jupyter, kernels, this tune's own process),
 at each level of the cgroup path that has a limit (cgroup v2 ``memory.max`` less
@@ -19,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from app.core.errors import UsageError
 
@@ -218,12 +219,37 @@ def cpu_auto_budget(read: Callable[[str], Optional[str]] = _read_text) -> Budget
                      "/proc/meminfo", "--memory-budget SIZE, e.g. 4GiB")
 
 
+def gpu_auto_budget(usable: int, gpu=None, holders: Sequence[str] = ()) -> Budget:
+    """``auto`` on a GPU: what is free on it now (NVML's ``memory_free`` of
+    ``app.machine.nvml.GpuState``), never more than TensorFlow can use there (``usable``).
+    A notebook kernel that holds most of the card leaves a small budget, said with who holds
+    it (``holders``), instead of a budget of memory that is not there."""
+    if gpu is None or gpu.memory_free is None:
+        return Budget(int(usable), "memory TensorFlow can use on GPU 0 (NVML not available: "
+                                   "memory other processes hold is not subtracted)")
+    free = int(gpu.memory_free)
+    if free < MIN_BUDGET:
+        raise UsageError(f"--memory-budget auto: GPU 0 has {format_size(free)} free of "
+                         f"{format_size(gpu.memory_total)}"
+                         + (f" (held by {'; '.join(holders)})" if holders else ""),
+                         "free GPU memory (shut down idle notebook kernels), or "
+                         "--memory-budget SIZE")
+    if free < usable:
+        return Budget(free, f"memory free on GPU 0 when the tune started (NVML: "
+                            f"{format_size(free)} of {format_size(gpu.memory_total)})")
+    return Budget(int(usable), "memory TensorFlow can use on GPU 0 (all free when the tune "
+                               "started)")
+
+
 def resolve(text: Optional[str], gpu_memory_bytes: Optional[int],
-            cpu_auto: Callable[[], Budget] = cpu_auto_budget) -> Budget:
-    """``--memory-budget``: an explicit size wins; ``auto`` is the GPU's memory when there is
-    a GPU, else the CPU's budget."""
+            cpu_auto: Callable[[], Budget] = cpu_auto_budget,
+            gpu_auto: Optional[Callable[[int], Budget]] = None) -> Budget:
+    """``--memory-budget``: an explicit size wins; ``auto`` is, on a GPU, the memory free on
+    it (``gpu_auto``, default: TensorFlow's usable memory), else the CPU's budget."""
     if text is None or str(text).strip().lower() == "auto":
         if gpu_memory_bytes:
+            if gpu_auto is not None:
+                return gpu_auto(int(gpu_memory_bytes))
             return Budget(int(gpu_memory_bytes), "memory TensorFlow can use on GPU 0")
         return cpu_auto()
     return Budget(parse_size(text), "--memory-budget")

@@ -33,6 +33,7 @@ from app.core import settings as settings_table
 from app.core.errors import UsageError, unprefixed
 from app.precision.policy import parse_names
 from app.run_folder.lock import RunLock
+from app.machine import nvml
 from app.tuner import budget as budget_mod
 from app.tuner import output as output_folder
 from app.tuner import plan as plan_mod
@@ -235,6 +236,13 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     return doc
 
 
+def _gpu_now():
+    """GPU 0 as NVML sees it now (the first of CUDA_VISIBLE_DEVICES), or None."""
+    reading = nvml.read()
+    index = nvml.visible_index(os.environ)
+    return next((g for g in reading.gpus if g.index == index), None)
+
+
 def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margin, cap,
                  time_budget, reference_batch_size, steps, warmup_steps, min_seconds, start,
                  progress, stream, task) -> Dict[str, Any]:
@@ -263,7 +271,25 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
     if "mixed_float16" in policies and not gpus:
         notes.append("mixed_float16 on a CPU is very slow (no float16 kernels): its speeds "
                      "are measured, not recommended")
-    budget = budget_mod.resolve(memory_budget, gpus[0].get("memory_bytes") if gpus else None)
+    xla = env.get("xla_gpu") or {}
+    if task.get("jit") and gpus and xla and not xla.get("can_compile"):
+        # The trials would each fail inside TensorFlow's first compiled step.
+        from app.machine import xla_toolchain
+
+        raise UsageError("--jit cannot compile for the GPU here: "
+                         + (xla_toolchain.problem(xla_toolchain.Toolchain(
+                             xla.get("libdevice"), xla.get("ptxas"), xla.get("ptxas_version"),
+                             xla.get("ptxas_error"), tuple(xla.get("searched") or ())))
+                            or "libdevice or ptxas missing"),
+                         "--jit once libdevice and ptxas are there: " + xla_toolchain.FIX)
+    gpu_now = _gpu_now() if gpus else None
+    own = nvml.own_pids()
+    budget = budget_mod.resolve(
+        memory_budget, gpus[0].get("memory_bytes") if gpus else None,
+        gpu_auto=lambda usable: budget_mod.gpu_auto_budget(
+            usable, gpu_now, nvml.holders(gpu_now, own) if gpu_now else ()))
+    if gpu_now is not None and nvml.is_short(gpu_now, own):
+        notes.append(nvml.shortage_line(gpu_now, own) or "")
     limit = search.memory_limit(budget.bytes, margin)
     memory_kind = "gpu" if gpus else "cpu_rss"
 
@@ -283,6 +309,9 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
     bar.say(f"[tune] {model} / {dataset}: precisions {', '.join(policies)}; budget "
             f"{budget_mod.format_size(budget.bytes)} ({budget.source}), margin {margin:.0%}; "
             f"batch sizes 8..{cap}" + (f"; time budget {time_budget:g} s" if time_budget else ""))
+    for note in notes:
+        if note.startswith("GPU "):   # who holds the GPU's memory (the budget is short)
+            bar.say(f"[tune] note: {note}")
     started, t0 = datetime.now(timezone.utc), time.monotonic()
     deadline = t0 + time_budget if time_budget else None
     try:

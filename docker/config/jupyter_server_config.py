@@ -100,10 +100,26 @@ def _quick_ready_server(name, settings):
     return QuickReadyServerProcess(name=name, **settings)
 
 
+# --- The GPU view, behind the token --------------------------------------------------------
+# A "GPU" tile: utilisation, memory per process, temperature and power of each GPU (NVML),
+# redrawn every 2 s; "no GPU" and why on a box without one.  tfmp-gpu-view: 127.0.0.1 only,
+# started on the first request to <base_url>/gpu/.
+_GPU_VIEW = {
+    "command": ["/usr/local/bin/tfmp-gpu-view", "--port", "{port}"],
+    "timeout": 30,
+    "new_browser_tab": False,
+    "launcher_entry": {
+        "title": "GPU",
+        "icon_path": "/usr/local/share/tfmp/gpu-icon.svg",
+        "category": "Other",
+    },
+}
+
 try:
-    c.ServerProxy.servers = {"tensorboard": _quick_ready_server("tensorboard", _TENSORBOARD)}
+    c.ServerProxy.servers = {"tensorboard": _quick_ready_server("tensorboard", _TENSORBOARD),
+                             "gpu": _quick_ready_server("gpu", _GPU_VIEW)}
 except ImportError:  # jupyter-server-proxy is missing or changed: plain settings still work
-    c.ServerProxy.servers = {"tensorboard": _TENSORBOARD}
+    c.ServerProxy.servers = {"tensorboard": _TENSORBOARD, "gpu": _GPU_VIEW}
 
 # `%tensorboard` in notebooks starts its own TensorBoard on a port inside the container and
 # shows it in an iframe.  Without this the iframe would ask the browser's host for that

@@ -69,6 +69,21 @@ def test_batch_tfmp_command_runs_the_package_beside_a_users_app_py(image, tmp_pa
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["tensorflow"] == "2.9.3" and report["keras_major"] == 2, report
+    # XLA on a GPU box: libdevice and ptxas present where TF 2.9 looks, and ptxas answers.
+    xla = report["xla_gpu"]
+    assert xla["can_compile"], xla
+    assert xla["libdevice"] in ("/usr/local/cuda-11.2/nvvm/libdevice/libdevice.10.bc",
+                                "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc"), xla
+    assert xla["ptxas"] and xla["ptxas_version"].startswith("11."), xla
+    assert report["tf32"] == dict(report["tf32"], on=False, gpu_capable=False), report["tf32"]
+    files = docker_run(image, "-e", "TFMP_QUIET=1", command=[
+        "bash", "-c", "test -s \"$(readlink -f /usr/local/cuda/nvvm/libdevice/libdevice.10.bc)\""
+        " && test -x \"$(readlink -f /usr/local/cuda/bin/ptxas)\" && ptxas --version"])
+    assert files.returncode == 0, files.stdout + files.stderr
+    assert "release 11.8" in files.stdout, files.stdout
+    from app.machine.envreport import format_text   # `tfmp env`'s text of the same report
+
+    assert "XLA on GPU:    can compile (libdevice /usr/local/cuda" in format_text(report)
 
 
 def test_batch_app_usage_error_is_exit_2(image):
@@ -115,8 +130,12 @@ def _memlock() -> str:
     (["-e", "SSH_PASSWORD="], "SSH_PASSWORD is set but empty"),
     (["-e", "ENABLE_SSH=maybe"], "ENABLE_SSH must be 1 or 0"),
     (["-e", "JUPYTER_UI=classic"], "JUPYTER_UI must be lab or notebook. Received: JUPYTER_UI='classic'"),
+    (["-e", "TFMP_GPU_PROFILING=1"], "TFMP_GPU_PROFILING=1 needs CAP_SYS_ADMIN in the container: "
+                                     "start it with --cap-add SYS_ADMIN"),
+    (["-e", "TFMP_GPU_PROFILING=yes"], "TFMP_GPU_PROFILING must be 1 or 0"),
 ], ids=["uid0", "uid-text", "bad-key", "token-file", "empty-token", "token-space",
-        "empty-password", "enable-ssh", "jupyter-ui"])
+        "empty-password", "enable-ssh", "jupyter-ui", "gpu-profiling-no-cap",
+        "gpu-profiling-value"])
 def test_bad_environment_fails_with_one_clear_line(image, env, message):
     proc = docker_run(image, "-e", "TFMP_QUIET=1", *env, timeout=60)
     assert proc.returncode != 0
@@ -257,3 +276,19 @@ def test_app_change_only_rebuilds_the_last_layers(image):
     assert app_idx < pip_idx  # history is newest first: app is copied after pip ran
     dockerfile = (REPO / "Dockerfile").read_text()
     assert dockerfile.index("COPY app ") > dockerfile.index("pip-install.sh -r")
+
+
+def test_gpu_profiling_keeps_cap_sys_admin_for_the_user_only_when_asked(image):
+    """TFMP_GPU_PROFILING=1 with --cap-add SYS_ADMIN: a job as the user tf holds CAP_SYS_ADMIN
+    (CUPTI's right on a driver that restricts profiling); the same container without the
+    variable drops it with the rest, as always."""
+    probe = ("import os, re; s = open('/proc/self/status').read(); "
+             "e = int(re.search(r'CapEff:\\s*(\\w+)', s).group(1), 16); "
+             "print(os.getuid(), bool(e >> 21 & 1))")
+    kept = docker_run(image, "-e", "TFMP_QUIET=1", "-e", "TFMP_GPU_PROFILING=1",
+                      "--cap-add", "SYS_ADMIN", command=["python3", "-c", probe])
+    assert kept.returncode == 0 and kept.stdout.split() == ["1000", "True"], kept.stderr
+    assert "TFMP_GPU_PROFILING=1: the user tf holds CAP_SYS_ADMIN" in kept.stderr
+    dropped = docker_run(image, "-e", "TFMP_QUIET=1", "--cap-add", "SYS_ADMIN",
+                         command=["python3", "-c", probe])
+    assert dropped.stdout.split() == ["1000", "False"], dropped.stderr

@@ -167,6 +167,7 @@ def test_ssh_password_is_refused_by_default(stack):
 
 PARITY_VARS = ["PATH", "LD_LIBRARY_PATH", "CUDA_VERSION", "NVIDIA_VISIBLE_DEVICES",
                "NVIDIA_DRIVER_CAPABILITIES", "TF_CPP_MIN_LOG_LEVEL", "PIP_CONSTRAINT",
+               "TF_FORCE_GPU_ALLOW_GROWTH",
                "TFMP_WORKSPACE", "TFMP_TEST_USER_VAR", "LANG", *PARITY_VALUES]
 
 
@@ -198,6 +199,8 @@ def test_ssh_sessions_see_the_environment_of_a_jupyter_kernel(stack):
     kernel = json.loads(out)
     assert kernel["env"].get("TFMP_TEST_USER_VAR") == "passed-with-dash-e"
     assert {v: kernel["env"].get(v) for v in PARITY_VALUES} == PARITY_VALUES
+    # GPU memory grows as needed in kernels and SSH sessions alike (docs/image.md).
+    assert kernel["env"].get("TF_FORCE_GPU_ALLOW_GROWTH") == "true"
     python = "python -c 'import os, sys; print(os.path.realpath(sys.executable))'"
     with ssh_client(stack) as client:
         for shell, command in (("exec", "env -0"), ("login shell", "bash -lc 'env -0'")):
@@ -207,6 +210,7 @@ def test_ssh_sessions_see_the_environment_of_a_jupyter_kernel(stack):
             diff = {v: (kernel["env"].get(v), got.get(v)) for v in PARITY_VARS
                     if kernel["env"].get(v) != got.get(v)}
             assert not diff, f"a kernel and SSH ({shell}) differ: {diff}"
+            assert got.get("TF_FORCE_GPU_ALLOW_GROWTH") == "true", shell
         status, out, err = ssh_run(client, python)
     assert status == 0, err
     assert out.strip() == kernel["python"]

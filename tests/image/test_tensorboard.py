@@ -56,13 +56,15 @@ def trained_run(stack) -> str:
     before = set(p.name for p in runs.iterdir()) if runs.is_dir() else set()
     cmd = ("cd /workspace && python -m app train --dataset synthetic --model mlp --epochs 1 "
            "--precision float32 --max-train-samples 256 --max-val-samples 64 --batch-size 64 "
-           "--log-every 1 --no-save-model --progress lines")
+           "--log-every 1 --no-save-model --progress lines --profile-steps 2-3")
     with ssh_client(stack) as client:
         status, out, err = ssh_run(client, cmd, timeout=300)
     assert status == 0, out[-2000:] + err[-3000:]
     new = sorted(set(p.name for p in runs.iterdir()) - before)
     assert len(new) == 1, new
     assert list((runs / new[0] / "tensorboard").glob("events.out.tfevents.*")), new[0]
+    # --profile-steps: a trace of steps 2-3 where the Profile tab looks.
+    assert list((runs / new[0] / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
     return f"{new[0]}/tensorboard"   # TensorBoard names a run by its folder below the logdir
 
 
@@ -369,3 +371,68 @@ def test_docs_ssh_config_block_logs_in_and_forwards_tensorboard(stack, first_ope
     finally:
         tunnel.terminate()
         tunnel.wait(timeout=20)
+
+
+# --- the Profile tab (tfmp train --profile-steps) ---------------------------------------------
+
+# All text of a page and of the same-origin frames inside it (TensorBoard shows a plugin with
+# its own frontend, as the profile plugin, in an iframe), shadow DOM included.
+DEEP_TEXT_FRAMES = """((root) => {
+  const parts = [];
+  const walk = (node) => {
+    if (!node) return;
+    if (node.nodeType === Node.TEXT_NODE) { parts.push(node.textContent); return; }
+    if (node.shadowRoot) walk(node.shadowRoot);
+    if (node.tagName === 'IFRAME') { try { walk(node.contentDocument); } catch (e) {} }
+    for (const child of node.childNodes || []) walk(child);
+  };
+  walk(root);
+  return parts.join(' ').replace(/\\s+/g, ' ');
+})"""
+
+
+def test_profile_of_cpu_steps_opens_in_the_profile_tab(stack, first_open, trained_run, tmp_path):
+    """The trace of the run's --profile-steps in TensorBoard's Profile tab: the plugin's data
+    API lists the run's tools (TensorFlow converts the trace on the first request), and a
+    real browser shows the tab with the run and its tools."""
+    headers = _headers(stack)
+
+    def tools():
+        resp = requests.get(stack.base_url + "/tensorboard/data/plugin/profile/tools",
+                            headers=headers, timeout=120)
+        resp.raise_for_status()
+        return {run: t for run, t in resp.json().items() if run.startswith(trained_run + "/")}
+
+    found = wait_until(tools, timeout=120, interval=2, what=f"profile tools of {trained_run}")
+    (session, names), = found.items()
+    assert {"overview_page@", "trace_viewer#"} <= set(names), names
+    resp = requests.get(stack.base_url + "/tensorboard/data/plugin/profile/tools", timeout=30,
+                        allow_redirects=False)
+    assert _refused(resp.status_code, resp.headers.get("Location", "")), resp.status_code
+    browser = DevTools(tmp_path / "profile", tmp_path / "chromium.log")
+    shot = tmp_path / "tensorboard-profile.png"
+    try:
+        browser.call("Page.navigate",
+                     url=f"{stack.base_url}/tensorboard/?token={stack.token()}#profile")
+
+        def shows_profile():
+            text = browser.eval(f"{DEEP_TEXT_FRAMES}(document)") or ""
+            # The run and its tools in the selectors, the overview page drawn from the trace
+            # (its "Performance Summary"; before, the tab says "No profile data" a moment).
+            return ("Tools" in text and trained_run.split("/")[0] in text
+                    and "overview_page" in text and "Performance Summary" in text and text)
+
+        try:
+            text = wait_until(shows_profile, timeout=150, interval=1,
+                              what=f"the Profile tab listing {session}")
+        finally:
+            browser.screenshot(shot)
+            keep = os.environ.get("TFMP_SCREENSHOT_DIR")
+            if keep:
+                shutil.copy(shot, Path(keep) / "tensorboard-profile.png")
+    finally:
+        browser.close()
+    assert "No profile data was found" not in text, text[:800]
+    # Whole steps in the trace: Keras 2 marks them, the Profile tab measures the step time.
+    assert "No step marker observed" not in text, text[:800]
+    print(f"screenshot: {shot}")

@@ -61,3 +61,46 @@ def test_a_bad_logdir_gets_one_line_and_exit_2(tmp_path, value, says):
 def test_bad_arguments_get_one_line(args):
     proc = launch(*args)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+# --- the Profile tab: loaded lazily, working offline --------------------------------------------
+
+def _module():
+    from importlib.machinery import SourceFileLoader
+
+    return SourceFileLoader("tfmp_tensorboard", str(SCRIPT)).load_module()
+
+
+PROFILE_PAGE = """<app></app><script>
+    function loadBundle() {
+      const script = document.createElement('script');
+      script.src = 'bundle.js';
+      document.body.appendChild(script);
+      return script;
+    }
+    const script = loadChart('www.gstatic.com');
+    script.onerror = () => {
+      script.onerror = null;
+      document.body.removeChild(script);
+
+      loadChart('www.gstatic.cn');
+    }
+</script>"""
+
+
+def test_the_profile_page_loads_its_code_when_the_charts_cdn_is_unreachable():
+    page = _module().profile_index_html(PROFILE_PAGE)
+    assert "const cn = loadChart('www.gstatic.cn');" in page
+    assert "cn.onerror = tfmpWithoutCharts;" in page
+    assert "setTimeout(tfmpWithoutCharts, 5000);" in page
+    assert page.index("var tfmpBundleLoaded") < page.index("loadChart('www.gstatic.com')")
+    assert "script.src = 'bundle.js';\n      tfmpBundleLoaded = true;" in page
+    other = "<html>another version</html>"
+    assert _module().profile_index_html(other) == other
+
+
+def test_profiles_are_found_below_the_logdir(tmp_path):
+    mod = _module()
+    assert not mod.has_profiles(str(tmp_path))
+    (tmp_path / "run" / "tensorboard" / "plugins" / "profile" / "2026_01_01").mkdir(parents=True)
+    assert mod.has_profiles(str(tmp_path))

@@ -296,3 +296,38 @@ def test_generated_data_does_not_cap_the_search(max_train, limit):
         assert (found.max_batch, found.stopped) == (8192, "cap")
     else:
         assert (found.max_batch, found.stopped) == (40, "data")
+
+
+# --- on a GPU box (fake GPU, fake NVML): --jit without XLA's toolchain, the free-memory budget --
+
+T4_ENV = {"hardware": {"gpus": [{"name": "Tesla T4", "compute_capability": [7, 5],
+                                 "memory_bytes": 14 * 2**30}]},
+          "auto_precision": {"policy": "mixed_float16"},
+          "xla_gpu": {"libdevice": None, "ptxas": None, "ptxas_version": None,
+                      "ptxas_error": "not found", "searched": ["/usr/local/cuda"],
+                      "can_compile": False}}
+
+
+def test_jit_on_a_gpu_without_libdevice_stops_before_any_trial(tmp_path, fake, monkeypatch):
+    monkeypatch.setattr(api, "collect_environment", lambda: dict(T4_ENV))
+    with pytest.raises(UsageError) as err:
+        run_tune(tmp_path / "t", jit=True, memory_budget="auto")
+    assert err.value.line().startswith("error: --jit cannot compile for the GPU here: "
+                                       "libdevice.10.bc not found")
+    assert _trials_ran(fake) == 0 and not (tmp_path / "t" / "tune.json").exists()
+
+
+def test_auto_budget_on_a_gpu_is_what_is_free_and_names_who_holds_the_rest(tmp_path, fake,
+                                                                          monkeypatch):
+    from app.machine import nvml
+    from tests.unit.machine.test_gpu_box import COMMANDS, KERNEL, FakeNVML
+
+    env = dict(T4_ENV, xla_gpu=dict(T4_ENV["xla_gpu"], can_compile=True))
+    monkeypatch.setattr(api, "collect_environment", lambda: env)
+    reading = nvml.read(FakeNVML(procs=[KERNEL], used=14 * 2**30 + 200 * 2**20),
+                        command=COMMANDS.get)
+    monkeypatch.setattr(api.nvml, "read", lambda nvml=None: reading)
+    doc = run_tune(tmp_path / "t", memory_budget="auto", precision="float32")
+    assert doc["budget_bytes"] == reading.gpus[0].memory_free
+    assert "free on GPU 0" in doc["budget_source"]
+    assert any("held by pid 4242" in n for n in doc["notes"]), doc["notes"]
