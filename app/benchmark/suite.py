@@ -59,14 +59,8 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     cannot_run = {p: unprefixed(e.line())
                   for p, e in kernels.builtin_refusals(settings["model"], env).items()}
     the_plan = plan.plan_policies(requested, hw, cannot_run)
-    schedule = plan.interleaved_schedule(the_plan.run, repeats)
     fp32 = baseline.plan(fp32_baseline, hw)
-    primary_tf32 = baseline.primary_tf32_flag(fp32)
-    if primary_tf32:
-        schedule = [dict(e, tf32=primary_tf32) if e["policy"] == plan.BASELINE else e
-                    for e in schedule]
-    if fp32.extra_strict:
-        schedule = baseline.with_strict_runs(schedule)
+    schedule = _schedule(the_plan, repeats, fp32)
     left_out: Dict[str, str] = {}
 
     existed = os.path.isdir(output)
@@ -104,15 +98,7 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
         best = diagnose.fastest(results)[1]
         pipeline["training_share"] = (round(best / input_rate, 4)
                                       if best is not None and input_rate else None)
-    strict = None
-    if fp32.extra_strict:
-        strict = stats.summarize([dict(r, series="equal_batch") for r in all_records
-                                  if r["series"] == baseline.STRICT_SERIES],
-                                 [plan.BASELINE])[plan.BASELINE]
-    fp32_doc = dict(fp32.to_dict(), strict_float32=strict,
-                    speedup_vs_strict_float32=(baseline.against_strict(results, strict)
-                                               if strict else None),
-                    explanation=baseline.explanation(fp32, results, strict))
+    fp32_doc = _fp32_doc(fp32, results, all_records)
     profiles = {r["policy"]: os.path.join(r["output_dir"], "tensorboard")
                 for r in all_records if r["series"] == "profile" and r["ok"]}
     failed = [r for r in all_records if not r["ok"]]
@@ -158,6 +144,30 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     }
     _write_files(output, doc, env, echo)
     return 0 if status == "ok" else 1
+
+
+def _schedule(the_plan, repeats: int, fp32) -> list:
+    """The equal-batch runs, interleaved; float32 with the TF32 setting of the baseline
+    asked for, and a strict float32 run after each when both are asked for."""
+    schedule = plan.interleaved_schedule(the_plan.run, repeats)
+    primary_tf32 = baseline.primary_tf32_flag(fp32)
+    if primary_tf32:
+        schedule = [dict(e, tf32=primary_tf32) if e["policy"] == plan.BASELINE else e
+                    for e in schedule]
+    return baseline.with_strict_runs(schedule) if fp32.extra_strict else schedule
+
+
+def _fp32_doc(fp32, results, all_records) -> Dict[str, Any]:
+    """benchmark.json's ``fp32_baseline``: which float32 was compared with, and why."""
+    strict = None
+    if fp32.extra_strict:
+        strict = stats.summarize([dict(r, series="equal_batch") for r in all_records
+                                  if r["series"] == baseline.STRICT_SERIES],
+                                 [plan.BASELINE])[plan.BASELINE]
+    return dict(fp32.to_dict(), strict_float32=strict,
+                speedup_vs_strict_float32=(baseline.against_strict(results, strict)
+                                           if strict else None),
+                explanation=baseline.explanation(fp32, results, strict))
 
 
 def _remove_what_we_wrote(output: str, existed: bool) -> None:

@@ -218,6 +218,21 @@ def visible_index(env) -> int:
     return int(first) if first.isdigit() else 0
 
 
+def tensorflow_gpu0(reading: Optional[Reading] = None, env=None) -> Optional[GpuState]:
+    """TensorFlow's GPU 0 as NVML sees it now, or None (no NVML, no such GPU)."""
+    reading = read() if reading is None else reading
+    index = visible_index(os.environ if env is None else env)
+    return next((g for g in reading.gpus if g.index == index), None)
+
+
+def shortage_now() -> Optional[str]:
+    """The line naming who holds much of TensorFlow's GPU 0 now, or None."""
+    gpu = tensorflow_gpu0()
+    if gpu is None or not is_short(gpu, own_pids()):
+        return None
+    return shortage_line(gpu, own_pids())
+
+
 def own_pids() -> Tuple[int, ...]:
     """This process and its parent (a trial's or a run's launcher holds nothing itself)."""
     return (os.getpid(), os.getppid())

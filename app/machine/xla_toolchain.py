@@ -125,3 +125,30 @@ def jit_refusal(tc: Toolchain, gpus: Sequence) -> Optional[str]:
     if not gpus or tc.can_compile:
         return None
     return f"--jit cannot compile for the GPU here: {problem(tc)}"
+
+
+ALLOWED = "--jit once libdevice and ptxas are there: " + FIX
+
+
+def from_report(xla: Mapping) -> Toolchain:
+    """The toolchain as ``tfmp env --json`` reports it (``xla_gpu``)."""
+    return Toolchain(xla.get("libdevice"), xla.get("ptxas"), xla.get("ptxas_version"),
+                     xla.get("ptxas_error"), tuple(xla.get("searched") or ()))
+
+
+def check_jit(jit: bool, gpus: Sequence) -> None:
+    """``train --jit`` on a GPU needs libdevice and ptxas: one line with the fix before
+    training (UsageError), not a C++ error in the first compiled step."""
+    if not (jit and gpus):
+        return
+    import tensorflow as tf
+
+    from app.core.errors import UsageError
+
+    try:
+        cuda = dict(tf.sysconfig.get_build_info()).get("cuda_version")
+    except Exception:
+        cuda = None
+    refusal = jit_refusal(find(tf_cuda_version=cuda or "11.2"), gpus)
+    if refusal:
+        raise UsageError(refusal, ALLOWED)

@@ -28,6 +28,7 @@ from app.run_folder import checkpoints as checkpointing
 from app.training import distribute
 from app.machine import envreport
 from app.machine import hardware as hw_mod
+from app.machine import nvml, xla_toolchain
 from app.training import loops
 from app.precision import keras_version, loss_scale
 from app.training import step_stats
@@ -93,7 +94,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     dist = distribute.setup(cfg.strategy, cfg.batch_size, len(hw.gpus))
     cfg = accumulate.resolve(cfg, dist)
     decision = _runnable(decision, cfg.model if task is None else task.model.spec, hw)
-    _check_gpu_compiler(cfg, hw)
+    xla_toolchain.check_jit(cfg.jit, hw.gpus)
     # TF32 for float32 (compute capability 8.0+): before the first op, recorded by envreport.
     tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32 == "on")
     if cfg.resume and not cfg.output:
@@ -125,24 +126,6 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                             offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
     return Prepared(dataclasses.replace(cfg, output=output, resume=resume), hw, decision, task,
                     bundle, dist, previous)
-
-
-def _check_gpu_compiler(cfg: TrainConfig, hw) -> None:
-    """--jit on a GPU needs libdevice and ptxas: one line with the fix now, not a C++ error
-    in the first compiled step."""
-    if not (cfg.jit and hw.gpus):
-        return
-    from app.machine import xla_toolchain
-
-    try:
-        cuda = dict(tf.sysconfig.get_build_info()).get("cuda_version")
-    except Exception:
-        cuda = None
-    refusal = xla_toolchain.jit_refusal(xla_toolchain.find(tf_cuda_version=cuda or "11.2"),
-                                        hw.gpus)
-    if refusal:
-        raise UsageError(refusal, "--jit once libdevice and ptxas are there: "
-                         + xla_toolchain.FIX)
 
 
 def check_holds_no_run(output: str) -> None:
@@ -294,7 +277,9 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         if (run.config.accumulate or 1) > 1:
             print(f"accumulate: {run.config.accumulate} micro-batches of {run.dist.global_batch} "
                   f"per update, global batch {run.config.global_batch}", flush=True)
-        _say_who_holds_the_gpu(run)
+        shortage = nvml.shortage_now() if run.hardware.gpus else None
+        if shortage:   # a notebook kernel holding the GPU: said now, not at an OOM far in
+            print(f"note: {shortage}", file=sys.stderr, flush=True)
     loop = _loop(run)
     metrics = new_metrics(run, envreport.collect(run.hardware), loop)
     stop = StopFlag()
@@ -315,19 +300,6 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
             recorder.open()
             _train_and_save(run, parts, recorder, monitor, loop, start, skip)
     return metrics
-
-
-def _say_who_holds_the_gpu(run: Prepared) -> None:
-    """Other processes hold much of GPU 0 (a notebook kernel that imported TensorFlow without
-    memory growth): name them now, before an out-of-memory error far into the run."""
-    if not run.hardware.gpus:
-        return
-    from app.machine import nvml
-
-    reading = nvml.read()
-    gpu = next((g for g in reading.gpus if g.index == nvml.visible_index(os.environ)), None)
-    if gpu is not None and nvml.is_short(gpu, nvml.own_pids()):
-        print(f"note: {nvml.shortage_line(gpu, nvml.own_pids())}", file=sys.stderr, flush=True)
 
 
 def _loop(run: Prepared) -> str:
@@ -433,8 +405,6 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
         clash = clash_diagnosis(exc, run.decision.policy, run.task)
         hint = None
         if run.hardware.gpus:
-            from app.machine import nvml
-
             hint = nvml.oom_hint(exc)   # who else holds the GPU's memory (NVML)
             if hint:
                 recorder.metrics["gpu_memory_holders"] = hint

@@ -253,3 +253,19 @@ def resolve(text: Optional[str], gpu_memory_bytes: Optional[int],
             return Budget(int(gpu_memory_bytes), "memory TensorFlow can use on GPU 0")
         return cpu_auto()
     return Budget(parse_size(text), "--memory-budget")
+
+
+def resolve_with_gpu(text: Optional[str], gpus: Sequence[dict], notes: List[str]) -> Budget:
+    """``resolve`` for a tune: on a GPU, ``auto`` from what NVML says is free on GPU 0 now
+    (the first of CUDA_VISIBLE_DEVICES), and a note in ``notes`` naming who holds the
+    memory when others hold much of it."""
+    if not gpus:
+        return resolve(text, None)
+    from app.machine import nvml
+
+    gpu_now, own = nvml.tensorflow_gpu0(), nvml.own_pids()
+    budget = resolve(text, gpus[0].get("memory_bytes"), gpu_auto=lambda usable: gpu_auto_budget(
+        usable, gpu_now, nvml.holders(gpu_now, own) if gpu_now else ()))
+    if gpu_now is not None and nvml.is_short(gpu_now, own):
+        notes.append(nvml.shortage_line(gpu_now, own) or "")
+    return budget

@@ -33,7 +33,6 @@ from app.core import settings as settings_table
 from app.core.errors import UsageError, unprefixed
 from app.precision.policy import parse_names
 from app.run_folder.lock import RunLock
-from app.machine import nvml
 from app.tuner import budget as budget_mod
 from app.tuner import output as output_folder
 from app.tuner import plan as plan_mod
@@ -236,13 +235,6 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     return doc
 
 
-def _gpu_now():
-    """GPU 0 as NVML sees it now (the first of CUDA_VISIBLE_DEVICES), or None."""
-    reading = nvml.read()
-    index = nvml.visible_index(os.environ)
-    return next((g for g in reading.gpus if g.index == index), None)
-
-
 def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margin, cap,
                  time_budget, reference_batch_size, steps, warmup_steps, min_seconds, start,
                  progress, stream, task) -> Dict[str, Any]:
@@ -272,24 +264,14 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
         notes.append("mixed_float16 on a CPU is very slow (no float16 kernels): its speeds "
                      "are measured, not recommended")
     xla = env.get("xla_gpu") or {}
-    if task.get("jit") and gpus and xla and not xla.get("can_compile"):
+    if task.get("jit") and xla:
         # The trials would each fail inside TensorFlow's first compiled step.
         from app.machine import xla_toolchain
 
-        raise UsageError("--jit cannot compile for the GPU here: "
-                         + (xla_toolchain.problem(xla_toolchain.Toolchain(
-                             xla.get("libdevice"), xla.get("ptxas"), xla.get("ptxas_version"),
-                             xla.get("ptxas_error"), tuple(xla.get("searched") or ())))
-                            or "libdevice or ptxas missing"),
-                         "--jit once libdevice and ptxas are there: " + xla_toolchain.FIX)
-    gpu_now = _gpu_now() if gpus else None
-    own = nvml.own_pids()
-    budget = budget_mod.resolve(
-        memory_budget, gpus[0].get("memory_bytes") if gpus else None,
-        gpu_auto=lambda usable: budget_mod.gpu_auto_budget(
-            usable, gpu_now, nvml.holders(gpu_now, own) if gpu_now else ()))
-    if gpu_now is not None and nvml.is_short(gpu_now, own):
-        notes.append(nvml.shortage_line(gpu_now, own) or "")
+        refusal = xla_toolchain.jit_refusal(xla_toolchain.from_report(xla), gpus)
+        if refusal:
+            raise UsageError(refusal, xla_toolchain.ALLOWED)
+    budget = budget_mod.resolve_with_gpu(memory_budget, gpus, notes)
     limit = search.memory_limit(budget.bytes, margin)
     memory_kind = "gpu" if gpus else "cpu_rss"
 

@@ -75,19 +75,16 @@ def test_a_ptxas_that_does_not_answer_is_named():
 
 def test_jit_on_a_gpu_without_the_toolchain_stops_train_before_anything(monkeypatch, tmp_path):
     from app.core.errors import UsageError
-    from app.training import job
-    from app.training.config import TrainConfig
 
     monkeypatch.setattr(xla_toolchain, "find", lambda **kw: xla_toolchain.Toolchain(
         None, None, None, "not found", ("/usr/local/cuda",)))
     hw = types.SimpleNamespace(gpus=[make_gpu("Tesla T4", (7, 5))])
     with pytest.raises(UsageError) as err:
-        job._check_gpu_compiler(TrainConfig(jit=True, output=str(tmp_path / "r")), hw)
+        xla_toolchain.check_jit(True, hw.gpus)   # job.prepare's first check after the strategy
     line = err.value.line()
     assert line.startswith("error: --jit cannot compile for the GPU here: libdevice.10.bc not "
                            "found") and "allowed: --jit once libdevice and ptxas" in line
-    assert not (tmp_path / "r").exists()
-    job._check_gpu_compiler(TrainConfig(jit=False), hw)     # no --jit: nothing to check
+    xla_toolchain.check_jit(False, hw.gpus)     # no --jit: nothing to check
 
 
 # ---- CUPTI's rights ---------------------------------------------------------------------------

@@ -326,7 +326,7 @@ def test_auto_budget_on_a_gpu_is_what_is_free_and_names_who_holds_the_rest(tmp_p
     monkeypatch.setattr(api, "collect_environment", lambda: env)
     reading = nvml.read(FakeNVML(procs=[KERNEL], used=14 * 2**30 + 200 * 2**20),
                         command=COMMANDS.get)
-    monkeypatch.setattr(api.nvml, "read", lambda nvml=None: reading)
+    monkeypatch.setattr(nvml, "read", lambda nvml=None: reading)
     doc = run_tune(tmp_path / "t", memory_budget="auto", precision="float32")
     assert doc["budget_bytes"] == reading.gpus[0].memory_free
     assert "free on GPU 0" in doc["budget_source"]
