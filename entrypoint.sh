@@ -7,8 +7,14 @@
 # root, because it must switch to the logging-in user itself.
 #
 # Usage (the container's command):
-#   (none) | serve      sshd + Jupyter on 8888 (JupyterLab and the Notebook interface,
-#                       root dir /workspace); if either dies the container exits non-zero
+#   (none) | serve [JUPYTER OPTIONS]
+#                       sshd + Jupyter on 8888 (JupyterLab and the Notebook interface,
+#                       root dir /workspace); if either dies the container exits non-zero.
+#                       Options (--ServerApp.base_url=/x/ ...) go to the Jupyter server;
+#                       started by JupyterHub the server is jupyterhub-singleuser.
+#                       docker-stacks' start commands (start-notebook.py, start-notebook.sh,
+#                       start-singleuser.py, start-singleuser.sh, jupyterhub-singleuser:
+#                       KubeSpawner's default) are the same as `serve`
 #   self-test [ARGS]    the image's own pytest on the shipped tests (GPU tests run
 #                       when a GPU is visible); ARGS go to pytest
 #   anything else       run as user tf, exit status passed through
@@ -24,7 +30,7 @@
 # execs the command.  A part's variables are listed once, in its "Environment:"
 # block (docs/image.md's table is checked against those blocks).  Between the
 # phases and just before the services or the command start, the user's own hooks
-# run, as jupyter/docker-stacks runs them (run_hooks, below):
+# run, as jupyter/docker-stacks runs them (/usr/local/bin/run-hooks.sh, sourced):
 #   $HOOKS_DIR/start-notebook.d/   after the "always" parts
 #   $HOOKS_DIR/before-notebook.d/  last, before the services or the command
 # (not for self-test, which checks the image as shipped).
@@ -33,9 +39,19 @@
 #   NB_UID, NB_GID       UID/GID for user tf (default 1000/1000).  Set them to
 #                        your host's `id -u` / `id -g` so files written to mounted
 #                        volumes are yours.  0 is refused.
+#   JUPYTER_ENV_VARS_TO_UNSET  names (separated by commas) removed from the environment
+#                        after the hooks ran: the services, the command and SSH sessions
+#                        never see them (docker-stacks' name; e.g. a secret only a hook needs)
+#
+# Started with `--user UID:GID` (no root), a UID without a passwd entry is named `tf`,
+# home /home/tf, through nss_wrapper (LD_PRELOAD; setuid programs ignore it, so the name
+# gives no rights): whoami, ~, pip --user and git work.  The image's home is writable by
+# GID 0, as OpenShift's arbitrary UIDs run (--user UID:0); another GID gets a private
+# HOME in /tmp, with a warning.
 #
 # What the parts may use (set here once, read-only before any part runs):
 #   MODE                serve | self-test | command
+#   SERVE_ARGS          the Jupyter options after `serve` (checked by serve/10-jupyter.sh)
 #   NB_USER USER_HOME WORKSPACE  the user, its home, the Jupyter root folder
 #   STATE_DIR           /run/tfmp: root's own (root:root 755) after a root start
 #   NB_UID NB_GID       the user's IDs after remapping (or the --user IDs)
@@ -63,6 +79,7 @@ readonly PARTS_DIR=/usr/local/lib/tfmp/start
 # docker-stacks' folders for a user's own start-up hooks (root's; an image built FROM
 # this one, or a read-only mount, puts files there).
 readonly HOOKS_DIR=/usr/local/bin
+readonly RUN_HOOKS=/usr/local/bin/run-hooks.sh
 # Start-up secrets and internal variables: never passed to user processes.
 readonly PRIVATE_VARS=(JUPYTER_TOKEN SSH_PASSWORD PUBLIC_KEY TFMP_JUPYTER_TOKEN_PATH)
 
@@ -307,38 +324,88 @@ source_parts() {
   done
 }
 
-# A user's hooks in $HOOKS_DIR/$1, in name order, as docker-stacks' run-hooks does: a
-# *.sh file is sourced (it may export variables for what follows), an executable file
-# is run (a failure stops the start), anything else is skipped with a warning.
+# A user's hooks in $HOOKS_DIR/$1, by docker-stacks' run-hooks.sh (the one place hooks are
+# run; docker/start/run-hooks.sh): *.sh sourced, executables run, a failure logged.
 run_hooks() {
-  local dir=$HOOKS_DIR/$1 hook status
+  local dir=$HOOKS_DIR/$1
   [[ -d $dir ]] || return 0
-  for hook in "$dir"/*; do
-    [[ -e $hook ]] || continue
-    if [[ $hook == *.sh ]]; then
-      info "hook: sourcing $hook"
-      # shellcheck source=/dev/null  # the user's own file
-      source "$hook"
-    elif [[ -f $hook && -x $hook ]]; then
-      info "hook: running $hook"
-      status=0
-      "$hook" || status=$?
-      ((status == 0)) || fatal "hook $hook exited with status $status"
-    else
-      warn "hook: skipped $hook (neither *.sh nor executable)"
-    fi
+  # shellcheck source=docker/bin/run-hooks.sh
+  source "$RUN_HOOKS" "$dir"
+}
+
+# JUPYTER_ENV_VARS_TO_UNSET, checked: the names, one per element.
+UNSET_VARS=()
+check_unset_vars() {
+  local name
+  [[ -n ${JUPYTER_ENV_VARS_TO_UNSET:-} ]] || return 0
+  IFS=', ' read -ra UNSET_VARS <<<"$JUPYTER_ENV_VARS_TO_UNSET"
+  for name in "${UNSET_VARS[@]}"; do
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] ||
+      fatal "JUPYTER_ENV_VARS_TO_UNSET must name variables, separated by commas. Received: '$name' in JUPYTER_ENV_VARS_TO_UNSET='$JUPYTER_ENV_VARS_TO_UNSET'"
   done
 }
 
+unset_vars() {
+  local name
+  for name in "${UNSET_VARS[@]}"; do
+    [[ ${!name+set} == set ]] || continue
+    if (unset "$name") 2>/dev/null; then
+      unset "$name"
+      info "unset $name (JUPYTER_ENV_VARS_TO_UNSET)"
+    else
+      warn "JUPYTER_ENV_VARS_TO_UNSET: $name is the entrypoint's own and stays"
+    fi
+  done
+  unset JUPYTER_ENV_VARS_TO_UNSET
+}
+
+# A --user start whose UID has no passwd entry (OpenShift, a Kubernetes runAsUser): the name
+# tf and the home /home/tf for this container's processes, from a passwd file of its own
+# read through nss_wrapper.  Not by writing /etc/passwd (docker-stacks makes it writable by
+# GID 0): a user who may write /etc/passwd may give an account UID 0 and a password, and
+# su or sudo, which trust it, make them root.  LD_PRELOAD is ignored by setuid programs.
+name_unknown_uid() {
+  local dir=$STATE_DIR/nss-$NB_UID lib
+  id -un >/dev/null 2>&1 && return 0
+  lib=$(ldconfig -p 2>/dev/null | awk '$1 == "libnss_wrapper.so" {print $NF; exit}')
+  if [[ -z $lib ]]; then
+    warn "UID $NB_UID has no entry in /etc/passwd and nss_wrapper is missing: whoami and git will fail"
+    return 0
+  fi
+  if ! install -d -m 700 "$dir" 2>/dev/null || [[ ! -O $dir ]]; then
+    fatal "$dir is not a folder of UID $NB_UID: it holds the passwd entry of this UID"
+  fi
+  sed -e "s/^$NB_USER:/$NB_USER-image:/" /etc/passwd >"$dir/passwd"
+  printf '%s:x:%s:%s:%s:%s:/bin/bash\n' "$NB_USER" "$NB_UID" "$NB_GID" "$NB_USER" "$USER_HOME" >>"$dir/passwd"
+  cp /etc/group "$dir/group"
+  getent group "$NB_GID" >/dev/null || printf '%s:x:%s:\n' "$NB_USER" "$NB_GID" >>"$dir/group"
+  export LD_PRELOAD="$lib${LD_PRELOAD:+ $LD_PRELOAD}" NSS_WRAPPER_PASSWD=$dir/passwd NSS_WRAPPER_GROUP=$dir/group
+  export USER=$NB_USER LOGNAME=$NB_USER
+  info "UID $NB_UID has no entry in /etc/passwd: named $NB_USER, home $USER_HOME, for this container's processes (nss_wrapper)"
+}
+
+# The home of a --user start: /home/tf when that UID may write it, else a private folder.
+user_home() {
+  if [[ -w $USER_HOME ]]; then
+    export HOME=$USER_HOME
+  elif [[ ${HOME:-/} == / || ! -w ${HOME:-/nonexistent} ]]; then
+    warn "$USER_HOME is not writable by UID $NB_UID, GID $NB_GID: HOME is /tmp/home-$NB_UID, lost with the container (start with GID 0, --user $NB_UID:0, or mount a folder that UID may write on $USER_HOME)"
+    export HOME=/tmp/home-$NB_UID
+    install -d -m 700 "$HOME"
+  fi
+}
+
 main() {
+  SERVE_ARGS=()
   case ${1:-serve} in
-    serve)
+    serve | start-notebook.py | start-notebook.sh | start-singleuser.py | start-singleuser.sh | jupyterhub-singleuser)
       MODE=serve
-      [[ $# -le 1 ]] || fatal "serve takes no arguments. Received: ${*:2}"
+      SERVE_ARGS=("${@:2}")
       ;;
     self-test) MODE=self-test ;;
     *) MODE="command" ;;
   esac
+  check_unset_vars
   if is_root; then
     check_ids
     remap_user
@@ -348,22 +415,20 @@ main() {
   else
     NB_UID=$(id -u)
     NB_GID=$(id -g)
-    # `--user UID:GID` with a UID the image does not know: a private HOME.
-    if [[ ! -w ${HOME:-/nonexistent} ]]; then
-      export HOME=/tmp/home-$NB_UID
-      install -d -m 700 "$HOME"
-    fi
+    name_unknown_uid
+    user_home
     TOKEN_FILE=$HOME/.jupyter/token
     HOME_TOKEN_FILE=$TOKEN_FILE
   fi
   mapfile -d '' USER_CMD < <(user_cmd)
   # shellcheck disable=SC2034  # TOKEN_FILE and HOME_TOKEN_FILE are read by the parts
-  readonly MODE NB_UID NB_GID TOKEN_FILE HOME_TOKEN_FILE USER_CMD
+  readonly MODE SERVE_ARGS NB_UID NB_GID TOKEN_FILE HOME_TOKEN_FILE USER_CMD UNSET_VARS
 
   source_parts always
   [[ $MODE == self-test ]] || run_hooks start-notebook.d
   if [[ $MODE == serve ]]; then source_parts serve; fi
   [[ $MODE == self-test ]] || run_hooks before-notebook.d
+  unset_vars
 
   case $MODE in
     serve) supervise ;;
