@@ -23,6 +23,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 #   openssh-server  SSH logins (sshd)
 #   openssl         JupyterLab over TLS: makes the self-signed certificate and checks a
 #                   user's pair (the base has it through ca-certificates; named, not assumed)
+#   git             clone and commit from terminals, notebooks and SSH; `pip install git+...`
 #   rsync           `rsync -e ssh` to sync code and data (needs rsync on both ends)
 #   sudo            only for GRANT_SUDO=yes (docker/start/always/09-rights.sh); without it
 #                   no rule names the user, and the user has no password
@@ -40,6 +41,7 @@ RUN shopt -s nullglob \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       openssh-server \
       openssl \
+      git \
       rsync \
       sudo \
       libnss-wrapper \

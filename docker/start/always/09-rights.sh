@@ -36,6 +36,12 @@ grant_sudo() {
   warn "GRANT_SUDO=$grant: $NB_USER may run any command as root with sudo, without a password"
 }
 
+chown_extra_refuse_user_path() { # $1 = the path as given, $2 = the path to judge
+  if [[ $2 == "$USER_HOME" || $2 == "$USER_HOME"/* || $2 == "$WORKSPACE" || $2 == "$WORKSPACE"/* ]]; then
+    fatal "CHOWN_EXTRA: '$1' is in $USER_HOME or $WORKSPACE, which the user owns already (and controls: root never walks there)"
+  fi
+}
+
 chown_extra() {
   local opts=() path real list=()
   [[ -n ${CHOWN_EXTRA:-} ]] || return 0
@@ -53,14 +59,14 @@ chown_extra() {
     path=${path#"${path%%[![:space:]]*}"} path=${path%"${path##*[![:space:]]}"}
     [[ -n $path ]] || continue
     [[ $path == /* ]] || fatal "CHOWN_EXTRA: '$path' is not an absolute path"
+    # Decided on the path as given first: root does not even look below the home.
+    chown_extra_refuse_user_path "$path" "$path"
     [[ -e $path ]] || fatal "CHOWN_EXTRA: '$path' does not exist in the container (mount it first)"
     real=$(realpath -e -- "$path")
+    chown_extra_refuse_user_path "$path" "$real"
     [[ $real == "${path%/}" || $real == "$path" ]] ||
       fatal "CHOWN_EXTRA: '$path' goes through a symlink (to '$real'): give the real path"
     [[ $real != / ]] || fatal "CHOWN_EXTRA: '/' is refused"
-    if [[ $real == "$USER_HOME" || $real == "$USER_HOME"/* || $real == "$WORKSPACE" || $real == "$WORKSPACE"/* ]]; then
-      fatal "CHOWN_EXTRA: '$path' is in $USER_HOME or $WORKSPACE, which the user owns already (and controls: root never walks there)"
-    fi
     # -h: a link is re-owned itself; -R without -L follows none below.
     chown -h "${opts[@]}" "$NB_UID:$NB_GID" "$real"
     info "CHOWN_EXTRA: $real now belongs to UID $NB_UID, GID $NB_GID${opts[*]:+ (with its contents)}"
