@@ -14,7 +14,8 @@
 #                       started by JupyterHub the server is jupyterhub-singleuser.
 #                       docker-stacks' start commands (start-notebook.py, start-notebook.sh,
 #                       start-singleuser.py, start-singleuser.sh, jupyterhub-singleuser:
-#                       KubeSpawner's default) are the same as `serve`
+#                       KubeSpawner's default) are the same as `serve`; `start.sh CMD`
+#                       is CMD
 #   self-test [ARGS]    the image's own pytest on the shipped tests (GPU tests run
 #                       when a GPU is visible); ARGS go to pytest
 #   anything else       run as user tf, exit status passed through
@@ -396,6 +397,12 @@ user_home() {
 }
 
 main() {
+  # docker-stacks' `start.sh CMD...` (its entrypoint, often left in a CMD): run CMD as here;
+  # alone, bash, as there.
+  if [[ ${1:-} == start.sh ]]; then
+    shift
+    (($#)) || set -- bash
+  fi
   SERVE_ARGS=()
   case ${1:-serve} in
     serve | start-notebook.py | start-notebook.sh | start-singleuser.py | start-singleuser.sh | jupyterhub-singleuser)
