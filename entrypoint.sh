@@ -71,6 +71,8 @@
 # tests/image/test_static.py and test_home.py check it).
 set -euo pipefail
 
+# docker-stacks' NB_USER, if a start passed one, before the name is fixed (see stacks_not_read).
+readonly REQUESTED_NB_USER=${NB_USER:-}
 readonly NB_USER=tf
 readonly USER_HOME=/home/tf
 readonly WORKSPACE=/workspace
@@ -360,6 +362,25 @@ unset_vars() {
   unset JUPYTER_ENV_VARS_TO_UNSET
 }
 
+# docker-stacks' settings this image does not read: one WARN line each, with the reason
+# (docs/image.md, "Coming from docker-stacks"), rather than a setting silently ignored.
+stacks_not_read() {
+  local name why
+  if [[ -n $REQUESTED_NB_USER && $REQUESTED_NB_USER != "$NB_USER" ]]; then
+    warn "NB_USER='$REQUESTED_NB_USER' is not read here: the user is always $NB_USER (home $USER_HOME); NB_UID/NB_GID give it your IDs"
+  fi
+  for name in NB_GROUP CHOWN_HOME CHOWN_HOME_OPTS DOCKER_STACKS_JUPYTER_CMD RESTARTABLE; do
+    [[ -n ${!name:-} ]] || continue
+    case $name in
+      NB_GROUP) why="the group is $NB_USER's own, with NB_GID" ;;
+      CHOWN_HOME*) why="a home the image made is re-owned for a new NB_UID by itself, one you mounted never" ;;
+      DOCKER_STACKS_JUPYTER_CMD) why="the server is JupyterLab's with the Notebook interface beside it; JUPYTER_UI=notebook picks the landing page" ;;
+      RESTARTABLE) why="a server that stops stops the container: use Docker's restart policy" ;;
+    esac
+    warn "$name is docker-stacks' and not read here: $why"
+  done
+}
+
 # A --user start whose UID has no passwd entry (OpenShift, a Kubernetes runAsUser): the name
 # tf and the home /home/tf for this container's processes, from a passwd file of its own
 # read through nss_wrapper.  Not by writing /etc/passwd (docker-stacks makes it writable by
@@ -413,6 +434,7 @@ main() {
     *) MODE="command" ;;
   esac
   check_unset_vars
+  stacks_not_read
   if is_root; then
     check_ids
     remap_user

@@ -292,6 +292,19 @@ def test_a_bad_docker_stacks_setting_is_one_fatal_line(image, env, command, line
     assert len(fatal) == 1 and line in fatal[0], proc.stderr[-2000:]
 
 
+def test_docker_stacks_settings_not_read_here_say_so(image):
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", "-e", "NB_USER=kitten", "-e", "CHOWN_HOME=yes",
+                      "-e", "DOCKER_STACKS_JUPYTER_CMD=notebook", command=["whoami"], timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "tf", proc.stderr[-2000:]
+    warns = [x for x in proc.stderr.splitlines() if " WARN " in x]
+    assert any("NB_USER='kitten' is not read here: the user is always tf" in x for x in warns), warns
+    assert any("CHOWN_HOME is docker-stacks' and not read here" in x for x in warns), warns
+    assert any("DOCKER_STACKS_JUPYTER_CMD is docker-stacks' and not read here" in x for x in warns), warns
+    # `start.sh CMD`, docker-stacks' entrypoint left in a command, runs CMD.
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", command=["start.sh", "id", "-un"], timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "tf", proc.stderr[-2000:]
+
+
 def test_without_grant_sudo_the_user_has_no_sudo(stack):
     proc = exec_in(stack.container, "sudo", "-n", "true", user="tf", check=False)
     assert proc.returncode != 0 and "password" in proc.stderr.lower(), proc.stderr
