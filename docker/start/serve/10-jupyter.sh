@@ -77,6 +77,10 @@ setup_hub() {
   for var in JUPYTER_TOKEN JUPYTER_TOKEN_FILE; do
     [[ -z ${!var:-} ]] || warn "$var is ignored under JupyterHub: the hub authenticates users"
   done
+  # The hub talks to the server over its own URL (JUPYTERHUB_SERVICE_URL, http unless the hub
+  # sets up internal TLS itself): the image's certificate is not used there.
+  [[ $JUPYTER_SCHEME == http ]] ||
+    warn "JUPYTER_TLS / JUPYTER_CERTFILE are not used under JupyterHub: the hub's proxy terminates TLS"
   readonly JUPYTER_LANDING=$1
   service jupyter "JupyterHub single-user server" \
     "{\"hub\": true, \"port\": $JUPYTER_PORT_IN, \"base_url\": \"$JUPYTER_BASE_URL\"}" start_jupyter
@@ -158,7 +162,9 @@ write_token() {
 # TFMP_* variables to /etc/jupyter/jupyter_server_config.py.
 start_jupyter() {
   local env=(TFMP_JUPYTER_BASE_URL="$JUPYTER_BASE_URL" TFMP_JUPYTER_PORT="$JUPYTER_PORT_IN")
-  [[ -z $JUPYTER_TLS_CERT ]] || env+=(TFMP_JUPYTER_CERTFILE="$JUPYTER_TLS_CERT" TFMP_JUPYTER_KEYFILE="$JUPYTER_TLS_KEY")
+  if [[ -n $JUPYTER_TLS_CERT && $JUPYTER_HUB == 0 ]]; then
+    env+=(TFMP_JUPYTER_CERTFILE="$JUPYTER_TLS_CERT" TFMP_JUPYTER_KEYFILE="$JUPYTER_TLS_KEY")
+  fi
   [[ -z ${NB_UMASK:-} ]] || umask "$NB_UMASK"
   if [[ $JUPYTER_HUB == 1 ]]; then
     # The spawner's default_url (JUPYTERHUB_DEFAULT_URL), if it set one, wins over JUPYTER_UI.
