@@ -328,7 +328,7 @@ source_parts() {
 }
 
 # A user's hooks in $HOOKS_DIR/$1, by docker-stacks' run-hooks.sh (the one place hooks are
-# run; docker/start/run-hooks.sh): *.sh sourced, executables run, a failure logged.
+# run; docker/bin/run-hooks.sh): *.sh sourced, executables run, a failure logged.
 run_hooks() {
   local dir=$HOOKS_DIR/$1
   [[ -d $dir ]] || return 0
@@ -406,11 +406,15 @@ name_unknown_uid() {
   info "UID $NB_UID has no entry in /etc/passwd: named $NB_USER, home $USER_HOME, for this container's processes (nss_wrapper)"
 }
 
-# The home of a --user start: /home/tf when that UID may write it, else a private folder.
+# The home of a --user start: a HOME it was given that it may write (Docker gives "/" to
+# a UID without a passwd entry), else /home/tf when that UID may write it, else a private
+# folder.
 user_home() {
-  if [[ -w $USER_HOME ]]; then
+  if [[ ${HOME:-/} != / && -w ${HOME:-/nonexistent} ]]; then
+    return 0
+  elif [[ -w $USER_HOME ]]; then
     export HOME=$USER_HOME
-  elif [[ ${HOME:-/} == / || ! -w ${HOME:-/nonexistent} ]]; then
+  else
     warn "$USER_HOME is not writable by UID $NB_UID, GID $NB_GID: HOME is /tmp/home-$NB_UID, lost with the container (start with GID 0, --user $NB_UID:0, or mount a folder that UID may write on $USER_HOME)"
     export HOME=/tmp/home-$NB_UID
     install -d -m 700 "$HOME"
