@@ -27,7 +27,12 @@ if [[ ! -d $1 ]]; then
   return 2
 fi
 
-_tfmp_hooks_opts=$(set +o)
+# The caller's options, read in this shell: a $(set +o) would run in a subshell, which
+# bash starts without errexit, and "restore" the caller's set -e to off.
+_tfmp_hooks_opts=""
+if [[ $- == *e* ]]; then _tfmp_hooks_opts+=e; fi
+if [[ $- == *u* ]]; then _tfmp_hooks_opts+=u; fi
+if [[ -o pipefail ]]; then _tfmp_hooks_opts+=p; fi
 set +euo pipefail
 info "hooks in $1, as UID $(id -u), GID $(id -g)"
 for _tfmp_hook in "${1%/}"/*; do
@@ -50,5 +55,7 @@ for _tfmp_hook in "${1%/}"/*; do
     log ERROR "hook $_tfmp_hook exited with status $_tfmp_hook_status; the start goes on"
   fi
 done
-eval "$_tfmp_hooks_opts"
+if [[ $_tfmp_hooks_opts == *e* ]]; then set -e; fi
+if [[ $_tfmp_hooks_opts == *u* ]]; then set -u; fi
+if [[ $_tfmp_hooks_opts == *p* ]]; then set -o pipefail; fi
 unset _tfmp_hook _tfmp_hook_status _tfmp_hooks_opts

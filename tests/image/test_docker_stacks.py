@@ -284,6 +284,9 @@ def test_arbitrary_uid_gets_a_name_and_the_home(image, container, tmp_path):
     (["-e", "CHOWN_EXTRA_OPTS=-L", "-e", "CHOWN_EXTRA=/opt"], ["true"], "CHOWN_EXTRA_OPTS may be -R"),
     (["-e", "JUPYTER_ENV_VARS_TO_UNSET=A,B-C"], ["true"], "JUPYTER_ENV_VARS_TO_UNSET must name variables"),
     (["-e", "JUPYTERHUB_API_TOKEN=x"], ["serve"], "JUPYTERHUB_API_TOKEN is set but JUPYTERHUB_API_URL is not"),
+    # After the (empty) hook folders ran, the entrypoint's set -e still holds: a check failing
+    # in a $(...) stops the start.
+    (["-e", "JUPYTER_TOKEN="], ["serve"], "JUPYTER_TOKEN is set but empty"),
 ])
 def test_a_bad_docker_stacks_setting_is_one_fatal_line(image, env, command, line):
     proc = docker_run(image, "-e", "TFMP_QUIET=1", "-e", "ENABLE_SSH=0", *env, command=command, timeout=120)

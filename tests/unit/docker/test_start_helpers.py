@@ -122,3 +122,35 @@ def test_jupyter_args_refusals_are_one_line_and_status_2(args, env, words):
     assert proc.returncode == 2, proc.stdout
     assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert words in proc.stderr, proc.stderr
+
+
+# --- run-hooks.sh: docker-stacks' hook rules, sourced by entrypoint.sh -------------------------
+
+def test_run_hooks_runs_each_kind_and_gives_the_callers_options_back(tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "10-export.sh").write_text('export FROM_HOOK=yes\necho "unset is ${NOT_SET_ANYWHERE}."\n')
+    (hooks / "20-fails.sh").write_text("false\n")
+    (hooks / "30-run").write_text("#!/bin/sh\necho ran-executable\nexit 3\n")
+    (hooks / "30-run").chmod(0o755)
+    (hooks / "40-skip.txt").write_text("not a hook\n")
+    script = (f'set -euo pipefail; source {program("run-hooks.sh")} {hooks}; '
+              'echo "var=$FROM_HOOK opts=$-"; shopt -o pipefail; x=$(false); echo not-reached')
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert "unset is ." in proc.stdout and "ran-executable" in proc.stdout, proc.stdout
+    assert "ERROR hook " + str(hooks / "20-fails.sh") + " exited with status 1" in proc.stderr
+    assert "ERROR hook " + str(hooks / "30-run") + " exited with status 3" in proc.stderr
+    assert "skipped " + str(hooks / "40-skip.txt") in proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("var="))
+    assert line.startswith("var=yes opts=") and "e" in line.split("=")[-1] and "u" in line.split("=")[-1]
+    assert "pipefail" in proc.stdout and "on" in proc.stdout.split("pipefail")[-1].split()[0]
+    # set -e came back: the failing $(false) ended the shell.
+    assert "not-reached" not in proc.stdout and proc.returncode == 1, proc.stdout
+
+
+def test_run_hooks_needs_exactly_one_folder(tmp_path):
+    for args in ("", f"{tmp_path} {tmp_path}", str(tmp_path / "missing")):
+        proc = subprocess.run(["bash", "-c", f'source {program("run-hooks.sh")} {args}; echo "rc=$?"'],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.stdout.strip() == "rc=2", (args, proc.stdout, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "ERROR" in proc.stderr, proc.stderr
