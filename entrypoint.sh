@@ -389,7 +389,9 @@ stacks_not_read() {
 name_unknown_uid() {
   local dir=$STATE_DIR/nss-$NB_UID lib
   id -un >/dev/null 2>&1 && return 0
-  lib=$(ldconfig -p 2>/dev/null | awk '$1 == "libnss_wrapper.so" {print $NF; exit}')
+  # awk reads to the end: an early exit would end ldconfig with SIGPIPE (status 141 under
+  # pipefail, and set -e would stop the start without a word).
+  lib=$(ldconfig -p 2>/dev/null | awk '$1 == "libnss_wrapper.so" && !found {print $NF; found = 1}')
   if [[ -z $lib ]]; then
     warn "UID $NB_UID has no entry in /etc/passwd and nss_wrapper is missing: whoami and git will fail"
     return 0

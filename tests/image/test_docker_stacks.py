@@ -126,6 +126,11 @@ def test_options_port_and_base_url_reach_the_server_and_the_healthcheck(knobs):
     bare = requests.get(knobs["url"] + "/api/contents", verify=verify, timeout=30,
                         allow_redirects=False)
     assert bare.status_code in (302, 401, 403), bare.status_code
+    # The Notebook interface and JupyterLab's page, under the base URL, know it.
+    for page in ("/tree", "/lab"):
+        resp = requests.get(knobs["url"] + page, headers=headers, verify=verify, timeout=30)
+        assert resp.status_code == 200, (page, resp.status_code)
+        assert re.search(r'"baseUrl":\s*"' + re.escape(BASE) + '"', resp.text), (page, resp.text[:500])
     # The option after `serve` took effect: a hidden file is served.
     exec_in(knobs["name"], "sh", "-c", "echo hidden > /workspace/.stacks-hidden.txt", user="tf")
     hidden = requests.get(knobs["url"] + "/api/contents/.stacks-hidden.txt", headers=headers,
