@@ -330,8 +330,11 @@ source_parts() {
 # A user's hooks in $HOOKS_DIR/$1, by docker-stacks' run-hooks.sh (the one place hooks are
 # run; docker/bin/run-hooks.sh): *.sh sourced, executables run, a failure logged.
 run_hooks() {
-  local dir=$HOOKS_DIR/$1
+  local dir=$HOOKS_DIR/$1 entries
   [[ -d $dir ]] || return 0
+  # An empty folder (the image's own) says nothing: a batch job's log stays as it was.
+  entries=("$dir"/*)
+  [[ -e ${entries[0]} ]] || return 0
   # shellcheck source=docker/bin/run-hooks.sh
   source "$RUN_HOOKS" "$dir"
 }
