@@ -208,6 +208,13 @@ fit_home() {
   owner=$(stat -c %u:%g "$USER_HOME")
   [[ $owner != "$NB_UID:$NB_GID" ]] || return 0
   old_uid=${owner%:*} old_gid=${owner#*:}
+  # The image's own home for this UID: group 0 (for --user UID:0 starts, which have GID 0),
+  # which the user, its owner, needs no change of; used as it is, without a walk or a word.
+  if [[ $old_uid == "$NB_UID" && $old_gid == 0 ]] &&
+    [[ $(setpriv --reuid="$old_uid" --regid="$old_gid" --clear-groups \
+      head -c 64 -- "$USER_HOME/$HOME_MARKER" 2>/dev/null || true) == "$owner" ]]; then
+    return 0
+  fi
   if [[ -z $(find "$USER_HOME" -mindepth 1 -maxdepth 1 -print -quit) ]]; then
     # Empty (a bind mount Docker created for a missing host folder, as root): nothing
     # to hand over but the folder itself; 07-home.sh then fills it as the user.
