@@ -23,7 +23,12 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 #   openssh-server  SSH logins (sshd)
 #   openssl         JupyterLab over TLS: makes the self-signed certificate and checks a
 #                   user's pair (the base has it through ca-certificates; named, not assumed)
+#   git             clone and commit from terminals, notebooks and SSH; `pip install git+...`
 #   rsync           `rsync -e ssh` to sync code and data (needs rsync on both ends)
+#   sudo            only for GRANT_SUDO=yes (docker/start/always/09-rights.sh); without it
+#                   no rule names the user, and the user has no password
+#   libnss-wrapper  a name and home for a --user UID without a passwd entry (entrypoint.sh,
+#                   name_unknown_uid); /etc/passwd stays root's
 #   tini            PID 1: reaps zombies, forwards signals (fast `docker stop`)
 # Versions come from the base's distribution release, hence no pins.
 # hadolint ignore=DL3008
@@ -36,7 +41,10 @@ RUN shopt -s nullglob \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       openssh-server \
       openssl \
+      git \
       rsync \
+      sudo \
+      libnss-wrapper \
       tini \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
@@ -51,7 +59,7 @@ RUN shopt -s nullglob \
 RUN groupadd -o -g 1000 tf \
  && useradd -o -m -u 1000 -g tf -s /bin/bash tf \
  && usermod -p '*' tf \
- && install -d -o tf -g tf -m 755 /workspace \
+ && install -d -o tf -g 0 -m 775 /workspace \
  && install -d -o tf -g tf -m 700 /home/tf/.ssh /home/tf/.jupyter \
  && install -d -m 755 /etc/tfmp /etc/ssh/host_keys /etc/ssh/authorized_keys \
  # The image's own files in the home, pristine: /home/tf is a volume that outlives
@@ -65,8 +73,12 @@ RUN groupadd -o -g 1000 tf \
  # bind mount): "UID:GID" it was made for.  Docker copies it into a new named volume; the
  # entrypoint re-owns only such a home (entrypoint.sh, fit_home; docs/image.md, "Security").
  && install -d -o tf -g tf -m 755 /home/tf/.local /home/tf/.local/state /home/tf/.local/state/tfmp \
- && echo 1000:1000 >/home/tf/.local/state/tfmp/home-owner \
- && chown tf:tf /home/tf/.local/state/tfmp/home-owner \
+ && echo 1000:0 >/home/tf/.local/state/tfmp/home-owner \
+ # The image's home (and workspace, above) belong to group 0 and that group may write them,
+ # as OpenShift's arbitrary UIDs need (--user UID:0: GID 0, no passwd entry); a root start
+ # gives the home to NB_GID at its first start (fit_home: the marker says 1000:0).
+ && chown -R tf:0 /home/tf \
+ && chmod -R g=u /home/tf \
  # Shell history written at every prompt: a terminal killed with its container keeps it.
  && printf '%s\n' '' '# tfmp: history survives a container stopped with the shell open' \
       'PROMPT_COMMAND="history -a${PROMPT_COMMAND:+; $PROMPT_COMMAND}"' >>/etc/bash.bashrc \
@@ -144,11 +156,17 @@ COPY docker/bin/tfmp /usr/local/bin/tfmp
 # sshd starts it (Debian/Ubuntu build it with SSH_SOURCE_BASHRC).  First line,
 # before the file's own "not interactive: return".
 RUN sed -i '1i [ -r /etc/tfmp/ssh-extra-env.sh ] && . /etc/tfmp/ssh-extra-env.sh' /etc/bash.bashrc \
+ && sed -i '1i [ -r /etc/profile.d/00-tfmp-nss-wrapper.sh ] && . /etc/profile.d/00-tfmp-nss-wrapper.sh' /etc/bash.bashrc \
  && sed -i "1i #!$(python3 -c 'import sys; print(sys.executable)')" /usr/local/bin/tfmp \
  && chmod 755 /usr/local/bin/tfmp
 COPY docker/bin/tfmp-healthcheck /usr/local/bin/tfmp-healthcheck
-# The start-up parts' helpers (docker/start/always/05-banner.sh, serve/08-jupyter-tls.sh).
-COPY docker/bin/tfmp-versions docker/bin/tfmp-tls /usr/local/bin/
+# The start-up parts' helpers (docker/start/always/05-banner.sh, serve/08-jupyter-tls.sh,
+# serve/10-jupyter.sh), and docker-stacks' run-hooks.sh (sourced by entrypoint.sh), with
+# docker-stacks' two hook folders, empty (root's: docs/image.md, "Your own start-up hooks").
+COPY docker/bin/tfmp-versions docker/bin/tfmp-tls docker/bin/tfmp-jupyter-args docker/bin/run-hooks.sh /usr/local/bin/
+RUN install -d -m 755 /usr/local/bin/start-notebook.d /usr/local/bin/before-notebook.d
+# A `docker exec` shell of a --user UID without a passwd entry: its name (entrypoint.sh).
+COPY docker/config/profile-nss-wrapper.sh /etc/profile.d/00-tfmp-nss-wrapper.sh
 # The persistent home's start-up jobs (docker/start/always/07-home.sh).
 COPY docker/bin/tfmp-home /usr/local/bin/tfmp-home
 # TensorBoard behind JupyterLab's token: the launcher tile's server (jupyter_server_config.py).

@@ -7,8 +7,15 @@
 # root, because it must switch to the logging-in user itself.
 #
 # Usage (the container's command):
-#   (none) | serve      sshd + Jupyter on 8888 (JupyterLab and the Notebook interface,
-#                       root dir /workspace); if either dies the container exits non-zero
+#   (none) | serve [JUPYTER OPTIONS]
+#                       sshd + Jupyter on 8888 (JupyterLab and the Notebook interface,
+#                       root dir /workspace); if either dies the container exits non-zero.
+#                       Options (--ServerApp.base_url=/x/ ...) go to the Jupyter server;
+#                       started by JupyterHub the server is jupyterhub-singleuser.
+#                       docker-stacks' start commands (start-notebook.py, start-notebook.sh,
+#                       start-singleuser.py, start-singleuser.sh, jupyterhub-singleuser:
+#                       KubeSpawner's default) are the same as `serve`; `start.sh CMD`
+#                       is CMD
 #   self-test [ARGS]    the image's own pytest on the shipped tests (GPU tests run
 #                       when a GPU is visible); ARGS go to pytest
 #   anything else       run as user tf, exit status passed through
@@ -24,7 +31,7 @@
 # execs the command.  A part's variables are listed once, in its "Environment:"
 # block (docs/image.md's table is checked against those blocks).  Between the
 # phases and just before the services or the command start, the user's own hooks
-# run, as jupyter/docker-stacks runs them (run_hooks, below):
+# run, as jupyter/docker-stacks runs them (/usr/local/bin/run-hooks.sh, sourced):
 #   $HOOKS_DIR/start-notebook.d/   after the "always" parts
 #   $HOOKS_DIR/before-notebook.d/  last, before the services or the command
 # (not for self-test, which checks the image as shipped).
@@ -36,9 +43,19 @@
 #   TFMP_GPU_PROFILING   1: the user's processes keep CAP_SYS_ADMIN (ambient), which
 #                        NVIDIA's driver asks of a GPU profiler (CUPTI) unless the host
 #                        allows everyone; needs --cap-add SYS_ADMIN.  Default 0.
+#   JUPYTER_ENV_VARS_TO_UNSET  names (separated by commas) removed from the environment
+#                        after the hooks ran: the services, the command and SSH sessions
+#                        never see them (docker-stacks' name; e.g. a secret only a hook needs)
+#
+# Started with `--user UID:GID` (no root), a UID without a passwd entry is named `tf`,
+# home /home/tf, through nss_wrapper (LD_PRELOAD; setuid programs ignore it, so the name
+# gives no rights): whoami, ~, pip --user and git work.  The image's home is writable by
+# GID 0, as OpenShift's arbitrary UIDs run (--user UID:0); another GID gets a private
+# HOME in /tmp, with a warning.
 #
 # What the parts may use (set here once, read-only before any part runs):
 #   MODE                serve | self-test | command
+#   SERVE_ARGS          the Jupyter options after `serve` (checked by serve/10-jupyter.sh)
 #   NB_USER USER_HOME WORKSPACE  the user, its home, the Jupyter root folder
 #   STATE_DIR           /run/tfmp: root's own (root:root 755) after a root start
 #   NB_UID NB_GID       the user's IDs after remapping (or the --user IDs)
@@ -57,6 +74,8 @@
 # tests/image/test_static.py and test_home.py check it).
 set -euo pipefail
 
+# docker-stacks' NB_USER, if a start passed one, before the name is fixed (see stacks_not_read).
+readonly REQUESTED_NB_USER=${NB_USER:-}
 readonly NB_USER=tf
 readonly USER_HOME=/home/tf
 readonly WORKSPACE=/workspace
@@ -66,6 +85,7 @@ readonly PARTS_DIR=/usr/local/lib/tfmp/start
 # docker-stacks' folders for a user's own start-up hooks (root's; an image built FROM
 # this one, or a read-only mount, puts files there).
 readonly HOOKS_DIR=/usr/local/bin
+readonly RUN_HOOKS=/usr/local/bin/run-hooks.sh
 # Start-up secrets and internal variables: never passed to user processes.
 readonly PRIVATE_VARS=(JUPYTER_TOKEN SSH_PASSWORD PUBLIC_KEY TFMP_JUPYTER_TOKEN_PATH)
 
@@ -191,6 +211,13 @@ fit_home() {
   owner=$(stat -c %u:%g "$USER_HOME")
   [[ $owner != "$NB_UID:$NB_GID" ]] || return 0
   old_uid=${owner%:*} old_gid=${owner#*:}
+  # The image's own home for this UID: group 0 (for --user UID:0 starts, which have GID 0),
+  # which the user, its owner, needs no change of; used as it is, without a walk or a word.
+  if [[ $old_uid == "$NB_UID" && $old_gid == 0 ]] &&
+    [[ $(setpriv --reuid="$old_uid" --regid="$old_gid" --clear-groups \
+      head -c 64 -- "$USER_HOME/$HOME_MARKER" 2>/dev/null || true) == "$owner" ]]; then
+    return 0
+  fi
   if [[ -z $(find "$USER_HOME" -mindepth 1 -maxdepth 1 -print -quit) ]]; then
     # Empty (a bind mount Docker created for a missing host folder, as root): nothing
     # to hand over but the folder itself; 07-home.sh then fills it as the user.
@@ -331,38 +358,123 @@ source_parts() {
   done
 }
 
-# A user's hooks in $HOOKS_DIR/$1, in name order, as docker-stacks' run-hooks does: a
-# *.sh file is sourced (it may export variables for what follows), an executable file
-# is run (a failure stops the start), anything else is skipped with a warning.
+# A user's hooks in $HOOKS_DIR/$1, by docker-stacks' run-hooks.sh (the one place hooks are
+# run; docker/bin/run-hooks.sh): *.sh sourced, executables run, a failure logged.
 run_hooks() {
-  local dir=$HOOKS_DIR/$1 hook status
+  local dir=$HOOKS_DIR/$1 entries
   [[ -d $dir ]] || return 0
-  for hook in "$dir"/*; do
-    [[ -e $hook ]] || continue
-    if [[ $hook == *.sh ]]; then
-      info "hook: sourcing $hook"
-      # shellcheck source=/dev/null  # the user's own file
-      source "$hook"
-    elif [[ -f $hook && -x $hook ]]; then
-      info "hook: running $hook"
-      status=0
-      "$hook" || status=$?
-      ((status == 0)) || fatal "hook $hook exited with status $status"
-    else
-      warn "hook: skipped $hook (neither *.sh nor executable)"
-    fi
+  # An empty folder (the image's own) says nothing: a batch job's log stays as it was.
+  entries=("$dir"/*)
+  [[ -e ${entries[0]} ]] || return 0
+  # shellcheck source=docker/bin/run-hooks.sh
+  source "$RUN_HOOKS" "$dir"
+}
+
+# JUPYTER_ENV_VARS_TO_UNSET, checked: the names, one per element.
+UNSET_VARS=()
+check_unset_vars() {
+  local name
+  [[ -n ${JUPYTER_ENV_VARS_TO_UNSET:-} ]] || return 0
+  IFS=', ' read -ra UNSET_VARS <<<"$JUPYTER_ENV_VARS_TO_UNSET"
+  for name in "${UNSET_VARS[@]}"; do
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] ||
+      fatal "JUPYTER_ENV_VARS_TO_UNSET must name variables, separated by commas. Received: '$name' in JUPYTER_ENV_VARS_TO_UNSET='$JUPYTER_ENV_VARS_TO_UNSET'"
   done
 }
 
+unset_vars() {
+  local name
+  for name in "${UNSET_VARS[@]}"; do
+    [[ ${!name+set} == set ]] || continue
+    if (unset "$name") 2>/dev/null; then
+      unset "$name"
+      info "unset $name (JUPYTER_ENV_VARS_TO_UNSET)"
+    else
+      warn "JUPYTER_ENV_VARS_TO_UNSET: $name is the entrypoint's own and stays"
+    fi
+  done
+  unset JUPYTER_ENV_VARS_TO_UNSET
+}
+
+# docker-stacks' settings this image does not read: one WARN line each, with the reason
+# (docs/image.md, "Coming from docker-stacks"), rather than a setting silently ignored.
+stacks_not_read() {
+  local name why
+  if [[ -n $REQUESTED_NB_USER && $REQUESTED_NB_USER != "$NB_USER" ]]; then
+    warn "NB_USER='$REQUESTED_NB_USER' is not read here: the user is always $NB_USER (home $USER_HOME); NB_UID/NB_GID give it your IDs"
+  fi
+  for name in NB_GROUP CHOWN_HOME CHOWN_HOME_OPTS DOCKER_STACKS_JUPYTER_CMD RESTARTABLE; do
+    [[ -n ${!name:-} ]] || continue
+    case $name in
+      NB_GROUP) why="the group is $NB_USER's own, with NB_GID" ;;
+      CHOWN_HOME*) why="a home the image made is re-owned for a new NB_UID by itself, one you mounted never" ;;
+      DOCKER_STACKS_JUPYTER_CMD) why="the server is JupyterLab's with the Notebook interface beside it; JUPYTER_UI=notebook picks the landing page" ;;
+      RESTARTABLE) why="a server that stops stops the container: use Docker's restart policy" ;;
+    esac
+    warn "$name is docker-stacks' and not read here: $why"
+  done
+}
+
+# A --user start whose UID has no passwd entry (OpenShift, a Kubernetes runAsUser): the name
+# tf and the home /home/tf for this container's processes, from a passwd file of its own
+# read through nss_wrapper.  Not by writing /etc/passwd (docker-stacks makes it writable by
+# GID 0): a user who may write /etc/passwd may give an account UID 0 and a password, and
+# su or sudo, which trust it, make them root.  LD_PRELOAD is ignored by setuid programs.
+name_unknown_uid() {
+  local dir=$STATE_DIR/nss-$NB_UID lib
+  id -un >/dev/null 2>&1 && return 0
+  # awk reads to the end: an early exit would end ldconfig with SIGPIPE (status 141 under
+  # pipefail, and set -e would stop the start without a word).
+  lib=$(ldconfig -p 2>/dev/null | awk '$1 == "libnss_wrapper.so" && !found {print $NF; found = 1}')
+  if [[ -z $lib ]]; then
+    warn "UID $NB_UID has no entry in /etc/passwd and nss_wrapper is missing: whoami and git will fail"
+    return 0
+  fi
+  if ! install -d -m 700 "$dir" 2>/dev/null || [[ ! -O $dir ]]; then
+    fatal "$dir is not a folder of UID $NB_UID: it holds the passwd entry of this UID"
+  fi
+  sed -e "s/^$NB_USER:/$NB_USER-image:/" /etc/passwd >"$dir/passwd"
+  printf '%s:x:%s:%s:%s:%s:/bin/bash\n' "$NB_USER" "$NB_UID" "$NB_GID" "$NB_USER" "$USER_HOME" >>"$dir/passwd"
+  cp /etc/group "$dir/group"
+  getent group "$NB_GID" >/dev/null || printf '%s:x:%s:\n' "$NB_USER" "$NB_GID" >>"$dir/group"
+  export LD_PRELOAD="$lib${LD_PRELOAD:+ $LD_PRELOAD}" NSS_WRAPPER_PASSWD=$dir/passwd NSS_WRAPPER_GROUP=$dir/group
+  export USER=$NB_USER LOGNAME=$NB_USER
+  info "UID $NB_UID has no entry in /etc/passwd: named $NB_USER, home $USER_HOME, for this container's processes (nss_wrapper)"
+}
+
+# The home of a --user start: a HOME it was given that it may write (Docker gives "/" to
+# a UID without a passwd entry), else /home/tf when that UID may write it, else a private
+# folder.
+user_home() {
+  if [[ ${HOME:-/} != / && -w ${HOME:-/nonexistent} ]]; then
+    return 0
+  elif [[ -w $USER_HOME ]]; then
+    export HOME=$USER_HOME
+  else
+    warn "$USER_HOME is not writable by UID $NB_UID, GID $NB_GID: HOME is /tmp/home-$NB_UID, lost with the container (start with GID 0, --user $NB_UID:0, or mount a folder that UID may write on $USER_HOME)"
+    export HOME=/tmp/home-$NB_UID
+    install -d -m 700 "$HOME"
+  fi
+}
+
 main() {
+  # docker-stacks' `start.sh CMD...` (its entrypoint, often left in a CMD): run CMD as here;
+  # alone, bash, as there.
+  if [[ ${1:-} == start.sh ]]; then
+    shift
+    (($#)) || set -- bash
+  fi
+  SERVE_ARGS=()
   case ${1:-serve} in
-    serve)
+    serve | start-notebook.py | start-notebook.sh | start-singleuser.py | start-singleuser.sh | jupyterhub-singleuser)
       MODE=serve
-      [[ $# -le 1 ]] || fatal "serve takes no arguments. Received: ${*:2}"
+      SERVE_ARGS=("${@:2}")
       ;;
     self-test) MODE=self-test ;;
     *) MODE="command" ;;
   esac
+  check_unset_vars
+  stacks_not_read
   if is_root; then
     check_ids
     remap_user
@@ -372,23 +484,21 @@ main() {
   else
     NB_UID=$(id -u)
     NB_GID=$(id -g)
-    # `--user UID:GID` with a UID the image does not know: a private HOME.
-    if [[ ! -w ${HOME:-/nonexistent} ]]; then
-      export HOME=/tmp/home-$NB_UID
-      install -d -m 700 "$HOME"
-    fi
+    name_unknown_uid
+    user_home
     TOKEN_FILE=$HOME/.jupyter/token
     HOME_TOKEN_FILE=$TOKEN_FILE
   fi
   check_gpu_profiling
   mapfile -d '' USER_CMD < <(user_cmd)
   # shellcheck disable=SC2034  # TOKEN_FILE and HOME_TOKEN_FILE are read by the parts
-  readonly MODE NB_UID NB_GID TOKEN_FILE HOME_TOKEN_FILE USER_CMD
+  readonly MODE SERVE_ARGS NB_UID NB_GID TOKEN_FILE HOME_TOKEN_FILE USER_CMD UNSET_VARS
 
   source_parts always
   [[ $MODE == self-test ]] || run_hooks start-notebook.d
   if [[ $MODE == serve ]]; then source_parts serve; fi
   [[ $MODE == self-test ]] || run_hooks before-notebook.d
+  unset_vars
 
   case $MODE in
     serve) supervise ;;

@@ -3,13 +3,21 @@
 The token is read from the file entrypoint.sh writes (only the user can read
 it) instead of an environment variable or a command-line flag, so it shows up
 neither in `ps` nor in the environment of kernels and terminals.
+
+Under JupyterHub (docker/start/serve/10-jupyter.sh runs `jupyterhub-singleuser` with
+TFMP_JUPYTER_MODE=jupyterhub) the hub authenticates and gives the address, port and base
+URL (JUPYTERHUB_SERVICE_URL, JUPYTERHUB_SERVICE_PREFIX): none of them is set here.
 """
 import os
 
 c = get_config()  # noqa: F821 (provided by Jupyter when it loads this file)
 
-c.ServerApp.ip = "0.0.0.0"
-c.ServerApp.port = 8888
+_hub = os.environ.get("TFMP_JUPYTER_MODE") == "jupyterhub"
+if not _hub:
+    # "": every address of the container, IPv4 and IPv6 (where it has IPv6) alike.
+    c.ServerApp.ip = ""
+    # JUPYTER_PORT (docker-stacks' name), checked by the entrypoint; a --port wins.
+    c.ServerApp.port = int(os.environ.get("TFMP_JUPYTER_PORT") or 8888)
 c.ServerApp.open_browser = False
 c.ServerApp.root_dir = "/workspace"
 c.ServerApp.allow_root = False
@@ -29,14 +37,17 @@ import jupyter_server  # noqa: E402
 
 c.ServerApp.extra_template_paths = ["/usr/local/share/tfmp/jupyter-templates",
                                     os.path.dirname(jupyter_server.__file__)]
-# Never run without authentication, even if someone passes an empty token.
-c.IdentityProvider.token = ""
-_token_file = os.environ.get("TFMP_JUPYTER_TOKEN_PATH", "")
-if _token_file:
-    with open(_token_file, encoding="utf-8") as fh:
-        c.IdentityProvider.token = fh.read().strip()
-if not c.IdentityProvider.token:
-    raise SystemExit("jupyter_server_config: no token; start the server through entrypoint.sh")
+# Never run without authentication, even if someone passes an empty token.  Under the hub
+# the hub's OAuth is the authentication, and a `jupyter lab` a user starts there in a terminal
+# keeps Jupyter's own random token.
+if not _hub:
+    c.IdentityProvider.token = ""
+    _token_file = os.environ.get("TFMP_JUPYTER_TOKEN_PATH", "")
+    if _token_file:
+        with open(_token_file, encoding="utf-8") as fh:
+            c.IdentityProvider.token = fh.read().strip()
+    if not c.IdentityProvider.token:
+        raise SystemExit("jupyter_server_config: no token; start the server through entrypoint.sh")
 
 # TLS: the certificate and key copies docker/start/serve/08-jupyter-tls.sh made for this user.
 # Tornado then speaks only TLS on 8888: a plain-HTTP request fails its handshake and the
@@ -125,5 +136,8 @@ except ImportError:  # jupyter-server-proxy is missing or changed: plain setting
 # shows it in an iframe.  Without this the iframe would ask the browser's host for that
 # port, which is not published; with it, the frame loads <base_url>/proxy/<port>/, through
 # Jupyter and its token.  Set here, in the server's environment, so every kernel inherits it.
-_base = (c.ServerApp.base_url if "base_url" in c.ServerApp else "/").strip("/")
+# The base URL comes from the entrypoint, which read it from the server's options
+# (--ServerApp.base_url) or the hub's prefix: a command-line option is not in `c` yet here.
+_base = (os.environ.get("TFMP_JUPYTER_BASE_URL")
+         or (c.ServerApp.base_url if "base_url" in c.ServerApp else "/")).strip("/")
 os.environ.setdefault("TENSORBOARD_PROXY_URL", f"/{_base}/proxy/%PORT%/" if _base else "/proxy/%PORT%/")

@@ -45,12 +45,18 @@ def test_user_start_hooks_run_in_docker_stacks_folders(image, tmp_path):
     assert "hook: sourcing /usr/local/bin/start-notebook.d/10-export.sh" in proc.stderr
     assert "before hook ran as 0" in proc.stderr   # as root, before the command's user switch
     assert "hook: skipped /usr/local/bin/before-notebook.d/README.txt" in proc.stderr
-    # A hook that fails stops the start with one line.
+    # A hook that fails is one ERROR line and the start goes on (docker-stacks' rule), a *.sh
+    # one too; hooks run without the entrypoint's set -eu (an unset variable is empty).
     (before / "20-mark").write_text("#!/bin/sh\nexit 7\n")
+    (before / "30-fails.sh").write_text("echo sourced >&2\nfalse\n")
+    (before / "40-after.sh").write_text("echo \"after: $UNSET_IN_HOOK_OK\" >&2\n")
     proc = docker_run(image, "-e", "TFMP_QUIET=1",
-                      "-v", f"{before}:/usr/local/bin/before-notebook.d:ro", command=["true"])
-    assert proc.returncode != 0
-    assert "FATAL hook /usr/local/bin/before-notebook.d/20-mark exited with status 7" in proc.stderr
+                      "-v", f"{before}:/usr/local/bin/before-notebook.d:ro", command=["echo", "ran"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ran"
+    assert "ERROR hook /usr/local/bin/before-notebook.d/20-mark exited with status 7; the start goes on" in proc.stderr
+    assert "ERROR hook /usr/local/bin/before-notebook.d/30-fails.sh exited with status 1" in proc.stderr
+    assert "after: " in proc.stderr
 
 
 def test_batch_python_module_runs_as_the_user(image):

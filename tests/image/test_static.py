@@ -110,6 +110,10 @@ ROOT_ON_THE_TOP = [
     re.compile(r'^printf \'%s\\0\' HOME="\$USER_HOME" USER='),  # text: the user's environment
     re.compile(r'^validate_keys "\$user_keys" "\$home_keys"$'),     # root's copy; a name in messages
     re.compile(r'^for dir in "\$USER_HOME" "\$WORKSPACE"$'),        # refuse_user_path: text only
+    re.compile(r'^\$2 == "\$USER_HOME"'),                            # CHOWN_EXTRA's check: text only
+    # A --user start (never root): the passwd entry's text, and HOME.
+    re.compile(r'^printf \'%s:x:%s:%s:%s:%s:/bin/bash\\n\' "\$NB_USER"'),
+    re.compile(r'^export HOME=\$USER_HOME$'),
 ]
 TEXT_ONLY = re.compile(r"^(?:(?:local|readonly)\s+)?[A-Za-z_][A-Za-z0-9_]*=|^(?:info|warn|fatal|announce|log)\b|^#")
 KEYWORD = re.compile(r"^(?:then|do|else|if|elif|while|until|!|\{)\s+")

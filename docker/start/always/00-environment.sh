@@ -40,6 +40,8 @@ save_environment() {
       HOME | PWD | OLDPWD | SHLVL | _ | HOSTNAME | USER | LOGNAME | SHELL | MAIL | TERM) continue ;;
     esac
     case " ${PRIVATE_VARS[*]} " in *" $name "*) continue ;; esac
+    # Removed after the hooks (JUPYTER_ENV_VARS_TO_UNSET): SSH sessions never see them either.
+    case " ${UNSET_VARS[*]} JUPYTER_ENV_VARS_TO_UNSET " in *" $name "*) continue ;; esac
     [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
     if [[ $value == *$'\n'* ]]; then
       warn "not passing $name to SSH sessions: its value spans several lines"

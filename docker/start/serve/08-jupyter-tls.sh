@@ -8,6 +8,7 @@
 #                          JUPYTER_TLS_HOSTNAMES changes or it is about to expire;
 #                          off or unset (default): none made (plain HTTP, unless the
 #                          two variables below give a certificate)
+#   GEN_CERT               yes or 1: the same as JUPYTER_TLS=self-signed (docker-stacks' name)
 #   JUPYTER_TLS_HOSTNAMES  names and IP addresses the self-signed certificate is for,
 #                          separated by commas or spaces (e.g. gpu-box.example.org,203.0.113.7);
 #                          localhost and 127.0.0.1 are always in it
@@ -177,6 +178,13 @@ tls_install_for_server() {
 
 setup_jupyter_tls() {
   local tls=${JUPYTER_TLS:-off} var
+  if [[ -n ${GEN_CERT:-} ]]; then
+    [[ $GEN_CERT =~ ^(yes|1)$ ]] ||
+      fatal "GEN_CERT must be yes or 1 (the same as JUPYTER_TLS=self-signed), or unset. Received: GEN_CERT='$GEN_CERT'"
+    [[ ${JUPYTER_TLS:-self-signed} == self-signed ]] ||
+      fatal "GEN_CERT=$GEN_CERT asks for JUPYTER_TLS=self-signed, but JUPYTER_TLS='$JUPYTER_TLS' is set: use one of them"
+    tls=self-signed
+  fi
   [[ $tls == off || $tls == self-signed ]] ||
     fatal "JUPYTER_TLS must be self-signed or off (unset: off; your own certificate goes in JUPYTER_CERTFILE and JUPYTER_KEYFILE). Received: JUPYTER_TLS='$tls'"
   for var in JUPYTER_CERTFILE JUPYTER_KEYFILE; do

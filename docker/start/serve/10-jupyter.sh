@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Part of entrypoint.sh (sourced in serve mode only): the Jupyter token and the Jupyter server,
 # which serves both interfaces behind that token: JupyterLab (/lab) and the Notebook
-# interface (/tree, /notebooks/..., /edit/...).
+# interface (/tree, /notebooks/..., /edit/...).  Started by JupyterHub (JUPYTERHUB_API_TOKEN
+# set), the server is `jupyterhub-singleuser` instead, behind the hub's login: no token.
 #
 # Environment:
 #   JUPYTER_UI           lab (default) or notebook: where `/` lands and which address
@@ -16,21 +17,93 @@
 #                        without it and where the token is (log drivers ship logs off the
 #                        machine).  Default 0 when the token came from JUPYTER_TOKEN_FILE
 #                        (a secret kept out of the environment), 1 otherwise.
-#   JUPYTER_HOST_PORT    host port shown in that URL (default 8888)
+#   JUPYTER_HOST_PORT    host port shown in that URL (default: the server's port)
+#   JUPYTER_PORT         the server's port in the container (default 8888); the
+#                        healthcheck and the printed URL follow it
+#   NOTEBOOK_ARGS        Jupyter server options, split as a shell would, passed before
+#                        the ones after `serve` (docker-stacks' name); options that would
+#                        weaken authentication are refused (tfmp-jupyter-args)
+#   NB_UMASK             umask of the Jupyter server, its kernels and terminals (octal,
+#                        e.g. 002; default: the container's, 022)
+#   JUPYTERHUB_API_TOKEN set by JupyterHub's spawner (with JUPYTERHUB_API_URL,
+#                        JUPYTERHUB_SERVICE_PREFIX and the other JUPYTERHUB_* variables):
+#                        run jupyterhub-singleuser, authenticated by the hub
 # TLS (https:// in that URL, the certificate's fingerprint beside it) is decided by
 # 08-jupyter-tls.sh.
+#
+# Sets (read-only) for later parts:
+#   JUPYTER_HUB       1 under JupyterHub, else 0
+#   JUPYTER_PORT_IN   the port the server listens on in the container
+#   JUPYTER_BASE_URL  its base URL: / or /prefix/ (the hub's prefix under JupyterHub)
+#   JUPYTER_PUBLIC    scheme://127.0.0.1:host-port of the printed URLs (no trailing slash)
 
 readonly HOME_TOKEN_DIR=${HOME_TOKEN_FILE%/*}
+
+# The server's options: NOTEBOOK_ARGS and the arguments after `serve`, checked, with the
+# port and base URL they give (tfmp-jupyter-args).  Sets JUPYTER_ARGS.
+JUPYTER_ARGS=()
+jupyter_options() {
+  local out err parsed=() hub=()
+  [[ $JUPYTER_HUB == 0 ]] || hub=(--hub)
+  out=$(mktemp)
+  err=$(/usr/local/bin/tfmp-jupyter-args "${hub[@]}" "${SERVE_ARGS[@]}" 2>&1 >"$out") || {
+    rm -f "$out"
+    fatal "${err:-tfmp-jupyter-args failed}"
+  }
+  mapfile -d '' parsed <"$out"
+  rm -f "$out"
+  JUPYTER_PORT_IN=${parsed[0]} JUPYTER_BASE_URL=${parsed[1]}
+  JUPYTER_ARGS=("${parsed[@]:2}")
+  if [[ -n ${NB_UMASK:-} && ! $NB_UMASK =~ ^0?[0-7]{3}$ ]]; then
+    fatal "NB_UMASK must be an octal umask such as 022 or 002. Received: NB_UMASK='$NB_UMASK'"
+  fi
+  # Under a hub the printed URLs are the hub's paths; elsewhere the host's published port.
+  JUPYTER_PUBLIC="$JUPYTER_SCHEME://127.0.0.1:${JUPYTER_HOST_PORT:-$JUPYTER_PORT_IN}"
+}
+
+# Started by JupyterHub: the spawner sets JUPYTERHUB_API_TOKEN and the variables
+# jupyterhub-singleuser reads; one missing is one line, not a server the hub cannot reach.
+is_hub_start() {
+  local var
+  [[ -n ${JUPYTERHUB_API_TOKEN:-} ]] || return 1
+  for var in JUPYTERHUB_API_URL JUPYTERHUB_SERVICE_PREFIX; do
+    [[ -n ${!var:-} ]] || fatal "JUPYTERHUB_API_TOKEN is set but $var is not: a JupyterHub spawner sets both (start the image from the hub, or unset JUPYTERHUB_API_TOKEN)"
+  done
+  return 0
+}
+
+setup_hub() {
+  local var
+  for var in JUPYTER_TOKEN JUPYTER_TOKEN_FILE; do
+    [[ -z ${!var:-} ]] || warn "$var is ignored under JupyterHub: the hub authenticates users"
+  done
+  # The hub talks to the server over its own URL (JUPYTERHUB_SERVICE_URL, http unless the hub
+  # sets up internal TLS itself): the image's certificate is not used there.
+  [[ $JUPYTER_SCHEME == http ]] ||
+    warn "JUPYTER_TLS / JUPYTER_CERTFILE are not used under JupyterHub: the hub's proxy terminates TLS"
+  readonly JUPYTER_LANDING=$1
+  service jupyter "JupyterHub single-user server" \
+    "{\"hub\": true, \"port\": $JUPYTER_PORT_IN, \"base_url\": \"$JUPYTER_BASE_URL\"}" start_jupyter
+  announce "JupyterHub single-user server for ${JUPYTERHUB_USER:-?}: ${JUPYTERHUB_BASE_URL:-/}hub/ sends the user to $JUPYTER_BASE_URL (hub login, no token; hub API ${JUPYTERHUB_API_URL})"
+}
 
 # The token goes to $TOKEN_FILE, where the server reads it (jupyter_server_config.py):
 # never in argv or the environment of kernels and terminals.
 setup_jupyter() {
   local token source=JUPYTER_TOKEN landing
   case ${JUPYTER_UI:-lab} in
-    lab) landing=/lab ;;
-    notebook) landing=/tree ;;
+    lab) landing=lab ;;
+    notebook) landing=tree ;;
     *) fatal "JUPYTER_UI must be lab or notebook. Received: JUPYTER_UI='$JUPYTER_UI'" ;;
   esac
+  JUPYTER_HUB=0
+  if is_hub_start; then JUPYTER_HUB=1; fi
+  jupyter_options
+  readonly JUPYTER_HUB JUPYTER_PORT_IN JUPYTER_BASE_URL JUPYTER_PUBLIC JUPYTER_ARGS
+  if [[ $JUPYTER_HUB == 1 ]]; then
+    setup_hub "/$landing"
+    return 0
+  fi
   [[ -z ${JUPYTER_TOKEN_FILE:-} ]] || source=JUPYTER_TOKEN_FILE
   token=$(secret_from_env JUPYTER_TOKEN "an empty token would disable authentication (unset it for a random one)")
   [[ -n $token ]] || token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
@@ -45,12 +118,13 @@ setup_jupyter() {
   [[ $log_token =~ ^[01]$ ]] ||
     fatal "JUPYTER_LOG_TOKEN must be 1 (print the URL with the token) or 0 (print it without; unset: 0 with JUPYTER_TOKEN_FILE, else 1). Received: JUPYTER_LOG_TOKEN='$JUPYTER_LOG_TOKEN'"
   write_token "$token"
-  readonly JUPYTER_LANDING=$landing
-  local health="\"token_file\": \"$TOKEN_FILE\"" url
+  # LabApp.default_url is relative to the base URL.
+  readonly JUPYTER_LANDING=/$landing
+  local health="\"token_file\": \"$TOKEN_FILE\", \"port\": $JUPYTER_PORT_IN, \"base_url\": \"$JUPYTER_BASE_URL\"" url
   # The healthcheck then asks over https and checks that this certificate is the one served.
   [[ -z $JUPYTER_TLS_PIN ]] || health+=", \"certfile\": \"$JUPYTER_TLS_PIN\""
   service jupyter JupyterLab "{$health}" start_jupyter
-  url="$JUPYTER_SCHEME://127.0.0.1:${JUPYTER_HOST_PORT:-8888}$landing"
+  url="$JUPYTER_PUBLIC$JUPYTER_BASE_URL$landing"
   if [[ $log_token == 1 ]]; then
     announce "Jupyter URL: $url?token=$token   (token also in $HOME_TOKEN_FILE)"
   else
@@ -83,12 +157,24 @@ write_token() {
   }
 }
 
-# One server for both interfaces; LabApp.default_url is where it sends `/`.
+# One server for both interfaces; LabApp.default_url is where it sends `/`.  The server's
+# own settings (address, port, token file, TLS, TensorBoard's proxy URL) come through
+# TFMP_* variables to /etc/jupyter/jupyter_server_config.py.
 start_jupyter() {
-  local tls=()
-  [[ -z $JUPYTER_TLS_CERT ]] || tls=(TFMP_JUPYTER_CERTFILE="$JUPYTER_TLS_CERT" TFMP_JUPYTER_KEYFILE="$JUPYTER_TLS_KEY")
-  exec "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" "${tls[@]}" jupyter lab --no-browser \
-    --LabApp.default_url="$JUPYTER_LANDING"
+  local env=(TFMP_JUPYTER_BASE_URL="$JUPYTER_BASE_URL" TFMP_JUPYTER_PORT="$JUPYTER_PORT_IN")
+  if [[ -n $JUPYTER_TLS_CERT && $JUPYTER_HUB == 0 ]]; then
+    env+=(TFMP_JUPYTER_CERTFILE="$JUPYTER_TLS_CERT" TFMP_JUPYTER_KEYFILE="$JUPYTER_TLS_KEY")
+  fi
+  [[ -z ${NB_UMASK:-} ]] || umask "$NB_UMASK"
+  if [[ $JUPYTER_HUB == 1 ]]; then
+    # The spawner's default_url (JUPYTERHUB_DEFAULT_URL), if it set one, wins over JUPYTER_UI.
+    local landing=()
+    [[ -n ${JUPYTERHUB_DEFAULT_URL:-} ]] || landing=(--ServerApp.default_url="$JUPYTER_LANDING")
+    exec "${USER_CMD[@]}" TFMP_JUPYTER_MODE=jupyterhub "${env[@]}" jupyterhub-singleuser \
+      "${landing[@]}" "${JUPYTER_ARGS[@]}"
+  fi
+  exec "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" "${env[@]}" jupyter lab --no-browser \
+    --LabApp.default_url="$JUPYTER_LANDING" "${JUPYTER_ARGS[@]}"
 }
 
 setup_jupyter

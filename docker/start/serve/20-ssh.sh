@@ -2,7 +2,8 @@
 # Part of entrypoint.sh (sourced in serve mode only, as root): SSH logins as user tf.
 #
 # Environment:
-#   ENABLE_SSH           1 (default) or 0 to run JupyterLab only
+#   ENABLE_SSH           1 (default; 0 under JupyterHub, whose users come through the
+#                        hub) or 0 to run JupyterLab only
 #   PUBLIC_KEY           OpenSSH public key(s) allowed to log in as tf, one
 #                        per line; options (from=, command=...) are kept
 #   PUBLIC_KEY_FILE      file with public keys (set but empty, or holding no
@@ -134,9 +135,11 @@ start_sshd() {
     -e '/^Connection closed by 127\.0\.0\.1 port [0-9]* \[preauth\]$/d' >&2)
 }
 
-[[ ${ENABLE_SSH:-1} =~ ^[01]$ ]] || fatal "ENABLE_SSH must be 1 or 0. Received: ENABLE_SSH='${ENABLE_SSH:-1}'"
-if [[ ${ENABLE_SSH:-1} == 1 ]] && ! is_root; then
+SSH_DEFAULT=1
+[[ $JUPYTER_HUB == 0 ]] || SSH_DEFAULT=0
+[[ ${ENABLE_SSH:-$SSH_DEFAULT} =~ ^[01]$ ]] || fatal "ENABLE_SSH must be 1 or 0. Received: ENABLE_SSH='${ENABLE_SSH:-}'"
+if [[ ${ENABLE_SSH:-$SSH_DEFAULT} == 1 ]] && ! is_root; then
   warn "started as a non-root user (--user): SSH needs root to switch users, so only JupyterLab runs"
-elif [[ ${ENABLE_SSH:-1} == 1 ]]; then
+elif [[ ${ENABLE_SSH:-$SSH_DEFAULT} == 1 ]]; then
   setup_ssh
 fi

@@ -20,7 +20,11 @@ check_tensorboard_logdir() {
     warn "TensorBoard: ${out#tfmp-tensorboard: } (the tile shows runs once that folder exists)"
     logdir="${TFMP_WORKSPACE:-/workspace}/runs"
   fi
-  announce "TensorBoard: $JUPYTER_SCHEME://127.0.0.1:${JUPYTER_HOST_PORT:-8888}/tensorboard/ (launcher tile; runs in $logdir)"
+  if [[ $JUPYTER_HUB == 1 ]]; then
+    announce "TensorBoard: ${JUPYTER_BASE_URL}tensorboard/ through the hub (launcher tile; runs in $logdir)"
+  else
+    announce "TensorBoard: $JUPYTER_PUBLIC${JUPYTER_BASE_URL}tensorboard/ (launcher tile; runs in $logdir)"
+  fi
 }
 
 check_tensorboard_logdir

@@ -62,3 +62,95 @@ def test_versions_line_names_python_tensorflow_jupyterlab_numpy():
     line = proc.stdout.strip()
     assert line.startswith(f"Python {sys.version.split()[0]}, TensorFlow ")
     assert ", JupyterLab " in line and ", numpy " in line
+
+
+# --- tfmp-jupyter-args: the Jupyter server's options (serve/10-jupyter.sh) ---------------------
+
+def jupyter_args(*args: str, **env: str) -> subprocess.CompletedProcess:
+    import os
+
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("NOTEBOOK_ARGS", "JUPYTER_PORT") and not k.startswith("JUPYTERHUB_")}
+    return subprocess.run([sys.executable, str(program("tfmp-jupyter-args")), *args],
+                          capture_output=True, text=True, timeout=60, env={**clean, **env})
+
+
+def parsed(proc: subprocess.CompletedProcess) -> list:
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("\0"), proc.stdout
+    return proc.stdout[:-1].split("\0")
+
+
+def test_jupyter_args_pass_through_with_notebook_args_first():
+    out = parsed(jupyter_args("--ServerApp.base_url=/team/x", "--debug",
+                              NOTEBOOK_ARGS="--ServerApp.iopub_data_rate_limit=1e9 --LabApp.collaborative='yes please'"))
+    assert out == ["8888", "/team/x/", "--ServerApp.iopub_data_rate_limit=1e9",
+                   "--LabApp.collaborative=yes please", "--ServerApp.base_url=/team/x", "--debug"]
+
+
+def test_jupyter_args_port_from_jupyter_port_then_the_last_option():
+    assert parsed(jupyter_args(JUPYTER_PORT="9999"))[:2] == ["9999", "/"]
+    assert parsed(jupyter_args("--port", "7000", "--ServerApp.port=7001", JUPYTER_PORT="9999"))[:2] == ["7001", "/"]
+    assert parsed(jupyter_args("--ServerApp.base_url", "/a/b/"))[:2] == ["8888", "/a/b/"]
+
+
+def test_jupyter_args_under_the_hub_take_its_port_and_prefix():
+    out = parsed(jupyter_args("--hub", "--debug", JUPYTERHUB_SERVICE_URL="http://0.0.0.0:8890/user/ann/",
+                              JUPYTERHUB_SERVICE_PREFIX="/user/ann/"))
+    assert out == ["8890", "/user/ann/", "--debug"]
+    proc = jupyter_args("--hub", "--ServerApp.base_url=/x/", JUPYTERHUB_SERVICE_PREFIX="/user/ann/")
+    assert proc.returncode == 2 and "JUPYTERHUB_SERVICE_PREFIX" in proc.stderr
+
+
+@pytest.mark.parametrize("args, env, words", [
+    (["--ServerApp.token="], {}, "--ServerApp.token is refused: set JUPYTER_TOKEN"),
+    (["--IdentityProvider.token", "abc"], {}, "--IdentityProvider.token is refused"),
+    ([], {"NOTEBOOK_ARGS": "--NotebookApp.token=''"}, "--NotebookApp.token is refused"),
+    (["--ServerApp.password=sha1:x"], {}, "--ServerApp.password is refused"),
+    (["--PasswordIdentityProvider.hashed_password=x"], {}, "is refused"),
+    (["--ServerApp.identity_provider_class=x.Y"], {}, "--ServerApp.identity_provider_class is refused"),
+    (["--ServerApp.allow_unauthenticated_access=True"], {}, "never runs without authentication"),
+    (["--ServerApp.disable_check_xsrf=True"], {}, "XSRF"),
+    (["--certfile=/tmp/c.pem"], {}, "JUPYTER_CERTFILE"),
+    (["--port=http"], {}, "--port must be a port number"),
+    ([], {"JUPYTER_PORT": "0"}, "JUPYTER_PORT must be a port number (1-65535). Received: '0'"),
+    ([], {"NOTEBOOK_ARGS": "--x='open"}, "NOTEBOOK_ARGS cannot be split"),
+    (["--ServerApp.base_url=/a b/"], {}, "base_url must be a URL path"),
+])
+def test_jupyter_args_refusals_are_one_line_and_status_2(args, env, words):
+    proc = jupyter_args(*args, **env)
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert words in proc.stderr, proc.stderr
+
+
+# --- run-hooks.sh: docker-stacks' hook rules, sourced by entrypoint.sh -------------------------
+
+def test_run_hooks_runs_each_kind_and_gives_the_callers_options_back(tmp_path):
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "10-export.sh").write_text('export FROM_HOOK=yes\necho "unset is ${NOT_SET_ANYWHERE}."\n')
+    (hooks / "20-fails.sh").write_text("false\n")
+    (hooks / "30-run").write_text("#!/bin/sh\necho ran-executable\nexit 3\n")
+    (hooks / "30-run").chmod(0o755)
+    (hooks / "40-skip.txt").write_text("not a hook\n")
+    script = (f'set -euo pipefail; source {program("run-hooks.sh")} {hooks}; '
+              'echo "var=$FROM_HOOK opts=$-"; shopt -o pipefail; x=$(false); echo not-reached')
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert "unset is ." in proc.stdout and "ran-executable" in proc.stdout, proc.stdout
+    assert "ERROR hook " + str(hooks / "20-fails.sh") + " exited with status 1" in proc.stderr
+    assert "ERROR hook " + str(hooks / "30-run") + " exited with status 3" in proc.stderr
+    assert "skipped " + str(hooks / "40-skip.txt") in proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("var="))
+    assert line.startswith("var=yes opts=") and "e" in line.split("=")[-1] and "u" in line.split("=")[-1]
+    assert "pipefail" in proc.stdout and "on" in proc.stdout.split("pipefail")[-1].split()[0]
+    # set -e came back: the failing $(false) ended the shell.
+    assert "not-reached" not in proc.stdout and proc.returncode == 1, proc.stdout
+
+
+def test_run_hooks_needs_exactly_one_folder(tmp_path):
+    for args in ("", f"{tmp_path} {tmp_path}", str(tmp_path / "missing")):
+        proc = subprocess.run(["bash", "-c", f'source {program("run-hooks.sh")} {args}; echo "rc=$?"'],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.stdout.strip() == "rc=2", (args, proc.stdout, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "ERROR" in proc.stderr, proc.stderr

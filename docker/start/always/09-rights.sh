@@ -1,0 +1,77 @@
+# shellcheck shell=bash
+# Part of entrypoint.sh (sourced, every mode, as root): rights the operator grants the user
+# at start, with docker-stacks' names.  Only a root start can grant them; a --user start
+# that asks gets one WARN line.  Nothing below the home is read to decide (docs/image.md,
+# "Security"): the operator's environment decides, never a file the user controls.
+#
+# Environment:
+#   GRANT_SUDO        yes or 1: passwordless sudo for the user (root inside the container:
+#                     a risk, off by default); no, 0 or unset: none
+#   CHOWN_EXTRA       folders (separated by commas) given to NB_UID:NB_GID at start, e.g.
+#                     a mounted /data; outside the home and the workspace (the user's
+#                     already), absolute, with no symlink in the path
+#   CHOWN_EXTRA_OPTS  -R: their contents too (links are changed, never followed)
+
+readonly SUDOERS_FILE=/etc/sudoers.d/tfmp-grant-sudo
+
+grant_sudo() {
+  local grant=${GRANT_SUDO:-no} tmp
+  [[ $grant =~ ^(yes|1|no|0)$ ]] ||
+    fatal "GRANT_SUDO must be yes or 1 (passwordless sudo for $NB_USER), or no or 0 (unset: no). Received: GRANT_SUDO='$GRANT_SUDO'"
+  if ! is_root; then
+    [[ $grant =~ ^(no|0)$ ]] ||
+      warn "GRANT_SUDO=$grant needs a root start: started with --user, $NB_USER gets no sudo"
+    return 0
+  fi
+  # The container's files outlive a restart: taken away at every start that does not ask.
+  rm -f "$SUDOERS_FILE"
+  [[ $grant =~ ^(yes|1)$ ]] || return 0
+  command -v sudo >/dev/null || fatal "GRANT_SUDO=$grant: sudo is not installed in this image"
+  install -d -m 750 /etc/sudoers.d
+  tmp=$(mktemp /etc/sudoers.d/.tfmp.XXXXXX)
+  printf '# Written by entrypoint.sh: GRANT_SUDO=%s\n%s ALL=(ALL) NOPASSWD:ALL\n' "$grant" "$NB_USER" >"$tmp"
+  chmod 440 "$tmp"
+  visudo -c -q -f "$tmp" >/dev/null || fatal "GRANT_SUDO: sudo refused the rule it was given (visudo -c)"
+  mv -f "$tmp" "$SUDOERS_FILE"
+  warn "GRANT_SUDO=$grant: $NB_USER may run any command as root with sudo, without a password"
+}
+
+chown_extra_refuse_user_path() { # $1 = the path as given, $2 = the path to judge
+  if [[ $2 == "$USER_HOME" || $2 == "$USER_HOME"/* || $2 == "$WORKSPACE" || $2 == "$WORKSPACE"/* ]]; then
+    fatal "CHOWN_EXTRA: '$1' is in $USER_HOME or $WORKSPACE, which the user owns already (and controls: root never walks there)"
+  fi
+}
+
+chown_extra() {
+  local opts=() path real list=()
+  [[ -n ${CHOWN_EXTRA:-} ]] || return 0
+  case ${CHOWN_EXTRA_OPTS:-} in
+    "") ;;
+    -R) opts=(-R) ;;
+    *) fatal "CHOWN_EXTRA_OPTS may be -R (the folders' contents too) or unset. Received: CHOWN_EXTRA_OPTS='$CHOWN_EXTRA_OPTS'" ;;
+  esac
+  if ! is_root; then
+    warn "CHOWN_EXTRA needs a root start: started with --user, nothing was re-owned"
+    return 0
+  fi
+  IFS=',' read -ra list <<<"$CHOWN_EXTRA"
+  for path in "${list[@]}"; do
+    path=${path#"${path%%[![:space:]]*}"} path=${path%"${path##*[![:space:]]}"}
+    [[ -n $path ]] || continue
+    [[ $path == /* ]] || fatal "CHOWN_EXTRA: '$path' is not an absolute path"
+    # Decided on the path as given first: root does not even look below the home.
+    chown_extra_refuse_user_path "$path" "$path"
+    [[ -e $path ]] || fatal "CHOWN_EXTRA: '$path' does not exist in the container (mount it first)"
+    real=$(realpath -e -- "$path")
+    chown_extra_refuse_user_path "$path" "$real"
+    [[ $real == "${path%/}" || $real == "$path" ]] ||
+      fatal "CHOWN_EXTRA: '$path' goes through a symlink (to '$real'): give the real path"
+    [[ $real != / ]] || fatal "CHOWN_EXTRA: '/' is refused"
+    # -h: a link is re-owned itself; -R without -L follows none below.
+    chown -h "${opts[@]}" "$NB_UID:$NB_GID" "$real"
+    info "CHOWN_EXTRA: $real now belongs to UID $NB_UID, GID $NB_GID${opts[*]:+ (with its contents)}"
+  done
+}
+
+grant_sudo
+chown_extra
