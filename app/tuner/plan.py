@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from app.core.errors import UsageError
-from app.tuner.search import SPEED_TIE, STEP, Trial, choose, judge
+from app.tuner.search import SPEED_TIE, STEP, Trial, best_batch, choose, judge
 
 MAX_PLAN_TRIALS = 3   # candidates measured with accumulation, per precision
 
@@ -56,12 +56,7 @@ def largest_divisor(global_batch: int, most: int) -> Optional[int]:
 
 def best(measured: List[Trial], tie: float = SPEED_TIE) -> Optional[Trial]:
     """The fastest fitting plan trial; within ``tie`` of it, the largest micro-batch."""
-    fitting = [t for t in measured if t.fits and t.samples_per_second]
-    if not fitting:
-        return None
-    top = max(t.samples_per_second for t in fitting)
-    return max((t for t in fitting if t.samples_per_second >= top * (1.0 - tie)),
-               key=lambda t: t.batch_size)
+    return best_batch(measured, tie, largest=True)
 
 
 def entry(global_batch: int, measured: List[Trial]) -> dict:

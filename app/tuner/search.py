@@ -214,14 +214,17 @@ def find_max_batch(run_trial: Callable[[int], Outcome], *, budget_bytes: int, ma
     return result
 
 
-def best_batch(trials: List[Trial], tie: float = SPEED_TIE) -> Optional[Trial]:
-    """The fastest fitting trial; among those within ``tie`` of it, the smallest batch."""
+def best_batch(trials: List[Trial], tie: float = SPEED_TIE,
+               largest: bool = False) -> Optional[Trial]:
+    """The fastest fitting trial; among those within ``tie`` of it, the smallest batch (the
+    ``largest`` with ``largest``: a plan's micro-batch, fewer and larger steps)."""
     fitting = [t for t in trials if t.fits and t.samples_per_second]
     if not fitting:
         return None
     top = max(t.samples_per_second for t in fitting)
-    return min((t for t in fitting if t.samples_per_second >= top * (1.0 - tie)),
-               key=lambda t: t.batch_size)
+    pick = max if largest else min
+    return pick((t for t in fitting if t.samples_per_second >= top * (1.0 - tie)),
+                key=lambda t: t.batch_size)
 
 
 def choose(best: Dict[str, Optional[Trial]]) -> Optional[tuple]:
