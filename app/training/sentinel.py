@@ -2,9 +2,9 @@
 gradients; a step that is not never reaches the weights, and the first fault is latched
 with its batch, so the state that failed can be replayed (``app.numerics.replay``).
 
-Cost per step: one scalar test of the loss; without loss scaling one pass over the
-gradients (``all_finite``, the pass a LossScaleOptimizer makes anyway) and a ``tf.cond``
-around the apply; under loss scaling nothing more than the optimizer's own check (a
+Cost per step: one scalar test of the loss; without loss scaling one sum over the
+gradients (``sum_finite``: a NaN or inf anywhere makes it non-finite; the pass a
+LossScaleOptimizer makes anyway, in half its ops) and a ``tf.cond`` around the apply; under loss scaling nothing more than the optimizer's own check (a
 faulty step is handed to it poisoned, so it skips it).  Several replicas agree with one
 scalar all-reduce.  No ``check_numerics`` ops: they break XLA.
 
@@ -107,7 +107,7 @@ class SentinelState:
             self._note_skips(skipped, step)
         else:
             before, skipped = tf.constant(1.0), None
-            grads_ok = loss_scale.agreed(loss_scale.all_finite(grads))
+            grads_ok = loss_scale.agreed(loss_scale.sum_finite(grads))
             ok = tf.logical_and(tf.logical_not(latched), tf.logical_and(loss_ok, grads_ok))
             if accumulated:
                 _, update = apply(grads, ok)

@@ -1,21 +1,23 @@
 """What does the numerics sentinel cost per step, and how long does its diagnosis take?
 
-Step cost: for each built-in model, loop and policy asked for, one fresh process builds two
-``tfmp train`` set-ups side by side (``app.training.job.prepare``/``build_parts``/
-``make_monitor``, the same seams ``train`` uses): the sentinel on (the default) and off
-(``--no-sentinel``), on the same batches.  They take one training step each in turn (the
-order flips every pair; the fit loop through Keras' own ``train_function``, the custom loop
-through its step and the monitor's tick), so the two steps of a pair share the machine's
-state: on a shared machine, epochs timed in blocks moved by +-15% between runs, steps
-timed in pairs by +-2%.  The cost is the median over the pairs of (on / off - 1), from wall
-time.  Target: at most 3%; the exit status is 1 when a configuration misses it.
+Step cost: for each built-in model, loop and policy asked for, ``tfmp train`` set-ups are
+built through the seams ``train`` uses (``app.training.job.prepare``/``build_parts``/
+``make_monitor``): the sentinel on (the default) and off (``--no-sentinel``), each in
+``--copies`` processes of its own, on the same batches.  Each round, every process takes a
+block of ``--block`` training steps in turn (shuffled; the fit loop through Keras' own
+``train_function``, the custom loop through its step and the monitor's tick); the cost is
+the median over the rounds of (on / off - 1), from wall time.  ``interleave.py`` says why
+processes and blocks: in one process, the set-up built first ran 4-7% faster, and an
+in-process comparison credited that to whichever side it built first.  ``--control`` adds
+a second 'off' side: its A/A difference is the noise floor of the figures.  Target: at
+most 3%; the exit status is 1 when a configuration misses it.
 
 Diagnosis time: each built-in model under mixed_float16 gets a batch whose inputs are 1e6
 (its first layers overflow float16), and the sentinel's replay (``app.numerics.replay``:
 forward and backward under the policy, then in float32) is timed.  Target: under 30 s.
 
-    python3 tests/benchmarks/bench_sentinel.py --pairs 1000
-    python3 tests/benchmarks/bench_sentinel.py --models mlp --loops fit --policies float32 --pairs 3000
+    python3 tests/benchmarks/bench_sentinel.py --control
+    python3 tests/benchmarks/bench_sentinel.py --models mlp --loops fit --policies float32 --rounds 120
 
 Prints a table and writes bench_sentinel.json into --output (default a temp folder).
 """
@@ -32,7 +34,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: paths.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # interleave.py beside it
 from paths import root_on_path  # noqa: E402  the repository root (tests/paths.py)
+import interleave  # noqa: E402
 ROOT = str(root_on_path())  # this checkout's app
 
 TARGET = 0.03
@@ -74,6 +78,13 @@ class Side:
             self.custom.train_step(x, y)
             self.monitor.tick(0)
 
+    def report(self) -> dict:
+        watch = self.monitor.watch
+        return {"probe_seconds": watch.probe_seconds if watch else None}
+
+    def unit(self):
+        self.step()
+
     def step(self):
         """One training step, as the loop takes it."""
         if self.loop == "fit":
@@ -89,33 +100,37 @@ class Side:
         self.monitor.tick(0)
 
 
-def one(model, loop, policy, args) -> dict:
-    """Both sides of one configuration, in this process."""
-    work = tempfile.mkdtemp(prefix="bench-sentinel-")
+def built_side(model, loop, policy, sentinel: bool, args, work: str) -> Side:
+    """One side in its own process (``interleave``), warmed up: every trace made, and the
+    sentinel's layer probe traced once (it is not what is timed)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, ROOT)
     with contextlib.redirect_stdout(sys.stderr):
-        sides = {"on": Side(model, loop, policy, True, args, os.path.join(work, "a")),
-                 "off": Side(model, loop, policy, False, args, os.path.join(work, "b"))}
-    for _ in range(args.warmup):
-        for s in sides.values():
-            s.epoch()
-    if sides["on"].monitor.watch is not None:   # the probe's one trace, not timed
-        sides["on"].monitor.watch.probe_if_due(10 ** 9)
-    pairs = []
-    clock = time.perf_counter
-    for i in range(args.pairs):
-        order = ["on", "off"] if i % 2 == 0 else ["off", "on"]
-        got = {}
-        for name in order:
-            t = clock()
-            sides[name].step()
-            got[name] = clock() - t
-        pairs.append(got)
-    watch = sides["on"].monitor.watch
-    out = {"model": model, "loop": loop, "policy": policy, "pairs": len(pairs),
-           "probe_seconds": watch.probe_seconds if watch else None,
-           "median_cost_wall": statistics.median(p["on"] / p["off"] - 1.0 for p in pairs),
-           "median_step_ms_off": 1e3 * statistics.median(p["off"] for p in pairs),
-           "median_step_ms_on": 1e3 * statistics.median(p["on"] for p in pairs)}
+        side = Side(model, loop, policy, sentinel, args, work)
+        for _ in range(args.warmup):
+            side.epoch()
+        if side.monitor.watch is not None:
+            side.monitor.watch.probe_if_due(10 ** 9)
+        side.step()
+    return side
+
+
+def one(model, loop, policy, args) -> dict:
+    """The sentinel on and off (and with ``--control`` a second 'off') for one configuration."""
+    work = tempfile.mkdtemp(prefix="bench-sentinel-")
+    sides = {"on": (model, loop, policy, True, args, os.path.join(work, "on")),
+             "off": (model, loop, policy, False, args, os.path.join(work, "off"))}
+    if args.control:
+        sides["off'"] = (model, loop, policy, False, args, os.path.join(work, "off2"))
+    times, reports = interleave.compare(built_side, sides, args.rounds, args.block, args.copies)
+    out = {"model": model, "loop": loop, "policy": policy, "rounds": args.rounds,
+           "block": args.block, "copies": args.copies,
+           "probe_seconds": reports["on"].get("probe_seconds"),
+           "median_cost_wall": interleave.median_cost(times, "on", "off"),
+           "median_step_ms_off": 1e3 * statistics.median(times["off"]),
+           "median_step_ms_on": 1e3 * statistics.median(times["on"])}
+    if args.control:
+        out["control_a_a"] = interleave.median_cost(times, "off'", "off")
     return out
 
 
@@ -149,7 +164,11 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="mlp,cnn")
     p.add_argument("--loops", default="fit,custom")
     p.add_argument("--policies", default="float32,mixed_float16")
-    p.add_argument("--pairs", type=int, default=1000, help="steps on and off, in turn")
+    p.add_argument("--rounds", type=int, default=60, help="blocks of steps of each side, in turn")
+    p.add_argument("--block", type=int, default=20, help="steps in a row per side and round")
+    p.add_argument("--copies", type=int, default=2, help="processes per side")
+    p.add_argument("--control", action="store_true",
+                   help="also time a second 'off' side: the A/A difference, the noise floor")
     p.add_argument("--samples", type=int, default=2048, help="samples per block (one epoch)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--log-every", type=int, default=100)
@@ -157,31 +176,25 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--diagnosis-models", default="mlp,cnn,resnet")
     p.add_argument("--output", default=None)
-    p.add_argument("--one", default=None, help=argparse.SUPPRESS)   # MODEL,LOOP,POLICY child
     p.add_argument("--diagnose", default=None, help=argparse.SUPPRESS)   # MODEL child
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if args.one:
-        print(json.dumps(one(*args.one.split(","), args)))
-        return 0
     if args.diagnose:
         print(json.dumps(diagnosis_seconds(args.diagnose)))
         return 0
     work = args.output or tempfile.mkdtemp(prefix="bench-sentinel-")
     os.makedirs(work, exist_ok=True)
-    common = ["--pairs", str(args.pairs), "--samples", str(args.samples), "--batch-size",
-              str(args.batch_size), "--log-every", str(args.log_every), "--numerics-every",
-              str(args.numerics_every), "--warmup",
-              str(args.warmup)]
     results, diagnoses = [], []
     for model in filter(None, args.models.split(",")):
         for loop in args.loops.split(","):
             for policy in args.policies.split(","):
-                results.append(_child(["--one", f"{model},{loop},{policy}", *common]))
+                results.append(one(model, loop, policy, args))
                 r = results[-1]
+                control = (f" (A/A control {100 * r['control_a_a']:+.1f}%)" if args.control
+                           else "")
                 print(f"{model:6s} {loop:6s} {policy:14s} step {r['median_step_ms_off']:7.2f} ms "
                       f"off, {r['median_step_ms_on']:7.2f} ms on; sentinel cost (median of "
-                      f"pairs) {100 * r['median_cost_wall']:+5.1f}%", flush=True)
+                      f"rounds) {100 * r['median_cost_wall']:+5.1f}%{control}", flush=True)
     for model in filter(None, args.diagnosis_models.split(",")):
         diagnoses.append(_child(["--diagnose", model]))
         d = diagnoses[-1]

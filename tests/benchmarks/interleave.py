@@ -1,0 +1,88 @@
+"""Set-ups timed side by side: each in a process of its own, a block of units each in turn.
+
+Why processes, and why blocks.  Two identical ``tfmp train`` set-ups built in one process and
+stepped in turn (one step each) do not run alike: on this project's 2-core machines the one
+built first ran 4-7% faster than the others, run after run, and whichever side a benchmark
+built first got that for free (an A/A comparison, the same set-up twice, says so; ``--control``
+in the benchmarks that use this).  In processes of their own, each side owns its memory and
+caches; a block of ``block`` units back to back is a training loop's steady state, and the
+blocks of a round share the machine's state, so a slower minute slows every side of the round.
+Several processes per side (``copies``) average out what one process's placement gives it.
+
+Each side is built by ``build(*args)`` in its child (a module-level function, so that the
+``spawn`` start method can find it), which returns an object with ``unit()`` (one step, one
+update: what is timed) and optionally ``report()`` (a dict sent back at the end).  The
+child warms the side up before the first round: ``build`` takes care of that.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import random
+import statistics
+import time
+from typing import Callable, Dict, List, Tuple
+
+
+def _child(conn, build, args) -> None:
+    try:
+        side = build(*args)
+    except BaseException as exc:   # the parent says which side failed, with what
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        raise
+    conn.send(("ready", None))
+    clock = time.perf_counter
+    while True:
+        block = conn.recv()
+        if block is None:
+            report = getattr(side, "report", None)
+            conn.send(report() if report else {})
+            return
+        t0 = clock()
+        for _ in range(block):
+            side.unit()
+        conn.send((clock() - t0) / block)
+
+
+def compare(build: Callable, sides: Dict[str, Tuple], rounds: int, block: int,
+            copies: int = 2, seed: int = 0) -> Tuple[Dict[str, List[float]], Dict[str, dict]]:
+    """Time every side (name: the args of ``build``) ``rounds`` times, ``block`` units each,
+    in ``copies`` processes per side, in a shuffled order each round.  Returns (per side,
+    the seconds per unit of each round, averaged over its copies; per side, the first
+    copy's ``report()``)."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = []
+    for name, args in sides.items():
+        for _ in range(copies):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_child, args=(child, build, args), daemon=True)
+            proc.start()
+            procs.append((name, parent, proc))
+    try:
+        for name, conn, _ in procs:
+            kind, detail = conn.recv()
+            if kind != "ready":
+                raise SystemExit(f"side {name!r} could not be built: {detail}")
+        order = random.Random(seed)
+        times: Dict[str, List[float]] = {name: [] for name in sides}
+        for _ in range(rounds):
+            got = {name: [] for name in sides}
+            for name, conn, _ in order.sample(procs, len(procs)):
+                conn.send(block)
+                got[name].append(conn.recv())
+            for name, values in got.items():
+                times[name].append(statistics.fmean(values))
+        reports: Dict[str, dict] = {}
+        for name, conn, proc in procs:
+            conn.send(None)
+            reports.setdefault(name, conn.recv())
+            proc.join(timeout=60)
+        return times, reports
+    finally:
+        for _, _, proc in procs:
+            if proc.is_alive():
+                proc.kill()
+
+
+def median_cost(times: Dict[str, List[float]], side: str, base: str, scale: float = 1.0) -> float:
+    """The median over the rounds of (``side`` / (``scale`` x ``base``) - 1)."""
+    return statistics.median(a / (scale * b) - 1.0 for a, b in zip(times[side], times[base]))
