@@ -28,13 +28,10 @@ def run(args) -> int:
 
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     cfg = resolve_config(flags)  # UsageError -> exit 2 (before TensorFlow is even imported)
-    from app.training.config import check_accumulation_strategy
-    from app.training.distribute import choose_strategy, parse_logical_cpus, parse_tf_config
+    from app.training.distribute import parse_logical_cpus, parse_tf_config
 
     cluster = parse_tf_config(os.environ.get("TF_CONFIG"))  # malformed: exit 2, no TF import
     parse_logical_cpus(os.environ)
-    # Only the GPU count is unknown here, and it decides nothing about multi-worker.
-    check_accumulation_strategy(cfg, choose_strategy(cfg.strategy, 0, cluster).kind)
 
     code = _train(cfg)
     if cluster is not None and cluster.num_workers > 1:

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from app.precision import loss_scale
-from app.training.config import check_accumulation, check_accumulation_strategy
+from app.training.config import check_accumulation
 from app.training.sentinel import FitView
 
 _ON_READ = tf.VariableSynchronization.ON_READ
@@ -46,7 +46,6 @@ def resolve(cfg, dist):
     """``cfg`` with ``accumulate`` and ``global_batch`` resolved for the replicas ``dist``
     (``app.training.distribute.Distribution``) has; UsageError for what cannot be."""
     n = check_accumulation(cfg, dist.replicas)
-    check_accumulation_strategy(cfg, dist.choice.kind, n)
     return dataclasses.replace(cfg, accumulate=n, global_batch=dist.global_batch * n)
 
 

@@ -277,17 +277,6 @@ def check_accumulation(cfg: TrainConfig, replicas: int | None = None) -> int:
     return total // micro
 
 
-def check_accumulation_strategy(cfg: TrainConfig, strategy_kind: str, n: int | None = None) -> None:
-    """Accumulation with the multi-worker strategy is refused (UsageError): its restarts
-    (Keras' BackupAndRestore, the custom loop's backup) resume at epoch boundaries, and its
-    workers' groups are not checked to agree.  ``n`` None: ``--accumulate`` as given."""
-    n = cfg.accumulate or 1 if n is None else n
-    if n > 1 and strategy_kind == "multi-worker":
-        raise UsageError(f"accumulate {n} cannot be used with the multi-worker strategy",
-                         "--accumulate/--global-batch with --strategy one or mirrored, or "
-                         "multi-worker without them")
-
-
 def check_output_writable(path: str) -> None:
     """Fail early, without creating anything, if ``path`` cannot be made and written."""
     probe = os.path.abspath(path)

@@ -20,11 +20,12 @@ def run_fit(run, parts, recorder, monitor, start_epoch: int, skip: int = 0):
     """``run``: ``training.Prepared``; ``parts``: ``training.TrainingParts``; ``skip``: the
     batches of the first epoch a resumed run already trained."""
     cfg = run.config
-    steps.compile_for_fit(parts, cfg.jit, cfg.steps_per_execution)
+    per_call = steps.fit_steps_per_execution(cfg, run.dist.replicas)
+    steps.compile_for_fit(parts, cfg.jit, per_call)
     callbacks = [_EpochCallback(parts, recorder, monitor)]
     profiler = profiling.make(run)
     if profiler is not None:   # batch hooks only when profiling
-        callbacks.append(profiling.ProfileCallback(profiler, cfg.steps_per_execution))
+        callbacks.append(profiling.ProfileCallback(profiler, per_call))
     train_ds, val_ds = run.bundle.train, run.bundle.val
     if run.dist.multi_worker:
         # Keras 2 only (Keras 3 runs multi-worker jobs in the custom loop): Keras'

@@ -89,10 +89,10 @@ class SentinelState:
         gradients alone decide."""
         grads = list(grads)
         latched = self.fault[0] >= 0
+        free = tf.logical_not(latched)
         replica = _replica_index()
         stashed = [] if batch is None else self.stash.keep(replica, batch, unless=latched)
-        loss_ok = tf.constant(True) if loss is None else loss_scale.agreed(
-            tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32))))
+        loss_ok = tf.constant(True) if loss is None else loss_scale.agreed(_finite(loss))
         step = self.stats.steps + 1
         none, forward = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
         update = None
@@ -108,14 +108,14 @@ class SentinelState:
         else:
             before, skipped = tf.constant(1.0), None
             grads_ok = loss_scale.agreed(loss_scale.sum_finite(grads))
-            ok = tf.logical_and(tf.logical_not(latched), tf.logical_and(loss_ok, grads_ok))
+            ok = tf.logical_and(free, tf.logical_and(loss_ok, grads_ok))
             if accumulated:
                 _, update = apply(grads, ok)
             else:
                 _apply_if(ok, lambda *g: apply(list(g)), grads)
             code = tf.where(loss_ok, tf.where(grads_ok, none, tf.constant(2, tf.int64)), forward)
         if batch is not None and replica == 0:
-            self._latch(tf.logical_and(tf.logical_not(latched), code > 0), code, step, before,
+            self._latch(tf.logical_and(free, code > 0), code, step, before,
                         stashed, position)
         return grads, skipped, update
 
@@ -141,6 +141,12 @@ class SentinelState:
         value = tf.stack([step, code, _scale_bits(scale), micro])
         with tf.control_dependencies(stashed):
             self.fault.assign(tf.where(new, value, self.fault), read_value=False)
+
+
+def _finite(loss):
+    """Is the loss finite (every element of a loss that is not a scalar)."""
+    ok = tf.math.is_finite(tf.cast(loss, tf.float32))
+    return ok if ok.shape.rank == 0 else tf.reduce_all(ok)
 
 
 def _scale_bits(scale):

@@ -91,6 +91,18 @@ class _LossMetric:
         return float("nan")
 
 
+def fit_steps_per_execution(cfg, replicas: int = 1) -> int:
+    """fit's steps per tf.function call: ``--steps-per-execution`` when it says more than 1,
+    else on one replica under ``--accumulate N`` the N micro-batches of a group, so that
+    Keras' per-call work is paid once per update, as for the plain batch.  Not with several
+    replicas: Keras 3 (3.15) cannot run the update's cross-replica cond inside its multi-step
+    loop ("You must feed a value for placeholder tensor")."""
+    asked = int(cfg.steps_per_execution or 1)
+    if asked > 1 or replicas > 1:
+        return asked
+    return max(1, int(cfg.accumulate or 1))
+
+
 def compile_for_fit(parts, jit: bool, steps_per_execution: int) -> None:
     """Compile ``parts.model`` for Keras' fit with the task's loss and metrics and the step
     statistics recorded inside the train step (tests/benchmarks time exactly this)."""

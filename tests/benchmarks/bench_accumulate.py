@@ -36,13 +36,13 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: paths.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # interleave.py beside it
 from paths import root_on_path  # noqa: E402  the repository root (tests/paths.py)
+import interleave  # noqa: E402
 ROOT = str(root_on_path())  # this checkout's app
 
 TARGET = 0.05
@@ -66,8 +66,9 @@ class Side:
         recorder = job.make_recorder(self.run, self.parts, {}).open()
         self.monitor = job.make_monitor(self.run, self.parts, recorder)
         self.loop = loop
-        if loop == "fit":
-            step.compile_for_fit(self.parts, False, 1)
+        if loop == "fit":   # as run_fit compiles it: a group's micro-batches in one call
+            self.per_call = step.fit_steps_per_execution(self.run.config, self.run.dist.replicas)
+            step.compile_for_fit(self.parts, False, self.per_call)
         else:
             self.custom = step.CustomSteps(self.parts, False)
             self.data = distribute.distribute_dataset(self.run.dist, self.run.bundle.train)
@@ -91,7 +92,7 @@ class Side:
         if self.loop == "fit":
             if not hasattr(self, "batches"):
                 self.batches = iter(self.run.bundle.train.repeat())
-            for _ in range(n):
+            for _ in range(-(-n // self.per_call)):
                 self.parts.model.train_function(self.batches)
             return
         if not hasattr(self, "batches"):
@@ -103,40 +104,53 @@ class Side:
             self.monitor.tick(0)
 
 
-def one(model, loop, policy, args) -> dict:
-    """Every side of one configuration, in this process."""
-    work = tempfile.mkdtemp(prefix="bench-accumulate-")
-    ns = [1] + [int(n) for n in args.accumulate.split(",")]
-    keys = [str(n) for n in ns] + ([f"p{n}" for n in ns[1:]] if args.split else [])
+class _Updates:
+    """What ``interleave`` times: one optimizer update of a side (``n`` micro-batch steps)."""
+
+    def __init__(self, side: Side, n: int):
+        self.side, self.n = side, n
+
+    def unit(self):
+        self.side.update(self.n)
+
+    def report(self) -> dict:
+        return {"updates": self.side.updates()}
+
+
+def built_side(model, loop, policy, n: int, accumulate: bool, args, work: str) -> _Updates:
+    """One side in its own process (``interleave``), warmed up: every trace made."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, ROOT)
     with contextlib.redirect_stdout(sys.stderr):
-        sides = {k: Side(model, loop, policy, int(k.lstrip("p")), args, work,
-                         accumulate=not k.startswith("p")) for k in keys}
-    for _ in range(args.warmup):
-        for s in sides.values():
-            s.epoch()
-    before = {k: s.updates() for k, s in sides.items()}
-    rounds = []
-    clock = time.perf_counter
-    for i in range(args.pairs):
-        # One update of each side in turn (the order rotates): neighbours share the machine.
-        order = keys[i % len(keys):] + keys[:i % len(keys)]
-        got = {}
-        for k in order:
-            t = clock()
-            sides[k].update(int(k) if not k.startswith("p") else 1)
-            got[k] = clock() - t
-        rounds.append(got)
+        side = Side(model, loop, policy, n, args, work, accumulate=accumulate)
+        for _ in range(args.warmup):
+            side.epoch()
+        updates = _Updates(side, n if accumulate else 1)
+        updates.unit()
+    return updates
+
+
+def one(model, loop, policy, args) -> dict:
+    """Every side of one configuration: the plain global batch, each N, and with ``--split``
+    the plain micro-batch of each N."""
+    work = tempfile.mkdtemp(prefix="bench-accumulate-")
+    ns = [int(n) for n in args.accumulate.split(",")]
+    sides = {"1": (model, loop, policy, 1, True, args, os.path.join(work, "n1"))}
+    for n in ns:
+        sides[str(n)] = (model, loop, policy, n, True, args, os.path.join(work, f"n{n}"))
+        if args.split:
+            sides[f"p{n}"] = (model, loop, policy, n, False, args, os.path.join(work, f"p{n}"))
+    times, reports = interleave.compare(built_side, sides, args.rounds, args.block, args.copies)
     # Every accumulating side made as many updates as the plain batch: the same global batch.
-    updates = {k: s.updates() - before[k] for k, s in sides.items()}
-    assert len({updates[str(n)] for n in ns}) == 1, updates
+    assert len({reports[str(n)]["updates"] for n in [1] + ns}) == 1, reports
     out = {"model": model, "loop": loop, "policy": policy, "global_batch": args.global_batch,
-           "pairs": len(rounds), "median_ms_per_update_plain":
-           1e3 * statistics.median(r["1"] for r in rounds)}
-    for n in ns[1:]:
-        out[f"n{n}_median_cost"] = statistics.median(r[str(n)] / r["1"] - 1.0 for r in rounds)
+           "rounds": args.rounds, "block": args.block, "copies": args.copies,
+           "median_ms_per_update_plain": 1e3 * statistics.median(times["1"])}
+    for n in ns:
+        out[f"n{n}_median_cost"] = interleave.median_cost(times, str(n), "1")
         if args.split:   # the accumulation's own part: N plain micro-batch updates
-            out[f"n{n}_vs_micro"] = statistics.median(
-                r[str(n)] / (n * r[f"p{n}"]) - 1.0 for r in rounds)
+            out[f"n{n}_vs_micro"] = interleave.median_cost(times, str(n), f"p{n}", scale=n)
+            out[f"n{n}_micro_vs_plain"] = interleave.median_cost(times, f"p{n}", "1", scale=1 / n)
     return out
 
 
@@ -147,35 +161,30 @@ def main(argv=None) -> int:
     p.add_argument("--policies", default="float32")
     p.add_argument("--accumulate", default="2,4", help="the N compared with the plain batch")
     p.add_argument("--global-batch", type=int, default=2048)
-    p.add_argument("--pairs", type=int, default=300, help="updates of each side, in turn")
+    p.add_argument("--rounds", type=int, default=40, help="blocks of updates of each side, in turn")
+    p.add_argument("--block", type=int, default=5, help="updates in a row per side and round")
+    p.add_argument("--copies", type=int, default=2, help="processes per side")
     p.add_argument("--samples", type=int, default=8192, help="samples of the warm-up epoch")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--split", action="store_true",
                    help="also time the plain micro-batch: the accumulation's own cost")
     p.add_argument("--output", default=None)
-    p.add_argument("--one", default=None, help=argparse.SUPPRESS)   # MODEL,LOOP,POLICY child
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if args.one:
-        print(json.dumps(one(*args.one.split(","), args)))
-        return 0
     work = args.output or tempfile.mkdtemp(prefix="bench-accumulate-")
     os.makedirs(work, exist_ok=True)
-    common = ["--pairs", str(args.pairs), "--samples", str(args.samples), "--global-batch",
-              str(args.global_batch), "--accumulate", args.accumulate, "--log-every",
-              str(args.log_every), "--warmup", str(args.warmup)] + (["--split"] if args.split
-                                                                    else [])
     results = []
     ns = [int(n) for n in args.accumulate.split(",")]
     for model in filter(None, args.models.split(",")):
         for loop in args.loops.split(","):
             for policy in args.policies.split(","):
-                results.append(_child(["--one", f"{model},{loop},{policy}", *common]))
+                results.append(one(model, loop, policy, args))
                 r = results[-1]
                 costs = "; ".join(
                     f"N={n}: {100 * r[f'n{n}_median_cost']:+5.1f}%" + (
-                        f" (vs N updates of the micro-batch: {100 * r[f'n{n}_vs_micro']:+5.1f}%)"
+                        f" (vs N updates of the micro-batch: {100 * r[f'n{n}_vs_micro']:+5.1f}%;"
+                        f" the micro-batch's own: {100 * r[f'n{n}_micro_vs_plain']:+5.1f}%)"
                         if args.split else "") for n in ns)
                 print(f"{model:6s} {loop:6s} {policy:14s} B={args.global_batch} plain update "
                       f"{r['median_ms_per_update_plain']:7.1f} ms; {costs}", flush=True)
@@ -188,14 +197,6 @@ def main(argv=None) -> int:
     print(f"JSON: {path}")
     print("targets: all met" if not missed else "targets MISSED: " + "; ".join(missed))
     return 1 if missed else 0
-
-
-def _child(extra) -> dict:
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *extra],
-                          capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"child {extra} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

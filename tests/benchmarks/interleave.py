@@ -56,10 +56,14 @@ def compare(build: Callable, sides: Dict[str, Tuple], rounds: int, block: int,
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_child, args=(child, build, args), daemon=True)
             proc.start()
+            child.close()   # the parent's copy: a child that dies is then an EOFError here
             procs.append((name, parent, proc))
     try:
-        for name, conn, _ in procs:
-            kind, detail = conn.recv()
+        for name, conn, proc in procs:
+            try:
+                kind, detail = conn.recv()
+            except EOFError:
+                kind, detail = "error", f"its process ended with exit status {proc.exitcode}"
             if kind != "ready":
                 raise SystemExit(f"side {name!r} could not be built: {detail}")
         order = random.Random(seed)
@@ -75,12 +79,11 @@ def compare(build: Callable, sides: Dict[str, Tuple], rounds: int, block: int,
         for name, conn, proc in procs:
             conn.send(None)
             reports.setdefault(name, conn.recv())
-            proc.join(timeout=60)
         return times, reports
-    finally:
+    finally:   # a TensorFlow process can linger in its exit: nothing of it is needed now
         for _, _, proc in procs:
-            if proc.is_alive():
-                proc.kill()
+            proc.kill()
+            proc.join()
 
 
 def median_cost(times: Dict[str, List[float]], side: str, base: str, scale: float = 1.0) -> float:

@@ -37,9 +37,6 @@ def assert_usage_error(proc, needle, *not_created):
     (["--global-batch", "100", "--batch-size", "32"],
      "global_batch 100 is not a multiple of the micro-batch 32 (--batch-size 32); allowed: "
      "--global-batch 96 or 128"),
-    (["--strategy", "multi-worker", "--accumulate", "2"],
-     "accumulate 2 cannot be used with the multi-worker strategy; allowed: "
-     "--accumulate/--global-batch with --strategy one or mirrored"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])
 def test_bad_flags(tmp_path, args, needle):

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tests.paths import ROOT
@@ -156,6 +157,39 @@ def test_two_workers_on_localhost_finish_and_only_the_chief_writes(tmp_path):
                  if "workertemp" in n]
     assert leftovers == []
     assert m["model_path"] and os.path.exists(m["model_path"])
+
+
+def _final_weights(out):
+    import tensorflow as tf
+
+    model = tf.keras.models.load_model(_metrics(out)["model_path"], compile=False)
+    return [w.numpy() for w in model.weights]
+
+
+def test_two_workers_accumulating_two_micro_batches_update_as_the_plain_batch(tmp_path):
+    """--accumulate 2 under MultiWorkerMirroredStrategy: each update is the mean over both
+    workers' two micro-batches of 8, the 32 samples a plain two-worker step of 16 trains
+    on, so both jobs (run side by side) end with the same weights."""
+    ports = free_ports(4)
+    plain, acc = tmp_path / "plain", tmp_path / "acc"
+    common = [*COMMON[:-4], "--max-val-samples", "32", "--loop", LOOP, "--precision", "float32",
+              "--epochs", "1", "--max-train-samples", "256", "--log-every", "1"]
+    procs = [_app([*common, "--batch-size", "16", "--output", str(plain)],
+                  _env({"TF_CONFIG": tf_config(ports[:2], i)}), tmp_path / f"p{i}.log")
+             for i in range(2)]
+    procs += [_app([*common, "--batch-size", "8", "--accumulate", "2", "--output", str(acc)],
+                   _env({"TF_CONFIG": tf_config(ports[2:], i)}), tmp_path / f"a{i}.log")
+              for i in range(2)]
+    codes = _wait(procs, 400)
+    logs = [_read(tmp_path / f"{t}{i}.log") for t in "pa" for i in range(2)]
+    assert codes == [0, 0, 0, 0], "\n=====\n".join(log[-2500:] for log in logs)
+    m = _metrics(acc)
+    assert m["distribute"]["strategy"] == "multi-worker"
+    assert m["accumulation"] == {"micro_batch": 16, "accumulate": 2, "global_batch": 32}
+    assert [r["step"] for r in m["steps"]] == list(range(1, 256 // 32 + 1))   # updates
+    assert [r["step"] for r in _metrics(plain)["steps"]] == list(range(1, 256 // 32 + 1))
+    for a, b in zip(_final_weights(acc), _final_weights(plain)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_killed_worker_restarted_resumes_from_the_backup(tmp_path):
