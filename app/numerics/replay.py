@@ -9,7 +9,8 @@ finite magnitude, its inputs' largest, and whether the gradients through its out
 inputs are; then each variable's gradient and each sample's loss.  The backward pass
 differentiates the loss times the loss scale the failing step ran with, so a float16
 gradient overflows where training's did.  The pass runs with ``training=True``, as the
-step did (dropout draws anew; BatchNormalization's moving statistics take one more step).
+step did (dropout draws anew); the model's non-trainable state (BatchNormalization's moving
+statistics) is put back afterwards (``state_kept``).
 """
 from __future__ import annotations
 
@@ -203,10 +204,25 @@ def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis
                     "an update sent the weights out of range: lower --learning-rate (by 10x or "
                     "more), or clip the gradients (clipnorm= on your optimizer)",
                     float32_finite=False)
-    run = run_pass(model, loss_fn, entries, x, y, fault.loss_scale)
-    with all_float32(entries, model):
-        f32 = run_pass(model, loss_fn, entries, x, y, 1.0)
+    with state_kept(model):
+        run = run_pass(model, loss_fn, entries, x, y, fault.loss_scale)
+        with all_float32(entries, model):
+            f32 = run_pass(model, loss_fn, entries, x, y, 1.0)
     return _verdict(run, f32, failed, done, model)
+
+
+@contextlib.contextmanager
+def state_kept(model):
+    """The model's non-trainable state (BatchNormalization's moving statistics, any layer's
+    counters) as it was before the replay: the passes run with ``training=True`` and would
+    move it, with a non-finite batch into NaN, and the state that failed is the user's to
+    examine (``app.train``) after the report."""
+    kept = [(v, tf.identity(v)) for v in model.non_trainable_variables]
+    try:
+        yield
+    finally:
+        for v, value in kept:
+            v.assign(value)
 
 
 def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model):
