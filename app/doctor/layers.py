@@ -109,8 +109,10 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs,
                 WARNING, "variable_dtype", path,
                 f"its variables are {row['variable_dtype']} (policy {row['policy']}): small "
                 "weight updates are lost when the weights themselves are 16-bit",
-                f"use the mixed policy (dtype='{policy if mixed else 'mixed_float16'}' or no "
-                "dtype at all): float32 variables, 16-bit math"))
+                f"without editing the model: {f32_flag([path])} (the layer is made again "
+                f"with float32 variables, its weights kept); or give it the mixed policy "
+                f"(dtype='{policy if mixed else 'mixed_float16'}' or no dtype at all): float32 "
+                "variables, 16-bit math"))
     if mixed:
         findings += _float32_layers(entries, computing, by_path, policy, chosen)
         upcasting = [p for p, l, _ in computing if by_path[p]["compute_dtype"] in SIXTEEN

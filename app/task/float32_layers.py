@@ -10,7 +10,9 @@ path when only one layer has them, such as its plain name) and given the float32
 whole.  That is the same as a clone of the model with those layers' ``dtype='float32'``: their
 variables are float32 under every mixed policy already, so the weights stay, only the dtype
 their calls compute in changes (the layers after them cast back to 16 bits as they would
-after any float32 layer), and Keras saves each layer's policy with the model.
+after any float32 layer), and Keras saves each layer's policy with the model.  A layer whose
+variables were made 16-bit (Keras 2's Normalization in EfficientNet, dtype='float16') is made
+again: the model is cloned with that layer in float32 and the weights carried over.
 
 ``flag(paths)`` is the exact flag for layers that should be float32: ``check``'s findings
 print it, as does anything else that names such a layer.
@@ -131,36 +133,86 @@ def resolve(model, names: Sequence[str], spec: str) -> List[Tuple[str, Any]]:
     return found
 
 
-def apply(model, names: Sequence[str], spec: str) -> List[str]:
+def apply(model, names: Sequence[str], spec: str) -> Tuple[Any, List[str]]:
     """Give the layers ``names`` name (and, for a nested model or a layer of layers, every
-    layer inside it) the float32 policy; returns their full paths.  Call it after the model
-    function returned and before the model's first call (``Task.build``)."""
+    layer inside it) the float32 policy; returns (the model, their full paths).  Call it
+    after the model function returned and before the model's first call (``Task.build``).
+    The model is ``model`` itself, or, when a layer named made its variables 16-bit, its
+    clone with that layer made again in float32 (``_rebuilt``)."""
     if not names:
-        return []
+        return model, []
     from app.precision.layer_policy import set_policy
     from app.task import model_layers
 
     found = resolve(model, names, spec)
-    for path, layer in found:
-        _check_variables(path, layer, spec)
+    sixteen = [path for path, layer in found if _sixteen_bit(layer)]
+    if sixteen:
+        model = _rebuilt(model, sixteen, spec)
+        found = resolve(model, [path for path, _layer in found], spec)   # the clone's
     for _path, layer in found:
         set_policy(layer, "float32")
         for _inner_path, inner, _parent in model_layers.walk(layer):
             set_policy(inner, "float32")
-    return [path for path, _layer in found]
+    return model, [path for path, _layer in found]
 
 
-def _check_variables(path: str, layer, spec: str) -> None:
-    """A layer whose variables are 16-bit (made in its compute dtype when the model was
-    built, as Keras 2's Normalization does, or dtype='float16') cannot compute in float32
-    with them: a clone would make them again, a built layer keeps them.  One line instead
-    of a dtype clash in its first call."""
-    sixteen = sorted({str(getattr(w.dtype, "name", w.dtype)) for w in layer.weights}
-                     & {"float16", "bfloat16"})
-    if sixteen:
-        raise UsageError(
-            f"{FLAG} {path!r}: model {spec!r} made that layer's variables "
-            f"{'/'.join(sixteen)} (in its 16-bit dtype, when the model was built), so it "
-            "cannot compute in float32 without being built again",
-            "the layers after it (such as the output layer); or give that layer "
-            "dtype='float32' where the model is built")
+def _sixteen_bit(layer) -> List[str]:
+    """The 16-bit dtypes of ``layer``'s variables: made in its compute dtype when the model
+    was built (Keras 2's Normalization, as in EfficientNet; or dtype='float16')."""
+    return sorted({str(getattr(w.dtype, "name", w.dtype)) for w in layer.weights}
+                  & {"float16", "bfloat16"})
+
+
+def _rebuilt(model, paths: Sequence[str], spec: str):
+    """A built layer keeps its variables, so one whose variables are 16-bit cannot compute
+    in float32 as it is: the model is cloned (``clone_model``) with those layers made again
+    from their config with dtype='float32', and every layer's weights carried over (cast
+    to the clone's dtypes).  A layer inside a nested model, or a model that is not a graph
+    of layers (a subclassed model), cannot be cloned so: one line."""
+    import numpy as np
+    import tensorflow as tf
+
+    top = {layer.name for layer in getattr(model, "layers", [])}
+    inner = [p for p in paths if p not in top]
+    if inner or not _is_graph_model(model):
+        raise _cannot_rebuild(model, (inner or list(paths))[0], spec,
+                              "a layer of a nested model" if inner else "a subclassed model")
+    remade = set(paths)
+
+    def clone(layer):
+        config = layer.get_config()
+        if layer.name in remade:
+            config["dtype"] = "float32"
+        return layer.__class__.from_config(config)
+    try:
+        fresh = tf.keras.models.clone_model(model, clone_function=clone)
+    except Exception as exc:   # a custom layer without a working get_config, and the like
+        raise _cannot_rebuild(model, paths[0], spec, f"cloning it failed: {exc}") from None
+    for old, new in zip(model.layers, fresh.layers):
+        new.set_weights([np.asarray(w).astype(_numpy_dtype(v))
+                         for w, v in zip(old.get_weights(), new.weights)])
+    return fresh
+
+
+def _is_graph_model(model) -> bool:
+    """A Functional or Sequential model (a graph of layers ``clone_model`` can remake)."""
+    return bool(getattr(model, "_is_graph_network", False)) or \
+        type(model).__name__ in ("Functional", "Sequential")
+
+
+def _numpy_dtype(variable):
+    dtype = variable.dtype
+    return getattr(dtype, "as_numpy_dtype", None) or getattr(dtype, "name", dtype)
+
+
+def _cannot_rebuild(model, path: str, spec: str, why: str):
+    from app.task import model_layers
+
+    layer = {p: lay for p, lay, _parent in model_layers.walk(model)}.get(path)
+    dtypes = "/".join(_sixteen_bit(layer)) if layer is not None else "16-bit"
+    return UsageError(
+        f"{FLAG} {path!r}: model {spec!r} made that layer's variables {dtypes} (in its "
+        f"16-bit dtype, when the model was built), and the model cannot be made again with "
+        f"them in float32 ({why})",
+        "the layers after it (such as the output layer); or give that layer "
+        "dtype='float32' where the model is built")

@@ -122,13 +122,14 @@ class Task:
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
         model = _call_model(self.model, bundle)
-        float32_paths = _before_first_call(model, self.float32_layers, self.model.spec)
+        # Read before --float32-layers may clone the model (a clone is not compiled).
+        compiled_loss, compiled_metrics, optimizer = _compiled_parts(model)
+        model, float32_paths = _before_first_call(model, self.float32_layers, self.model.spec)
         # One forward pass on a few samples: it builds a subclassed model, and its output
         # gives the unit count, the dtype and whether the outputs are probabilities.
         prediction = (_forward(model, sample_batch[0], self.model.spec)
                       if sample_batch is not None else None)
         units = _output_units(model, prediction)
-        compiled_loss, compiled_metrics, optimizer = _compiled_parts(model)
         _check_output_fits(units, bundle, self.model.spec, self.dataset.spec)
         notes: list = []
         loss_fn = losses.make_loss(self.loss_spec if self.loss_spec is not None else compiled_loss,
@@ -152,12 +153,13 @@ def _before_first_call(model, float32_layers, spec: str) -> list:
     """The float32 layers set (so every step traces them in float32, and the kernels check
     sees the dtypes the model will run in), then the kernels check: a layer whose dtype this
     TensorFlow has no kernels for here (bfloat16 convolutions on TF 2.9 without AVX-512) is
-    one line, not "your code raised".  Returns the float32 layers' full paths."""
+    one line, not "your code raised".  Returns (the model, which ``f32.apply`` may have
+    cloned, the float32 layers' full paths)."""
     from app.task import model_layers
 
-    paths = f32.apply(model, float32_layers, spec)
+    model, paths = f32.apply(model, float32_layers, spec)
     model_layers.check_model(model, spec)
-    return paths
+    return model, paths
 
 
 def _check_pairing(model: ModelEntry, dataset: DatasetEntry) -> None:

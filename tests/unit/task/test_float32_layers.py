@@ -217,19 +217,49 @@ def test_nested_layers_by_path_and_an_ambiguous_name(policy_kept):
                                  "layers of that name (a/head, b/head); allowed: one layer's "
                                  "full path, e.g. a/head")
     model = build()
-    assert apply(model, ["b/head"], "nets.py:build") == ["b/head"]
+    assert apply(model, ["b/head"], "nets.py:build") == (model, ["b/head"])
     seen = _dtypes(model, lambda: model(tf.ones((2, 4))))
     assert (seen["a/head"], seen["b/head"], seen["b/tail"]) == ("float16", "float32", "float16")
     model = build()
-    assert apply(model, ["a"], "nets.py:build") == ["a"]   # a nested model: all of it
+    assert apply(model, ["a"], "nets.py:build") == (model, ["a"])   # a nested model: all of it
     assert policy_name(model.get_layer("a").get_layer("head")) == "float32"
     assert policy_name(model.get_layer("b").get_layer("head")) == "mixed_float16"
 
 
-def test_a_layer_with_16_bit_variables_is_refused_in_one_line(policy_kept):
+def test_a_layer_with_16_bit_variables_is_made_again_in_float32_with_its_weights(policy_kept):
     """Keras 2's Normalization (EfficientNet's 'normalization') makes its variables in its
-    compute dtype: float16 under mixed_float16.  A built layer keeps them, so float32 math
-    would clash with them; the same for dtype='float16'."""
+    compute dtype: float16 under mixed_float16; so does dtype='float16'.  A built layer keeps
+    its variables, so the model is cloned with that layer made again in float32, every
+    weight carried over, and it trains."""
+    import numpy as np
+    import tensorflow as tf
+
+    from app.precision import policy as prec
+    from app.precision.layer_policy import policy_name
+    from app.task.float32_layers import apply
+
+    prec.apply_policy("mixed_float16")
+    inputs = tf.keras.Input(shape=(3,))
+    x = tf.keras.layers.Dense(4, dtype="float16", name="half")(inputs)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(2, name="out")(x))
+    fixed, paths = apply(model, ["out", "half"], "nets.py:build")
+    assert paths == ["out", "half"] and fixed is not model
+    half = fixed.get_layer("half")
+    assert policy_name(half) == "float32" and policy_name(fixed.get_layer("out")) == "float32"
+    assert {w.dtype.name if hasattr(w.dtype, "name") else w.dtype for w in half.weights} == \
+        {"float32"}
+    for old, new in zip(model.weights, fixed.weights):
+        np.testing.assert_array_equal(new.numpy(), old.numpy().astype(np.float32))
+    assert policy_name(model.get_layer("out")) == "mixed_float16"   # the original as it was
+    x, y = np.ones((8, 3), np.float32), np.zeros((8,), np.int64)
+    fixed.compile(optimizer="sgd",
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fixed.fit(x, y, epochs=1, verbose=0)
+    assert fixed(x).dtype == tf.float32
+
+
+def test_a_16_bit_layer_that_cannot_be_made_again_is_one_line(policy_kept):
+    """A subclassed model is no graph of layers to clone: one line, nothing half-done."""
     import tensorflow as tf
 
     from app.core.errors import UsageError
@@ -238,17 +268,26 @@ def test_a_layer_with_16_bit_variables_is_refused_in_one_line(policy_kept):
     from app.task.float32_layers import apply
 
     prec.apply_policy("mixed_float16")
-    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)),
-                                 tf.keras.layers.Dense(4, dtype="float16", name="half"),
-                                 tf.keras.layers.Dense(2, name="out")])
+
+    class Net(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.half = tf.keras.layers.Dense(4, dtype="float16", name="half")
+            self.out = tf.keras.layers.Dense(2, name="out")
+
+        def call(self, x):
+            return self.out(self.half(x))
+    model = Net()
+    model(tf.ones((1, 3)))
     with pytest.raises(UsageError) as info:
-        apply(model, ["out", "half"], "nets.py:build")
+        apply(model, ["out", "half"], "nets.py:Net")
     assert info.value.line() == (
-        "error: --float32-layers 'half': model 'nets.py:build' made that layer's variables "
-        "float16 (in its 16-bit dtype, when the model was built), so it cannot compute in "
-        "float32 without being built again; allowed: the layers after it (such as the output "
-        "layer); or give that layer dtype='float32' where the model is built")
-    assert policy_name(model.get_layer("out")) == "mixed_float16"   # nothing half-done
+        "error: --float32-layers 'half': model 'nets.py:Net' made that layer's variables "
+        "float16 (in its 16-bit dtype, when the model was built), and the model cannot be "
+        "made again with them in float32 (a subclassed model); allowed: the layers after it "
+        "(such as the output layer); or give that layer dtype='float32' where the model is "
+        "built")
+    assert policy_name(model.out) == "mixed_float16"   # nothing half-done
 
 
 # ---- check: the flag in its fix, no blocker on the fixed model ---------------------------------
