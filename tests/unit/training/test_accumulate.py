@@ -75,7 +75,7 @@ def _custom_plain(kind):
     return model.get_weights()
 
 
-def _fit(kind, batch, accumulate=None):
+def _fit(kind, batch, accumulate=None, per_call=1, jit=False):
     x, y = _data()
     model, opt = _model(), _optimizer(kind)
     stats = StepStats()
@@ -84,7 +84,9 @@ def _fit(kind, batch, accumulate=None):
                           tf.distribute.get_strategy())
         stats.attach_to(opt, accumulator=acc)
         acc.fit.attach(model)
-    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    extra = {"jit_compile": True} if jit else {}
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy",
+                  steps_per_execution=per_call, **extra)
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     assert int(opt.iterations.numpy()) == 1
     return model.get_weights()
@@ -104,6 +106,25 @@ def test_custom_loop_micro_batches_equal_one_batch(kind):
 def test_fit_micro_batches_equal_one_batch(kind):
     precision.apply_policy("float32")
     assert _close(_fit(kind, MICRO, accumulate=3), _fit(kind, SAMPLES))
+
+
+@pytest.mark.parametrize("per_call, jit", [(3, False), (1, True)])
+def test_fit_a_group_in_one_call_or_under_xla_equals_one_batch(per_call, jit):
+    """As train runs fit under --accumulate on one replica (the group's micro-batches in one
+    call of the train function, ``step.fit_steps_per_execution``), and under --jit."""
+    precision.apply_policy("float32")
+    assert _close(_fit("adam", MICRO, accumulate=3, per_call=per_call, jit=jit),
+                  _fit("adam", SAMPLES))
+
+
+def test_fit_runs_a_group_per_call_on_one_replica_only():
+    from app.training.config import TrainConfig
+
+    cfg = TrainConfig(accumulate=4)
+    assert step.fit_steps_per_execution(cfg, 1) == 4
+    assert step.fit_steps_per_execution(cfg, 2) == 1
+    assert step.fit_steps_per_execution(TrainConfig(accumulate=4, steps_per_execution=8), 2) == 8
+    assert step.fit_steps_per_execution(TrainConfig(), 1) == 1
 
 
 def test_the_short_group_is_weighted_by_its_samples():
