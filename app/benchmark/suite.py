@@ -63,26 +63,14 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     schedule = _schedule(the_plan, repeats, fp32)
     left_out: Dict[str, str] = {}
 
-    existed = os.path.isdir(output)
-    os.makedirs(output, exist_ok=True)
-    runs_dir = os.path.join(output, "runs")
-    try:
-        # First: the cheapest child also checks the settings (a bad spec stops here).
-        pipeline = (runner.measure_input_rate(settings, warmup_epochs, output,
-                                              launcher=launcher, timeout=timeout)
-                    if measure_input else None)
-        best_schedule = plan.best_batch_schedule(best_batches or {}, the_plan.run, repeats,
-                                                 len(schedule))
-        profile_schedule = ([{"order": len(schedule) + len(best_schedule) + i, "repeat": 1,
-                              "policy": p, "series": "profile"}
-                             for i, p in enumerate(the_plan.run)] if profile else [])
-        all_records = runner.run_schedule(schedule + best_schedule + profile_schedule,
-                                          settings, runs_dir, warmup_epochs, launcher=launcher,
-                                          timeout=timeout, left_out=left_out)
-    except runner.TrainRejectedInput as exc:
-        _remove_what_we_wrote(output, existed)
-        # The trainer's line already says what is allowed.
-        raise UsageError(f"tfmp train rejected the settings: {exc.line}") from None
+    best_schedule = plan.best_batch_schedule(best_batches or {}, the_plan.run, repeats,
+                                             len(schedule))
+    profile_schedule = ([{"order": len(schedule) + len(best_schedule) + i, "repeat": 1,
+                          "policy": p, "series": "profile"}
+                         for i, p in enumerate(the_plan.run)] if profile else [])
+    pipeline, all_records = _run_all(
+        schedule + best_schedule + profile_schedule, settings, output, warmup_epochs,
+        launcher=launcher, timeout=timeout, left_out=left_out, measure_input=measure_input)
 
     if left_out:
         the_plan = plan.Plan(run=tuple(p for p in the_plan.run if p not in left_out),
@@ -144,6 +132,28 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
     }
     _write_files(output, doc, env, echo)
     return 0 if status == "ok" else 1
+
+
+def _run_all(schedule, settings, output: str, warmup_epochs: int, *, launcher, timeout,
+             left_out: Dict[str, str], measure_input: bool):
+    """(the input pipeline's measurement or None, every run's record): each run a child
+    process, its folder under ``output``/runs.  Settings ``tfmp train`` rejects: UsageError,
+    with nothing of ours left in ``output``."""
+    existed = os.path.isdir(output)
+    os.makedirs(output, exist_ok=True)
+    try:
+        # First: the cheapest child also checks the settings (a bad spec stops here).
+        pipeline = (runner.measure_input_rate(settings, warmup_epochs, output,
+                                              launcher=launcher, timeout=timeout)
+                    if measure_input else None)
+        records = runner.run_schedule(schedule, settings, os.path.join(output, "runs"),
+                                      warmup_epochs, launcher=launcher, timeout=timeout,
+                                      left_out=left_out)
+    except runner.TrainRejectedInput as exc:
+        _remove_what_we_wrote(output, existed)
+        # The trainer's line already says what is allowed.
+        raise UsageError(f"tfmp train rejected the settings: {exc.line}") from None
+    return pipeline, records
 
 
 def _schedule(the_plan, repeats: int, fp32) -> list:

@@ -176,7 +176,8 @@ def validate(args):
 def tune_first(settings: dict, policies, output: str) -> dict:
     """``--best-batch``: the tune of this job (every requested policy, or float32 and auto),
     into ``<output>/tune``; returns ``{policy: best batch}``."""
-    from app.tuner.tuning import trial_settings, tune
+    from app.tuner.arguments import trial_settings
+    from app.tuner.tuning import tune
 
     doc = tune(settings["model"], settings["dataset"],
                precision=",".join(policies) if policies else None,

@@ -29,7 +29,7 @@ examples:
 
 def add_parser(subparsers):
     from app.commands.flags import add_setting_flags, add_task_flags, command_parser, require
-    from app.tuner import search
+    from app.tuner import arguments, search
     from app.tuner import tuning as api
 
     p = command_parser(
@@ -42,7 +42,7 @@ def add_parser(subparsers):
     # the tune's children get every value explicitly.
     what = add_task_flags(p, show_env=False)
     what.title = "what to tune"
-    add_setting_flags(p, api.TRAIN_SETTINGS, show_env=False, group=what)
+    add_setting_flags(p, arguments.TRAIN_SETTINGS, show_env=False, group=what)
     add_setting_flags(p, ("workspace",), group=what)     # TFMP_WORKSPACE, as train reads it
     require(what, "model", "dataset")
     how = p.add_argument_group("how to tune")
@@ -80,7 +80,8 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from app.tuner.tuning import trial_settings, tune
+    from app.tuner.arguments import trial_settings
+    from app.tuner.tuning import tune
     from app.tuner.runner import TrialFailed
 
     try:

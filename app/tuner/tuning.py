@@ -25,14 +25,13 @@ import sys
 import tempfile
 import time
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional
 
-from app.training import config
 from app.core import catalog as registry
-from app.core import settings as settings_table
 from app.core.errors import UsageError, unprefixed
-from app.precision.policy import parse_names
 from app.run_folder.lock import RunLock
+from app.tuner.arguments import (check_margin, check_max_batch, check_reference_batch,
+                                 check_task, check_time_budget, parse_precisions, spec_of)
 from app.tuner import budget as budget_mod
 from app.tuner import output as output_folder
 from app.tuner import plan as plan_mod
@@ -41,7 +40,6 @@ from app.tuner.progress import Progress
 from app.core.launch import sigterm_as_exit
 from app.tuner.runner import PolicyLeftOut, TrialRunner, collect_environment
 
-PRECISION_CHOICES = registry.PRECISIONS
 DEFAULT_MARGIN = 0.1
 DEFAULT_STEPS, DEFAULT_WARMUP, DEFAULT_MIN_SECONDS = 4, 2, 1.5
 VERIFY_FACTOR = 2          # the verification runs this many times a trial's steps,
@@ -56,98 +54,6 @@ MAX_STEP_DOWNS = 3
 
 class NothingFits(UsageError):
     """No size fitted under any precision: exit 2 with the smallest size tried and its peak."""
-
-
-# ---- checking the input (no TensorFlow) ---------------------------------------------------
-
-def parse_precisions(value: Union[None, str, Sequence[str]]) -> Optional[List[str]]:
-    return parse_names(value, "precision", PRECISION_CHOICES)
-
-
-def check_margin(margin) -> float:
-    try:
-        m = float(margin)
-    except (TypeError, ValueError):
-        m = float("nan")
-    if not 0.0 <= m < 0.9:
-        raise UsageError(f"margin must be in [0, 0.9). Received: margin={margin!r}",
-                         "a fraction of the budget kept free, e.g. 0.1")
-    return m
-
-
-def check_max_batch(value) -> int:
-    if value is None:
-        return search.DEFAULT_CAP
-    if not isinstance(value, int) or isinstance(value, bool) or value < search.STEP:
-        raise UsageError(f"max_batch must be an integer of at least {search.STEP}. "
-                         f"Received: max_batch={value!r}", f"an integer >= {search.STEP}")
-    return value
-
-
-def check_time_budget(value) -> Optional[float]:
-    if value is None:
-        return None
-    try:
-        t = float(value)
-    except (TypeError, ValueError):
-        t = float("nan")
-    if not t > 0:
-        raise UsageError(f"time_budget must be a positive number of seconds. "
-                         f"Received: time_budget={value!r}", "seconds > 0, e.g. 600")
-    return t
-
-
-def spec_of(obj, what: str) -> str:
-    """A spec a child process can import: built-in name, MODULE:FUNCTION or file.py:FUNCTION.
-    A function defined in a notebook or a script's ``__main__`` cannot cross into a trial."""
-    if isinstance(obj, str):
-        return obj
-    from app.task.entries import object_spec
-
-    spec = object_spec(obj)
-    module, _, name = spec.partition(":")
-    if callable(obj) and module not in ("__main__", "python") and "<" not in name:
-        return spec
-    raise UsageError(f"{what} {obj!r} cannot be imported by a trial process (each trial is a "
-                     "fresh process)", "a built-in name, 'MODULE:FUNCTION' or "
-                     "'path/to/file.py:FUNCTION' (put a notebook's function in a .py file)")
-
-
-# What a trial trains besides the model and the dataset: the other task settings and these
-# training settings (``app.core.settings`` names), as ``tfmp tune`` and ``benchmark --best-batch``
-# pass them to ``tune()``.
-TRAIN_SETTINGS = ("image_size", "image_dir", "data_dir", "max_train_samples", "offline",
-                  "learning_rate", "jit")
-TRIAL_SETTINGS = tuple(s.name for s in settings_table.SETTINGS
-                       if s.task and s.name not in ("model", "dataset")) + TRAIN_SETTINGS
-
-
-def trial_settings(values: Mapping[str, Any]) -> Dict[str, Any]:
-    """``tune()``'s keyword arguments for the trial settings in ``values`` (flags or a
-    benchmark's settings); one not given takes ``TrainConfig``'s default, as train would."""
-    defaults = config.TrainConfig()
-    return {name: getattr(defaults, name) if values.get(name) is None else values[name]
-            for name in TRIAL_SETTINGS}
-
-
-def check_task(model: str, dataset: str, **settings) -> None:
-    """What the trials will train, checked by train's own rules (``config.validate``): a bad
-    value is one line before any trial starts, as it would be for ``tfmp train``."""
-    config.validate(config.TrainConfig(model=model, dataset=dataset, **settings))
-
-
-def check_reference_batch(value) -> int:
-    """The batch the learning rate was set for: ``reference_batch_size``, else the train
-    batch size setting (TFMP_BATCH_SIZE), else train's default."""
-    if value is None:
-        value = config.env_value("batch_size")
-    if value is None:
-        return config.TrainConfig().batch_size
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UsageError(f"reference_batch_size must be a positive integer. "
-                         f"Received: reference_batch_size={value!r}",
-                         "the batch size the learning rate was set for, e.g. 128")
-    return value
 
 
 # ---- the tune ------------------------------------------------------------------------------
@@ -245,32 +151,7 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
     env = collect_environment()
     hardware = env.get("hardware") or {}
     gpus = hardware.get("gpus") or []
-    auto_policy = (env.get("auto_precision") or {}).get("policy", registry.BASELINE_POLICY)
-    policies: List[str] = []
-    for p in (wanted or [registry.BASELINE_POLICY, "auto"]):
-        p = auto_policy if p == "auto" else p
-        if p not in policies:
-            policies.append(p)
-    notes: List[str] = []
-    # Policies this TensorFlow cannot run the model's layer types under here (app.machine.kernels):
-    # a built-in's kinds are known now, a user's model tells in its first trial.
-    from app.machine import kernels
-
-    left_out = {p: e for p, e in kernels.builtin_refusals(model, env).items() if p in policies}
-    policies = [p for p in policies if p not in left_out]
-    if not policies:
-        raise next(iter(left_out.values()))
-    if "mixed_float16" in policies and not gpus:
-        notes.append("mixed_float16 on a CPU is very slow (no float16 kernels): its speeds "
-                     "are measured, not recommended")
-    xla = env.get("xla_gpu") or {}
-    if task.get("jit") and xla:
-        # The trials would each fail inside TensorFlow's first compiled step.
-        from app.machine import xla_toolchain
-
-        refusal = xla_toolchain.jit_refusal(xla_toolchain.from_report(xla), gpus)
-        if refusal:
-            raise UsageError(refusal, xla_toolchain.ALLOWED)
+    policies, left_out, notes = _policies_here(model, wanted, env, gpus, bool(task.get("jit")))
     budget = budget_mod.resolve_with_gpu(memory_budget, gpus, notes)
     limit = search.memory_limit(budget.bytes, margin)
     memory_kind = "gpu" if gpus else "cpu_rss"
@@ -343,6 +224,38 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
     output_folder.write_outputs(output, doc, workdir)
     doc["output"] = output
     return doc
+
+
+def _policies_here(model, wanted, env, gpus, jit: bool):
+    """(the precisions to tune, in order, ``auto`` resolved; those left out, with why; the
+    notes so far).  UsageError when none is left, or --jit cannot compile here."""
+    auto_policy = (env.get("auto_precision") or {}).get("policy", registry.BASELINE_POLICY)
+    policies: List[str] = []
+    for p in (wanted or [registry.BASELINE_POLICY, "auto"]):
+        p = auto_policy if p == "auto" else p
+        if p not in policies:
+            policies.append(p)
+    notes: List[str] = []
+    # Policies this TensorFlow cannot run the model's layer types under here (app.machine.kernels):
+    # a built-in's kinds are known now, a user's model tells in its first trial.
+    from app.machine import kernels
+
+    left_out = {p: e for p, e in kernels.builtin_refusals(model, env).items() if p in policies}
+    policies = [p for p in policies if p not in left_out]
+    if not policies:
+        raise next(iter(left_out.values()))
+    if "mixed_float16" in policies and not gpus:
+        notes.append("mixed_float16 on a CPU is very slow (no float16 kernels): its speeds "
+                     "are measured, not recommended")
+    xla = env.get("xla_gpu") or {}
+    if jit and xla:
+        # The trials would each fail inside TensorFlow's first compiled step.
+        from app.machine import xla_toolchain
+
+        refusal = xla_toolchain.jit_refusal(xla_toolchain.from_report(xla), gpus)
+        if refusal:
+            raise UsageError(refusal, xla_toolchain.ALLOWED)
+    return policies, left_out, notes
 
 
 def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, deadline,

@@ -98,7 +98,7 @@ TF_FREE = [
     "app.run_folder.lock", "app.numerics.limits", "app.numerics.rules",
     "app.numerics.diagnosis",
     "app.tuner.search", "app.tuner.budget", "app.tuner.report", "app.tuner.runner",
-    "app.tuner.tuning", "app.benchmark.plan", "app.benchmark.stats",
+    "app.tuner.arguments", "app.tuner.tuning", "app.benchmark.plan", "app.benchmark.stats",
     "app.benchmark.diagnose", "app.benchmark.runner", "app.benchmark.suite",
 ]
 

@@ -12,7 +12,7 @@ import pytest
 from app.core.errors import UsageError
 from app.tuner import budget, report, search
 from app.training import tuned
-from app.tuner.tuning import check_margin, check_max_batch, parse_precisions
+from app.tuner.arguments import check_margin, check_max_batch, parse_precisions
 from tests.unit.helpers import error_lines, run_app
 
 GIB, MIB = 2**30, 2**20

@@ -12,6 +12,7 @@ import pytest
 from app import cli
 from app.core.errors import UsageError
 from app.run_folder.lock import LOCK_NAME, OutputInUse, RunLock
+from app.tuner import arguments
 from app.tuner import tuning as api
 from app.training import tuned
 from app.tuner.search import Outcome
@@ -224,7 +225,7 @@ def test_the_verification_trains_the_trials_settings_and_inherits_none(tmp_path)
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     got = config.resolve_config(flags, environ=env)
     # what the trial trained, setting by setting
-    for name in api.TRIAL_SETTINGS:
+    for name in arguments.TRIAL_SETTINGS:
         if name != "max_train_samples":   # the verification's own: `steps` batches and a half
             assert getattr(got, name) == req[name], (name, getattr(got, name), req[name])
     assert got.max_train_samples == 16 * 10 + 8 and got.epochs == 1
