@@ -46,81 +46,37 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # interleave.py beside it
 from paths import root_on_path  # noqa: E402  the repository root (tests/paths.py)
 import interleave  # noqa: E402
+from train_setup import TrainSetup  # noqa: E402
 ROOT = str(root_on_path())  # this checkout's app
 
 TARGET = 0.05
 
 
-class Side:
-    """One ``tfmp train`` set-up, driven one epoch at a time."""
+class Side(TrainSetup):
+    """The plain batch (``n`` 1), ``--accumulate n``, or (``accumulate`` False) the plain
+    micro-batch B/n; what is timed is one optimizer update."""
 
     def __init__(self, model, loop, policy, n: int, args, work: str, accumulate: bool = True):
-        from app.training import distribute, job, step
         from app.training.config import TrainConfig
 
-        cfg = TrainConfig(model=model, dataset="synthetic", precision=policy, loop=loop,
-                          epochs=1, batch_size=args.global_batch // n,
-                          accumulate=n if accumulate else 1,
-                          max_train_samples=args.samples, max_val_samples=64, offline=True,
-                          progress="bar", save_model=False, log_every=args.log_every,
-                          output=os.path.join(work, f"n{n}{'' if accumulate else 'p'}"))
-        self.run = job.prepare(cfg)
-        self.parts = job.build_parts(self.run)
-        recorder = job.make_recorder(self.run, self.parts, {}).open()
-        self.monitor = job.make_monitor(self.run, self.parts, recorder)
-        self.loop = loop
-        if loop == "fit":   # as run_fit compiles it: a group's micro-batches in one call
-            self.per_call = step.fit_steps_per_execution(self.run.config, self.run.dist.replicas)
-            step.compile_for_fit(self.parts, False, self.per_call)
-        else:
-            self.custom = step.CustomSteps(self.parts, False)
-            self.data = distribute.distribute_dataset(self.run.dist, self.run.bundle.train)
-
-    def epoch(self):
-        if self.loop == "fit":
-            with self.monitor.polling(self.parts.model):
-                self.parts.model.fit(self.run.bundle.train, epochs=1, verbose=0, shuffle=False)
-            self.monitor.raise_pending()
-            return
-        for x, y in self.data:
-            self.custom.train_step(x, y)
-            self.monitor.tick(0)
-
-    def updates(self) -> int:
-        return int(self.parts.stats.steps.numpy())
-
-    def update(self, n: int):
-        """One optimizer update: ``n`` micro-batch steps (1 for the plain batch), as the loop
-        takes them (the epoch's samples a multiple of every batch: groups stay aligned)."""
-        if self.loop == "fit":
-            if not hasattr(self, "batches"):
-                self.batches = iter(self.run.bundle.train.repeat())
-            for _ in range(-(-n // self.per_call)):
-                self.parts.model.train_function(self.batches)
-            return
-        if not hasattr(self, "batches"):
-            self.batches, self.next = list(self.data), 0
-        for _ in range(n):
-            x, y = self.batches[self.next % len(self.batches)]
-            self.next += 1
-            self.custom.train_step(x, y)
-            self.monitor.tick(0)
-
-
-class _Updates:
-    """What ``interleave`` times: one optimizer update of a side (``n`` micro-batch steps)."""
-
-    def __init__(self, side: Side, n: int):
-        self.side, self.n = side, n
+        super().__init__(TrainConfig(
+            model=model, dataset="synthetic", precision=policy, loop=loop, epochs=1,
+            batch_size=args.global_batch // n, accumulate=n if accumulate else 1,
+            max_train_samples=args.samples, max_val_samples=64, offline=True,
+            progress="bar", save_model=False, log_every=args.log_every,
+            output=os.path.join(work, f"n{n}{'' if accumulate else 'p'}")))
+        self.per_update = n if accumulate else 1
 
     def unit(self):
-        self.side.update(self.n)
+        """One optimizer update: its micro-batch steps (the epoch's samples a multiple of
+        every batch: groups stay aligned)."""
+        self.steps(self.per_update)
 
     def report(self) -> dict:
-        return {"updates": self.side.updates()}
+        return {"updates": self.updates()}
 
 
-def built_side(model, loop, policy, n: int, accumulate: bool, args, work: str) -> _Updates:
+def built_side(model, loop, policy, n: int, accumulate: bool, args, work: str) -> Side:
     """One side in its own process (``interleave``), warmed up: every trace made."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, ROOT)
@@ -128,9 +84,8 @@ def built_side(model, loop, policy, n: int, accumulate: bool, args, work: str) -
         side = Side(model, loop, policy, n, args, work, accumulate=accumulate)
         for _ in range(args.warmup):
             side.epoch()
-        updates = _Updates(side, n if accumulate else 1)
-        updates.unit()
-    return updates
+        side.unit()
+    return side
 
 
 def one(model, loop, policy, args) -> dict:

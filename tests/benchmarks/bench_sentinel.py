@@ -37,67 +37,32 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # interleave.py beside it
 from paths import root_on_path  # noqa: E402  the repository root (tests/paths.py)
 import interleave  # noqa: E402
+from train_setup import TrainSetup  # noqa: E402
 ROOT = str(root_on_path())  # this checkout's app
 
 TARGET = 0.03
 DIAGNOSIS_TARGET_SECONDS = 30.0
 
 
-class Side:
-    """One ``tfmp train`` set-up, driven one epoch at a time."""
+class Side(TrainSetup):
+    """The sentinel on or off (``--no-sentinel``); what is timed is one training step."""
 
     def __init__(self, model, loop, policy, sentinel: bool, args, work: str):
-        from app.training import distribute, job, step
         from app.training.config import TrainConfig
 
-        cfg = TrainConfig(model=model, dataset="synthetic", precision=policy, loop=loop,
-                          epochs=1, batch_size=args.batch_size, max_train_samples=args.samples,
-                          max_val_samples=64, offline=True, progress="bar", save_model=False,
-                          sentinel=sentinel, log_every=args.log_every,
-                          numerics_every=args.numerics_every,
-                          output=os.path.join(work, f"{'on' if sentinel else 'off'}"))
-        self.run = job.prepare(cfg)
-        self.parts = job.build_parts(self.run)
-        recorder = job.make_recorder(self.run, self.parts, {}).open()
-        self.monitor = job.make_monitor(self.run, self.parts, recorder)
-        self.loop = loop
-        if loop == "fit":
-            step.compile_for_fit(self.parts, False, 1)
-        else:
-            self.custom = step.CustomSteps(self.parts, False)
-            self.data = distribute.distribute_dataset(self.run.dist, self.run.bundle.train)
-
-    def epoch(self):
-        """One epoch, as ``train`` runs it (the warm-up: every trace made)."""
-        if self.loop == "fit":
-            with self.monitor.polling(self.parts.model):
-                self.parts.model.fit(self.run.bundle.train, epochs=1, verbose=0, shuffle=False)
-            self.monitor.raise_pending()
-            return
-        for x, y in self.data:
-            self.custom.train_step(x, y)
-            self.monitor.tick(0)
+        super().__init__(TrainConfig(
+            model=model, dataset="synthetic", precision=policy, loop=loop, epochs=1,
+            batch_size=args.batch_size, max_train_samples=args.samples, max_val_samples=64,
+            offline=True, progress="bar", save_model=False, sentinel=sentinel,
+            log_every=args.log_every, numerics_every=args.numerics_every,
+            output=os.path.join(work, f"{'on' if sentinel else 'off'}")))
 
     def report(self) -> dict:
         watch = self.monitor.watch
         return {"probe_seconds": watch.probe_seconds if watch else None}
 
     def unit(self):
-        self.step()
-
-    def step(self):
-        """One training step, as the loop takes it."""
-        if self.loop == "fit":
-            if not hasattr(self, "batches"):
-                self.batches = iter(self.run.bundle.train.repeat())
-            self.parts.model.train_function(self.batches)
-            return
-        if not hasattr(self, "batches"):
-            self.batches, self.next = list(self.data), 0
-        x, y = self.batches[self.next % len(self.batches)]
-        self.next += 1
-        self.custom.train_step(x, y)
-        self.monitor.tick(0)
+        self.steps(1)
 
 
 def built_side(model, loop, policy, sentinel: bool, args, work: str) -> Side:
@@ -111,7 +76,7 @@ def built_side(model, loop, policy, sentinel: bool, args, work: str) -> Side:
             side.epoch()
         if side.monitor.watch is not None:
             side.monitor.watch.probe_if_due(10 ** 9)
-        side.step()
+        side.unit()
     return side
 
 
