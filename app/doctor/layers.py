@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding
 from app.task.float32_layers import FLAG as F32_FLAG, flag as f32_flag
-from app.task.model_layers import is_model
+from app.task.model_layers import dtype_name, is_model
 from app.precision.policy import TENSOR_CORE_MULTIPLE, off_tensor_core_tiles, round_to_tiles
 
 SIXTEEN = ("float16", "bfloat16")
@@ -23,13 +23,6 @@ OUTPUT_FIX = ("make the last layer float32: dtype='float32' on it (e.g. Dense(n,
 AWARE_FIX = ("make every tensor the layer creates itself in call() follow the policy: "
              "tf.cast(t, self.compute_dtype) for constants, tf.ones/zeros and float32 "
              "variables, or create weights with self.add_weight()")
-
-
-def dtype_name(d) -> Optional[str]:
-    if d is None:
-        return None
-    name = getattr(d, "name", d)
-    return str(name)
 
 
 def _policy_name(layer) -> str:

@@ -145,7 +145,7 @@ def apply(model, names: Sequence[str], spec: str) -> Tuple[Any, List[str]]:
     from app.task import model_layers
 
     found = resolve(model, names, spec)
-    sixteen = [path for path, layer in found if _sixteen_bit(layer)]
+    sixteen = [(path, layer) for path, layer in found if _sixteen_bit(layer)]
     if sixteen:
         model = _rebuilt(model, sixteen, spec)
         found = resolve(model, [path for path, _layer in found], spec)   # the clone's
@@ -159,25 +159,29 @@ def apply(model, names: Sequence[str], spec: str) -> Tuple[Any, List[str]]:
 def _sixteen_bit(layer) -> List[str]:
     """The 16-bit dtypes of ``layer``'s variables: made in its compute dtype when the model
     was built (Keras 2's Normalization, as in EfficientNet; or dtype='float16')."""
-    return sorted({str(getattr(w.dtype, "name", w.dtype)) for w in layer.weights}
-                  & {"float16", "bfloat16"})
+    from app.task.model_layers import dtype_name
+
+    return sorted({dtype_name(w.dtype) for w in layer.weights} & {"float16", "bfloat16"})
 
 
-def _rebuilt(model, paths: Sequence[str], spec: str):
-    """A built layer keeps its variables, so one whose variables are 16-bit cannot compute
-    in float32 as it is: the model is cloned (``clone_model``) with those layers made again
-    from their config with dtype='float32', and every layer's weights carried over (cast
-    to the clone's dtypes).  A layer inside a nested model, or a model that is not a graph
-    of layers (a subclassed model), cannot be cloned so: one line."""
+def _rebuilt(model, sixteen: Sequence[Tuple[str, Any]], spec: str):
+    """A built layer keeps its variables, so one whose variables are 16-bit (``sixteen``:
+    [(full path, layer)]) cannot compute in float32 as it is: the model is cloned
+    (``clone_model``) with those layers made again from their config with dtype='float32',
+    and every layer's weights carried over (cast to the clone's dtypes).  A layer inside a
+    nested model, or a model that is not a graph of layers (a subclassed model), cannot be
+    cloned so: one line."""
     import numpy as np
     import tensorflow as tf
 
+    from app.task.model_layers import dtype_name
+
     top = {layer.name for layer in getattr(model, "layers", [])}
-    inner = [p for p in paths if p not in top]
+    inner = [(path, layer) for path, layer in sixteen if path not in top]
     if inner or not _is_graph_model(model):
-        raise _cannot_rebuild(model, (inner or list(paths))[0], spec,
+        raise _cannot_rebuild(*(inner or sixteen)[0], spec,
                               "a layer of a nested model" if inner else "a subclassed model")
-    remade = set(paths)
+    remade = {path for path, _layer in sixteen}
 
     def clone(layer):
         config = layer.get_config()
@@ -187,9 +191,9 @@ def _rebuilt(model, paths: Sequence[str], spec: str):
     try:
         fresh = tf.keras.models.clone_model(model, clone_function=clone)
     except Exception as exc:   # a custom layer without a working get_config, and the like
-        raise _cannot_rebuild(model, paths[0], spec, f"cloning it failed: {exc}") from None
+        raise _cannot_rebuild(*sixteen[0], spec, f"cloning it failed: {exc}") from None
     for old, new in zip(model.layers, fresh.layers):
-        new.set_weights([np.asarray(w).astype(_numpy_dtype(v))
+        new.set_weights([np.asarray(w).astype(tf.as_dtype(dtype_name(v.dtype)).as_numpy_dtype)
                          for w, v in zip(old.get_weights(), new.weights)])
     return fresh
 
@@ -200,19 +204,10 @@ def _is_graph_model(model) -> bool:
         type(model).__name__ in ("Functional", "Sequential")
 
 
-def _numpy_dtype(variable):
-    dtype = variable.dtype
-    return getattr(dtype, "as_numpy_dtype", None) or getattr(dtype, "name", dtype)
-
-
-def _cannot_rebuild(model, path: str, spec: str, why: str):
-    from app.task import model_layers
-
-    layer = {p: lay for p, lay, _parent in model_layers.walk(model)}.get(path)
-    dtypes = "/".join(_sixteen_bit(layer)) if layer is not None else "16-bit"
+def _cannot_rebuild(path: str, layer, spec: str, why: str):
     return UsageError(
-        f"{FLAG} {path!r}: model {spec!r} made that layer's variables {dtypes} (in its "
-        f"16-bit dtype, when the model was built), and the model cannot be made again with "
-        f"them in float32 ({why})",
+        f"{FLAG} {path!r}: model {spec!r} made that layer's variables "
+        f"{'/'.join(_sixteen_bit(layer))} (in its 16-bit dtype, when the model was built), "
+        f"and the model cannot be made again with them in float32 ({why})",
         "the layers after it (such as the output layer); or give that layer "
         "dtype='float32' where the model is built")

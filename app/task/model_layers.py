@@ -8,6 +8,14 @@ from typing import List, Optional, Tuple
 from app.machine import kernels
 
 
+def dtype_name(d) -> Optional[str]:
+    """A dtype's name ('float16'), whether TensorFlow's DType or Keras 3's string; None for
+    None."""
+    if d is None:
+        return None
+    return str(getattr(d, "name", d))
+
+
 def is_model(layer) -> bool:
     import tensorflow as tf
 
@@ -50,7 +58,7 @@ def sixteen_bit_layers(model) -> List[Tuple[str, str, Optional[str]]]:
     out = []
     for path, layer, _parent in walk(model):
         dtype = getattr(layer, "compute_dtype", None)
-        if str(getattr(dtype, "name", dtype)) == kernels.SIXTEEN_BIT and \
+        if dtype_name(dtype) == kernels.SIXTEEN_BIT and \
                 not isinstance(layer, tf.keras.Model):
             out.append((path, type(layer).__name__, kernels.kind_of(layer)))
     return out

@@ -264,13 +264,15 @@ def output_layer_name(model) -> str:
 def _output_dtype(model, prediction) -> Optional[str]:
     # The output of a real call first: a functional model's symbolic outputs keep the
     # dtypes of the layers as built, before --float32-layers changed some of them.
+    from app.task.model_layers import dtype_name
+
     if prediction is not None:
         first = _first_tensor(prediction)
         if first is not None:
-            return str(getattr(first.dtype, "name", first.dtype))
+            return dtype_name(first.dtype)
     try:
         if getattr(model, "outputs", None):
-            return str(getattr(model.outputs[0].dtype, "name", model.outputs[0].dtype))
+            return dtype_name(model.outputs[0].dtype)
     except (AttributeError, ValueError):
         pass
     return None

@@ -4,8 +4,9 @@ with its batch, so the state that failed can be replayed (``app.numerics.replay`
 
 Cost per step: one scalar test of the loss; without loss scaling one sum over the
 gradients (``sum_finite``: a NaN or inf anywhere makes it non-finite; the pass a
-LossScaleOptimizer makes anyway, in half its ops) and a ``tf.cond`` around the apply; under loss scaling nothing more than the optimizer's own check (a
-faulty step is handed to it poisoned, so it skips it).  Several replicas agree with one
+LossScaleOptimizer makes anyway, in half its ops) and a ``tf.cond`` around the apply;
+under loss scaling nothing more than the optimizer's own check (a faulty step is handed
+to it poisoned, so it skips it).  Several replicas agree with one
 scalar all-reduce.  No ``check_numerics`` ops: they break XLA.
 
 The latch (``fault``: the step, the code of ``app.numerics.rules`` and the loss scale, one
