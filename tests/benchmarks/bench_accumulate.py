@@ -80,6 +80,8 @@ def built_side(model, loop, policy, n: int, accumulate: bool, args, work: str) -
     """One side in its own process (``interleave``), warmed up: every trace made."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, ROOT)
+    os.makedirs(work, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="copy-", dir=work)   # each of a side's copies its own run folder
     with contextlib.redirect_stdout(sys.stderr):
         side = Side(model, loop, policy, n, args, work, accumulate=accumulate)
         for _ in range(args.warmup):

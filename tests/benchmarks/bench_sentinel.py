@@ -70,6 +70,8 @@ def built_side(model, loop, policy, sentinel: bool, args, work: str) -> Side:
     sentinel's layer probe traced once (it is not what is timed)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, ROOT)
+    os.makedirs(work, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="copy-", dir=work)   # each of a side's copies its own run folder
     with contextlib.redirect_stdout(sys.stderr):
         side = Side(model, loop, policy, sentinel, args, work)
         for _ in range(args.warmup):
