@@ -119,8 +119,7 @@ class Accumulator:
         factor = weight if scale_in is None else weight / tf.cast(scale_in(), tf.float32)
         for total, g in zip(self.sums, grads):
             if g is not None:
-                total.assign_add(tf.cast(tf.convert_to_tensor(g), tf.float32) * factor,
-                                 read_value=False)
+                _add_scaled(total, g, factor)
         self.samples.assign_add(weight, read_value=False)
         if ok is not None:
             self.bad.assign(tf.maximum(self.bad, 1.0 - tf.cast(ok, tf.float32)),
@@ -150,6 +149,14 @@ class Accumulator:
             self.bad.assign(0.0, read_value=False)
             return tf.constant(True)
         tf.cond(update, reset, lambda: tf.constant(False))
+
+
+def _add_scaled(total, grad, factor) -> None:
+    """``total += factor * grad`` in one pass: gradient descent's fused kernel with a step of
+    -factor (``assign_add(grad * factor)`` makes a product the size of the variable first,
+    then adds it: two passes more over every gradient, every micro-batch)."""
+    grad = tf.cast(tf.convert_to_tensor(grad), tf.float32)
+    tf.raw_ops.ResourceApplyGradientDescent(var=total.handle, alpha=-factor, delta=grad)
 
 
 def micro_batch(acc: Accumulator, opt, grads, samples, apply, *, scale_in=None, scale_out=None,

@@ -25,10 +25,10 @@ class BatchStash:
     def __len__(self) -> int:
         return len(self.variables)
 
-    def keep(self, replica: int, batch, unless) -> list:
-        """Keep ``batch`` as ``replica``'s unless ``unless`` (a fault is latched: the batch
-        kept is the one that failed).  Inside the step, at its start: nothing waits for it
-        but the latch.  Returns the op to wait for."""
+    def keep(self, replica: int, batch, when) -> list:
+        """Keep ``batch`` as ``replica``'s when ``when`` (this step is the fault: at the
+        step's end, under a ``tf.cond`` that ordinary steps do not take, so they copy
+        nothing).  Returns the op to wait for."""
         flat = tf.nest.flatten(batch)
 
         def write():
@@ -36,7 +36,7 @@ class BatchStash:
                 v.assign(_fitted(tf.cast(t, v.dtype), v), read_value=False)
             self.rows[replica].assign(tf.cast(tf.shape(flat[0])[0], tf.int64), read_value=False)
             return tf.constant(True)
-        return [tf.cond(unless, lambda: tf.constant(False), write)]
+        return [tf.cond(when, write, lambda: tf.constant(False))]
 
     def batches(self) -> list:
         """Each replica's kept batch (those that kept one), as the dataset's structure."""

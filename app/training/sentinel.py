@@ -16,10 +16,12 @@ variable written by one assign) is set at the step:
 * under loss scaling, ``rules.FLOOR_PATIENCE`` steps in a row skipped at the floor.
 From then on every update is skipped; the monitor reads the latch between steps.
 
-The batch is stashed at the start of every step until a fault is latched (a copy that runs
-beside the forward pass), so the latch at the step's end writes three scalars and waits for
-nothing batch-sized: what the step adds after its update is on its critical path, and a
-chain of batch-sized writes there measured ~25% of a small CNN's step (bench_sentinel.py).
+The batch is stashed at the fault only: the step's end holds a ``tf.cond`` that copies it
+when this step is the one latched, so an ordinary step copies nothing batch-sized (the copy
+every step at the step's start, as this was before, measured about 1% of a small model's
+step on a 2-core CPU: bench_sentinel.py).  Every replica decides from values the replicas
+agree on (the loss and gradient checks, the optimizer's skip), so each keeps its own part
+of the same step.
 
 The variables live outside the strategy's scope, like ``StepStats``: the first replica of
 each worker writes the latch, each replica stashes its own batch.
@@ -92,7 +94,6 @@ class SentinelState:
         latched = self.fault[0] >= 0
         free = tf.logical_not(latched)
         replica = _replica_index()
-        stashed = [] if batch is None else self.stash.keep(replica, batch, unless=latched)
         loss_ok = tf.constant(True) if loss is None else loss_scale.agreed(_finite(loss))
         step = self.stats.steps + 1
         none, forward = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
@@ -106,6 +107,8 @@ class SentinelState:
                              tf.constant(3, tf.int64), none)
             code = tf.where(loss_ok, floor, forward)
             self._note_skips(skipped, step)
+            # Every replica the same: the floor count is written by the first replica only.
+            suspect = tf.logical_or(tf.logical_not(loss_ok), skipped)
         else:
             before, skipped = tf.constant(1.0), None
             grads_ok = loss_scale.agreed(loss_scale.sum_finite(grads))
@@ -115,9 +118,14 @@ class SentinelState:
             else:
                 _apply_if(ok, lambda *g: apply(list(g)), grads)
             code = tf.where(loss_ok, tf.where(grads_ok, none, tf.constant(2, tf.int64)), forward)
-        if batch is not None and replica == 0:
-            self._latch(tf.logical_and(free, code > 0), code, step, before,
-                        stashed, position)
+            suspect = code > 0
+        if batch is not None:
+            # Under loss scaling every skipped step is kept (a skip is rare, and the fault
+            # step is one): the stash then holds the batch of the step the latch names.
+            stashed = self.stash.keep(replica, batch, when=tf.logical_and(free, suspect))
+            if replica == 0:
+                self._latch(tf.logical_and(free, code > 0), code, step, before,
+                            stashed, position)
         return grads, skipped, update
 
     def _floor_run(self, at_floor, update=None):
@@ -135,8 +143,8 @@ class SentinelState:
 
     def _latch(self, new, code, step, scale, stashed, position=None):
         """At a new fault: its step, code, scale and micro-batch position, in one assign after
-        this step's stash (``stashed``, written at the step's start), so that a reader that
-        sees the code sees the batch it vouches for.  First replica only: every replica
+        this step's stash (``stashed``), so that a reader that sees the code sees the batch
+        it vouches for.  First replica only: every replica
         stashed its own batch."""
         micro = tf.constant(-1, tf.int64) if position is None else tf.cast(position, tf.int64)
         value = tf.stack([step, code, _scale_bits(scale), micro])
