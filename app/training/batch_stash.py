@@ -25,18 +25,23 @@ class BatchStash:
     def __len__(self) -> int:
         return len(self.variables)
 
-    def keep(self, replica: int, batch, when) -> list:
+    def keep(self, replica: int, batch, when, then=None) -> None:
         """Keep ``batch`` as ``replica``'s when ``when`` (this step is the fault: at the
         step's end, under a ``tf.cond`` that ordinary steps do not take, so they copy
-        nothing).  Returns the op to wait for."""
+        nothing), and then, in the same branch, run ``then()`` (the latch: a reader that
+        sees it sees the batch)."""
         flat = tf.nest.flatten(batch)
 
         def write():
-            for t, v in zip(flat, self.variables[replica]):
-                v.assign(_fitted(tf.cast(t, v.dtype), v), read_value=False)
-            self.rows[replica].assign(tf.cast(tf.shape(flat[0])[0], tf.int64), read_value=False)
+            written = [v.assign(_fitted(tf.cast(t, v.dtype), v), read_value=False)
+                       for t, v in zip(flat, self.variables[replica])]
+            written.append(self.rows[replica].assign(tf.cast(tf.shape(flat[0])[0], tf.int64),
+                                                     read_value=False))
+            if then is not None:
+                with tf.control_dependencies(written):
+                    then()
             return tf.constant(True)
-        return [tf.cond(when, write, lambda: tf.constant(False))]
+        tf.cond(when, write, lambda: tf.constant(False))
 
     def batches(self) -> list:
         """Each replica's kept batch (those that kept one), as the dataset's structure."""

@@ -122,10 +122,9 @@ class SentinelState:
         if batch is not None:
             # Under loss scaling every skipped step is kept (a skip is rare, and the fault
             # step is one): the stash then holds the batch of the step the latch names.
-            stashed = self.stash.keep(replica, batch, when=tf.logical_and(free, suspect))
-            if replica == 0:
-                self._latch(tf.logical_and(free, code > 0), code, step, before,
-                            stashed, position)
+            # The first replica latches in the same branch, after its stash.
+            latch = (lambda: self._latch(code, step, before, position)) if replica == 0 else None
+            self.stash.keep(replica, batch, when=tf.logical_and(free, suspect), then=latch)
         return grads, skipped, update
 
     def _floor_run(self, at_floor, update=None):
@@ -141,15 +140,14 @@ class SentinelState:
         begins = tf.logical_and(skipped, tf.equal(self.stats.consecutive, 0))
         _first_replica_assign(self.run_start, tf.where(begins, step, self.run_start))
 
-    def _latch(self, new, code, step, scale, stashed, position=None):
-        """At a new fault: its step, code, scale and micro-batch position, in one assign after
-        this step's stash (``stashed``), so that a reader that sees the code sees the batch
-        it vouches for.  First replica only: every replica
-        stashed its own batch."""
+    def _latch(self, code, step, scale, position=None):
+        """A new fault (``code`` > 0): its step, code, scale and micro-batch position, in one
+        assign (one variable: a reader in another thread never sees a code without the
+        rest).  Run by the first replica, after its stash, in the branch only a suspect
+        step takes."""
         micro = tf.constant(-1, tf.int64) if position is None else tf.cast(position, tf.int64)
         value = tf.stack([step, code, _scale_bits(scale), micro])
-        with tf.control_dependencies(stashed):
-            self.fault.assign(tf.where(new, value, self.fault), read_value=False)
+        self.fault.assign(tf.where(code > 0, value, self.fault), read_value=False)
 
 
 def _finite(loss):
