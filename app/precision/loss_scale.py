@@ -146,11 +146,11 @@ def agree_on_nonfinite(grads):
 
     Keras 3's LossScaleOptimizer (TF backend) checks each replica's *own* gradients before
     the all-reduce, so without this one replica could apply a step that another skips (a
-    hang in the all-reduce, or NaN weights).  Keras 2's aggregates first.  Costs one scalar
-    all-reduce per step."""
+    hang in the all-reduce, or NaN weights).  Keras 2's aggregates first.  Costs one sum of
+    the gradients (``sum_finite``) and one scalar all-reduce per step."""
     if multi_replica_context() is None:
         return grads
-    return poisoned(grads, tf.logical_not(agreed(all_finite(grads))))
+    return poisoned(grads, tf.logical_not(agreed(sum_finite(grads))))
 
 
 def step_skipped(opt, scale_before):

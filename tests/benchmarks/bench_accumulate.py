@@ -50,6 +50,14 @@ from train_setup import TrainSetup  # noqa: E402
 ROOT = str(root_on_path())  # this checkout's app
 
 TARGET = 0.05
+# Each model's global batch B: one whose micro-batch B/4 is large enough that the smaller
+# batch's own cost per sample (slower matrix products, an update and a call per micro-batch
+# in the plain micro-batch run) does not swamp what is measured.  The mlp's dense layers on
+# this project's 2-core CPU cost 38-44% more per sample at 512 rows than at 2048, a cost of
+# the micro-batch itself that accumulation neither adds nor can remove (the figures at
+# B=2048 and 8192 are in the docstring); --accumulate is for a global batch larger than
+# fits, where the micro-batch is the largest that fits.
+GLOBAL_BATCH = {"mlp": 16384, "cnn": 2048}
 
 
 class Side(TrainSetup):
@@ -120,11 +128,14 @@ def main(argv=None) -> int:
     p.add_argument("--loops", default="fit,custom")
     p.add_argument("--policies", default="float32")
     p.add_argument("--accumulate", default="2,4", help="the N compared with the plain batch")
-    p.add_argument("--global-batch", type=int, default=2048)
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="for every model (default: " + ", ".join(
+                       f"{m} {b}" for m, b in GLOBAL_BATCH.items()) + ")")
     p.add_argument("--rounds", type=int, default=40, help="blocks of updates of each side, in turn")
     p.add_argument("--block", type=int, default=5, help="updates in a row per side and round")
     p.add_argument("--copies", type=int, default=2, help="processes per side")
-    p.add_argument("--samples", type=int, default=8192, help="samples of the warm-up epoch")
+    p.add_argument("--samples", type=int, default=None,
+                   help="samples of the warm-up epoch (default: twice the global batch, at least 8192)")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--split", action="store_true",
@@ -137,16 +148,19 @@ def main(argv=None) -> int:
     results = []
     ns = [int(n) for n in args.accumulate.split(",")]
     for model in filter(None, args.models.split(",")):
+        batch = args.global_batch or GLOBAL_BATCH.get(model, 2048)
+        margs = argparse.Namespace(**{**vars(args), "global_batch": batch,
+                                      "samples": args.samples or max(8192, 2 * batch)})
         for loop in args.loops.split(","):
             for policy in args.policies.split(","):
-                results.append(one(model, loop, policy, args))
+                results.append(one(model, loop, policy, margs))
                 r = results[-1]
                 costs = "; ".join(
                     f"N={n}: {100 * r[f'n{n}_median_cost']:+5.1f}%" + (
                         f" (vs N updates of the micro-batch: {100 * r[f'n{n}_vs_micro']:+5.1f}%;"
                         f" the micro-batch's own: {100 * r[f'n{n}_micro_vs_plain']:+5.1f}%)"
                         if args.split else "") for n in ns)
-                print(f"{model:6s} {loop:6s} {policy:14s} B={args.global_batch} plain update "
+                print(f"{model:6s} {loop:6s} {policy:14s} B={batch} plain update "
                       f"{r['median_ms_per_update_plain']:7.1f} ms; {costs}", flush=True)
     missed = [f"{r['model']}/{r['loop']}/{r['policy']} N={n} "
               f"{100 * r[f'n{n}_median_cost']:+.1f}%"

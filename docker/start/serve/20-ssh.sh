@@ -135,11 +135,12 @@ start_sshd() {
     -e '/^Connection closed by 127\.0\.0\.1 port [0-9]* \[preauth\]$/d' >&2)
 }
 
-SSH_DEFAULT=1
-[[ $JUPYTER_HUB == 0 ]] || SSH_DEFAULT=0
-[[ ${ENABLE_SSH:-$SSH_DEFAULT} =~ ^[01]$ ]] || fatal "ENABLE_SSH must be 1 or 0. Received: ENABLE_SSH='${ENABLE_SSH:-}'"
-if [[ ${ENABLE_SSH:-$SSH_DEFAULT} == 1 ]] && ! is_root; then
+SSH_ON=1
+[[ $JUPYTER_HUB == 0 ]] || SSH_ON=0
+SSH_ON=${ENABLE_SSH:-$SSH_ON}
+[[ $SSH_ON =~ ^[01]$ ]] || fatal "ENABLE_SSH must be 1 or 0. Received: ENABLE_SSH='${ENABLE_SSH:-}'"
+if [[ $SSH_ON == 1 ]] && ! is_root; then
   warn "started as a non-root user (--user): SSH needs root to switch users, so only JupyterLab runs"
-elif [[ ${ENABLE_SSH:-$SSH_DEFAULT} == 1 ]]; then
+elif [[ $SSH_ON == 1 ]]; then
   setup_ssh
 fi
