@@ -17,11 +17,13 @@ variable written by one assign) is set at the step:
 From then on every update is skipped; the monitor reads the latch between steps.
 
 The batch is stashed at the fault only: the step's end holds a ``tf.cond`` that copies it
-when this step is the one latched, so an ordinary step copies nothing batch-sized (the copy
-every step at the step's start, as this was before, measured about 1% of a small model's
-step on a 2-core CPU: bench_sentinel.py).  Every replica decides from values the replicas
-agree on (the loss and gradient checks, the optimizer's skip), so each keeps its own part
-of the same step.
+when this step is suspect (a fault; under loss scaling any skipped step), so an ordinary
+step copies nothing batch-sized.  (The copy at every step's start that this replaced took
+0-1.4% of the small CNN's step on a 2-core CPU, side by side in one run, about the noise of
+one run; on a GPU it is a batch-sized device copy a step.)  The latch is written in the same
+branch, after the stash.  Every replica decides from values the replicas agree on (the
+loss and gradient checks, the optimizer's skip), so each keeps its own part of the same
+step.
 
 The variables live outside the strategy's scope, like ``StepStats``: the first replica of
 each worker writes the latch, each replica stashes its own batch.
@@ -123,7 +125,8 @@ class SentinelState:
             # Under loss scaling every skipped step is kept (a skip is rare, and the fault
             # step is one): the stash then holds the batch of the step the latch names.
             # The first replica latches in the same branch, after its stash.
-            latch = (lambda: self._latch(code, step, before, position)) if replica == 0 else None
+            latch = ((lambda: _write_fault(self.fault, code, step, before, position))
+                     if replica == 0 else None)
             self.stash.keep(replica, batch, when=tf.logical_and(free, suspect), then=latch)
         return grads, skipped, update
 
@@ -140,14 +143,15 @@ class SentinelState:
         begins = tf.logical_and(skipped, tf.equal(self.stats.consecutive, 0))
         _first_replica_assign(self.run_start, tf.where(begins, step, self.run_start))
 
-    def _latch(self, code, step, scale, position=None):
-        """A new fault (``code`` > 0): its step, code, scale and micro-batch position, in one
-        assign (one variable: a reader in another thread never sees a code without the
-        rest).  Run by the first replica, after its stash, in the branch only a suspect
-        step takes."""
-        micro = tf.constant(-1, tf.int64) if position is None else tf.cast(position, tf.int64)
-        value = tf.stack([step, code, _scale_bits(scale), micro])
-        self.fault.assign(tf.where(code > 0, value, self.fault), read_value=False)
+
+def _write_fault(fault, code, step, scale, position=None) -> None:
+    """A new fault (``code`` > 0) into the latch ``fault``: its step, code, scale and
+    micro-batch position, in one assign (one variable: a reader in another thread never
+    sees a code without the rest).  Run by the first replica, after its stash, in the
+    branch only a suspect step takes."""
+    micro = tf.constant(-1, tf.int64) if position is None else tf.cast(position, tf.int64)
+    value = tf.stack([step, code, _scale_bits(scale), micro])
+    fault.assign(tf.where(code > 0, value, fault), read_value=False)
 
 
 def _finite(loss):

@@ -14,23 +14,23 @@ side: (accumulated / N plain micro-batch updates - 1) is what the accumulation i
 and (N plain micro-batch updates / the plain batch - 1) the smaller batch's own cost.
 
     python3 tests/benchmarks/bench_accumulate.py --split
-    python3 tests/benchmarks/bench_accumulate.py --models mlp --split --global-batch 8192 --samples 16384
+    python3 tests/benchmarks/bench_accumulate.py --models mlp --split --global-batch 8192 --rounds 25 --block 3
 
 Prints a table and writes bench_accumulate.json into --output (default a temp folder).
 
-Measured on 2 shared cores (host, TF 2.21/Keras 3, float32, --split), cost against the plain
-batch [the accumulation's own part; the micro-batch's own part]:
-    cnn  fit     B=2048  N=2  +4.8% [-1.7%; +6.4%]    N=4  +1.1% [-1.2%;  +8.8%]
-    cnn  custom  B=2048  N=2  +1.9% [-3.8%; +6.9%]    N=4  +3.8% [-0.8%;  +4.1%]
-    mlp  fit     B=8192  N=2  +1.4% [-3.0%; +2.8%]    N=4  +3.3% [-10.5%; +13.5%]
-    mlp  custom  B=8192  N=2  +0.2% [+0.9%; -0.6%]    N=4  +6.7% [+1.7%;  +5.6%]
-    mlp  fit     B=2048  N=2  +8.6% [-7.5%; +15.0%]   N=4 +18.7% [-17.1%; +44.4%]
-    mlp  custom  B=2048  N=2 +11.6% [-1.1%; +17.3%]   N=4 +28.7% [-6.0%;  +37.6%]
-The accumulation itself costs about nothing (it replaces N-1 optimizer updates with adds);
-what is left is the micro-batch's own cost per sample, which on this CPU is large for the
-mlp's dense layers below 2048 rows (the plain batch of 512 costs 38-44% more per sample than
-2048): accumulate with the largest micro-batch that fits, as ``tfmp tune --global-batch``
-picks.
+Measured on 2 shared cores (host, TF 2.21/Keras 3, float32, --split, fused adds), cost
+against the plain batch [the accumulation's own part; the micro-batch's own part]:
+    cnn  fit     B=2048   N=2  +0.6% [-3.3%; +4.4%]    N=4  -1.8% [-6.9%; +7.6%]
+    cnn  custom  B=2048   N=2  +2.5% [+0.5%; +2.6%]    N=4  +3.0% [-2.8%; +3.2%]
+    mlp  fit     B=16384  N=2  +0.3% [-5.6%; +5.8%]    N=4  +1.0% [-8.9%; +10.5%]
+    mlp  custom  B=16384  N=2  +2.6% [+0.5%; +2.4%]    N=4  +4.1% [-1.5%; +7.7%]
+    mlp  fit     B=8192   N=2  +1.5% [-2.2%; +0.8%]    N=4  +4.9% [-6.9%; +16.2%]
+    mlp  custom  B=8192   N=2  +2.0% [-0.6%; +1.3%]    N=4  +6.6% [-0.9%; +7.4%]
+and an earlier session's mlp at B=2048: N=4 +18.7% (fit), +28.7% (custom), the micro-batch
+of 512 costing +38-44% per sample against 2048.  The accumulation itself costs about
+nothing (it replaces N-1 optimizer updates with adds); what is left is the micro-batch's own
+cost per sample: accumulate with the largest micro-batch that fits, as ``tfmp tune
+--global-batch`` picks.
 """
 from __future__ import annotations
 
