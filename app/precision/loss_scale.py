@@ -83,13 +83,18 @@ def all_finite(grads) -> tf.Tensor:
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None])
 
 
-def sum_finite(grads) -> tf.Tensor:
-    """True when the sum of every gradient's elements is finite, which a NaN or an inf in any
-    of them makes it not: N + 2 ops where ``all_finite`` takes 2N + 1, and the check on the
-    training step's critical path (the update waits for it).  Finite gradients whose sum
-    passes float32's range count as non-finite too: an update that large is a fault of its
-    own.  Sparse gradients: their values, never densified."""
+def sum_finite(grads, scalars=()) -> tf.Tensor:
+    """True when the sum of every gradient's elements (and of ``scalars``, None left out) is
+    finite, which a NaN or an inf in any of them makes it not: N + 2 ops where
+    ``all_finite`` takes 2N + 1, and the check on the training step's critical path (the
+    update waits for it).  Finite gradients whose sum passes float32's range count as
+    non-finite too: an update that large is a fault of its own.  Sparse gradients: their
+    values, never densified."""
     sums = [tf.reduce_sum(tf.cast(_values(g), tf.float32)) for g in grads if g is not None]
+    for s in scalars:
+        if s is not None:
+            s = tf.cast(s, tf.float32)
+            sums.append(s if s.shape.rank == 0 else tf.reduce_sum(s))
     if not sums:
         return tf.constant(True)
     return tf.math.is_finite(tf.add_n(sums))

@@ -30,9 +30,19 @@ class BatchStash:
         step's end, under a ``tf.cond`` that ordinary steps do not take, so they copy
         nothing), and then, in the same branch, run ``then()`` (the latch: a reader that
         sees it sees the batch)."""
+        write = self.writer(replica, batch, then)
+
+        def kept():
+            write()
+            return tf.constant(True)
+        tf.cond(when, kept, lambda: tf.constant(False))
+
+    def writer(self, replica: int, batch, then=None):
+        """The function that keeps ``batch`` as ``replica``'s and then runs ``then()``, for a
+        branch of the caller's own."""
         flat = tf.nest.flatten(batch)
 
-        def write():
+        def write() -> None:
             written = [v.assign(_fitted(tf.cast(t, v.dtype), v), read_value=False)
                        for t, v in zip(flat, self.variables[replica])]
             written.append(self.rows[replica].assign(tf.cast(tf.shape(flat[0])[0], tf.int64),
@@ -40,8 +50,7 @@ class BatchStash:
             if then is not None:
                 with tf.control_dependencies(written):
                     then()
-            return tf.constant(True)
-        tf.cond(when, write, lambda: tf.constant(False))
+        return write
 
     def batches(self) -> list:
         """Each replica's kept batch (those that kept one), as the dataset's structure."""

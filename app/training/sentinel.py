@@ -2,11 +2,13 @@
 gradients; a step that is not never reaches the weights, and the first fault is latched
 with its batch, so the state that failed can be replayed (``app.numerics.replay``).
 
-Cost per step: one scalar test of the loss; without loss scaling one sum over the
-gradients (``sum_finite``: a NaN or inf anywhere makes it non-finite; the pass a
-LossScaleOptimizer makes anyway, in half its ops) and a ``tf.cond`` around the apply;
-under loss scaling nothing more than the optimizer's own check (a faulty step is handed
-to it poisoned, so it skips it).  Several replicas agree with one
+Cost per step, without loss scaling: one sum over the gradients, the loss and ``halt``
+(0, NaN once a fault is latched) - finite only when every element is (``sum_finite``: the
+pass a LossScaleOptimizer makes anyway, in half its ops) - and one ``tf.cond``: the update,
+else the fault's branch.  Nothing else runs on an ordinary step: on a CPU each scalar op
+costs microseconds, and what the fault was is worked out in its branch.  Under loss
+scaling: a scalar test of the loss, and nothing more than the optimizer's own check (a
+faulty step is handed to it poisoned, so it skips it).  Several replicas agree with one
 scalar all-reduce.  No ``check_numerics`` ops: they break XLA.
 
 The latch (``fault``: the step, the code of ``app.numerics.rules`` and the loss scale, one
@@ -16,14 +18,13 @@ variable written by one assign) is set at the step:
 * under loss scaling, ``rules.FLOOR_PATIENCE`` steps in a row skipped at the floor.
 From then on every update is skipped; the monitor reads the latch between steps.
 
-The batch is stashed at the fault only: the step's end holds a ``tf.cond`` that copies it
-when this step is suspect (a fault; under loss scaling any skipped step), so an ordinary
-step copies nothing batch-sized.  (The copy at every step's start that this replaced took
-0-1.4% of the small CNN's step on a 2-core CPU, side by side in one run, about the noise of
-one run; on a GPU it is a batch-sized device copy a step.)  The latch is written in the same
-branch, after the stash.  Every replica decides from values the replicas agree on (the
-loss and gradient checks, the optimizer's skip), so each keeps its own part of the same
-step.
+The batch is stashed at the fault only, in a branch an ordinary step does not take (the
+update's cond without loss scaling; under loss scaling a cond at the step's end taken by
+any skipped step), so an ordinary step copies nothing batch-sized.  (The copy at every
+step's start that this replaced took 0-1.4% of the small CNN's step on a 2-core CPU; on a
+GPU it is a batch-sized device copy a step.)  The latch is written in the same branch,
+after the stash.  Every replica decides from values the replicas agree on (the loss and
+gradient checks, the optimizer's skip), so each keeps its own part of the same step.
 
 The variables live outside the strategy's scope, like ``StepStats``: the first replica of
 each worker writes the latch, each replica stashes its own batch.
@@ -54,6 +55,9 @@ class SentinelState:
         # thread (fit's poll) never sees a code without the rest.
         self.fault = tf.Variable(tf.constant([-1, 0, _scale_bits(1.0), -1], tf.int64),
                                  trainable=False, name="sentinel_fault")
+        # 0, or NaN once a fault is latched: the unscaled guard adds it to its sum of the
+        # gradients, so after a fault no update is applied, for no op of its own.
+        self.halt = _var("sentinel_halt", tf.float32)
         self.run_start = _var("sentinel_run_start", tf.int64)
         self.floor_in_a_row = _var("sentinel_floor_in_a_row", tf.int64)
         self.stash = BatchStash(element_spec, local_replicas, batch_size)
@@ -93,42 +97,16 @@ class SentinelState:
         ``loss`` None (a fit step whose train_step never called compute_loss): the
         gradients alone decide."""
         grads = list(grads)
-        latched = self.fault[0] >= 0
-        free = tf.logical_not(latched)
-        replica = _replica_index()
-        loss_ok = tf.constant(True) if loss is None else loss_scale.agreed(_finite(loss))
-        step = self.stats.steps + 1
-        none, forward = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
-        update = None
         if loss_scale.is_loss_scaled(opt):
-            before = loss_scale.current_loss_scale(opt)
-            grads = loss_scale.poisoned(grads, tf.logical_or(latched, tf.logical_not(loss_ok)))
-            skipped, update = apply(grads, None) if accumulated else (apply(grads), None)
-            at_floor = tf.logical_and(skipped, before <= rules.FLOOR)
-            floor = tf.where(self._floor_run(at_floor, update) >= rules.FLOOR_PATIENCE,
-                             tf.constant(3, tf.int64), none)
-            code = tf.where(loss_ok, floor, forward)
-            self._note_skips(skipped, step)
-            # Every replica the same: the floor count is written by the first replica only.
-            suspect = tf.logical_or(tf.logical_not(loss_ok), skipped)
-        else:
-            before, skipped = tf.constant(1.0), None
-            grads_ok = loss_scale.agreed(loss_scale.sum_finite(grads))
-            ok = tf.logical_and(free, tf.logical_and(loss_ok, grads_ok))
-            if accumulated:
-                _, update = apply(grads, ok)
-            else:
-                _apply_if(ok, lambda *g: apply(list(g)), grads)
-            code = tf.where(loss_ok, tf.where(grads_ok, none, tf.constant(2, tf.int64)), forward)
-            suspect = code > 0
-        if batch is not None:
-            # Under loss scaling every skipped step is kept (a skip is rare, and the fault
-            # step is one): the stash then holds the batch of the step the latch names.
-            # The first replica latches in the same branch, after its stash.
-            latch = ((lambda: _write_fault(self.fault, code, step, before, position))
-                     if replica == 0 else None)
-            self.stash.keep(replica, batch, when=tf.logical_and(free, suspect), then=latch)
-        return grads, skipped, update
+            return _guard_scaled(self, opt, grads, loss, batch, apply, accumulated, position)
+        return _guard_unscaled(self, grads, loss, batch, apply, accumulated, position)
+
+    def _latch(self, code, step, scale, position):
+        """The latch's write for the stash's branch: the first replica's, after its stash.
+        ``code`` and ``step``: functions giving them, called inside the branch."""
+        if _replica_index() != 0:
+            return None
+        return lambda: _write_fault(self.fault, self.halt, code(), step(), scale, position)
 
     def _floor_run(self, at_floor, update=None):
         """Updates in a row skipped at the floor, this one counted (a micro-batch that did
@@ -144,14 +122,85 @@ class SentinelState:
         _first_replica_assign(self.run_start, tf.where(begins, step, self.run_start))
 
 
-def _write_fault(fault, code, step, scale, position=None) -> None:
+def _guard_scaled(state: SentinelState, opt, grads, loss, batch, apply, accumulated,
+                  position) -> tuple:
+    """Under loss scaling: a faulty step is handed to the optimizer poisoned (it skips
+    it); the floor's run is counted, and every skipped step's batch is kept (a skip is
+    rare, and the fault step is one: the stash then holds the batch of the step the
+    latch names)."""
+    latched = state.fault[0] >= 0
+    loss_ok = tf.constant(True) if loss is None else loss_scale.agreed(_finite(loss))
+    step = state.stats.steps + 1
+    before = loss_scale.current_loss_scale(opt)
+    grads = loss_scale.poisoned(grads, tf.logical_or(latched, tf.logical_not(loss_ok)))
+    skipped, update = apply(grads, None) if accumulated else (apply(grads), None)
+    at_floor = tf.logical_and(skipped, before <= rules.FLOOR)
+    floor = tf.where(state._floor_run(at_floor, update) >= rules.FLOOR_PATIENCE,
+                     tf.constant(3, tf.int64), tf.constant(0, tf.int64))
+    code = tf.where(loss_ok, floor, tf.constant(1, tf.int64))
+    state._note_skips(skipped, step)
+    if batch is not None:
+        # Every replica the same: the floor count is written by the first replica only.
+        suspect = tf.logical_or(tf.logical_not(loss_ok), skipped)
+        state.stash.keep(_replica_index(), batch,
+                        when=tf.logical_and(tf.logical_not(latched), suspect),
+                        then=state._latch(lambda: code, lambda: step, before, position))
+    return grads, skipped, update
+
+def _guard_unscaled(state: SentinelState, grads, loss, batch, apply, accumulated,
+                    position) -> tuple:
+    """Without loss scaling: the update only when one sum of the gradients, the loss and
+    ``halt`` (NaN once a fault is latched) is finite.  On a CPU each scalar op of the step
+    costs microseconds, so an ordinary step runs no other: the sum, a test, the cond.
+    What the fault was, and whether one is latched already, is worked out in the
+    fault's branch."""
+    several = loss_scale.multi_replica_context() is not None
+    # Several replicas: whether the loss was finite anywhere is agreed on outside the
+    # branch (no collective may run inside a replica's cond).
+    agreed_loss = (loss_scale.agreed(_finite(loss)) if several and loss is not None
+                   else None)
+    ok = loss_scale.agreed(loss_scale.sum_finite(
+        grads, scalars=[tf.convert_to_tensor(state.halt), loss]))
+    keep = None
+    if batch is not None:
+        def code():   # the loss, else a gradient
+            loss_ok = (tf.constant(True) if loss is None else
+                       agreed_loss if agreed_loss is not None else _finite(loss))
+            return tf.where(loss_ok, tf.constant(2, tf.int64), tf.constant(1, tf.int64))
+        write = state.stash.writer(_replica_index(), batch, then=state._latch(
+            code, lambda: state.stats.steps + 1, tf.constant(1.0), position))
+
+        # A new fault only: one latched before keeps its batch.  Several replicas read
+        # the latch before the step, as the first one writes it in its branch.
+        free = state.fault[0] < 0 if several else None
+
+        def keep():
+            _cond(state.fault[0] < 0 if free is None else free, write)
+    update = None
+    if accumulated:
+        _, update = apply(grads, ok)
+    elif not several:
+        # One cond: the update, else (a fault) the stash.
+        _cond(ok, lambda: apply(grads), keep)
+        return grads, None, None
+    else:
+        _apply_if(ok, lambda *g: apply(list(g)), grads)
+    if keep is not None:
+        _cond(ok, lambda: None, keep)
+    return grads, None, update
+
+
+def _write_fault(fault, halt, code, step, scale, position=None) -> None:
     """A new fault (``code`` > 0) into the latch ``fault``: its step, code, scale and
     micro-batch position, in one assign (one variable: a reader in another thread never
-    sees a code without the rest).  Run by the first replica, after its stash, in the
-    branch only a suspect step takes."""
+    sees a code without the rest); ``halt`` becomes NaN, which stops every update after
+    it.  Run by the first replica, after its stash, in the branch only a suspect step
+    takes."""
     micro = tf.constant(-1, tf.int64) if position is None else tf.cast(position, tf.int64)
     value = tf.stack([step, code, _scale_bits(scale), micro])
-    fault.assign(tf.where(code > 0, value, fault), read_value=False)
+    new = code > 0
+    with tf.control_dependencies([fault.assign(tf.where(new, value, fault), read_value=False)]):
+        halt.assign(tf.where(new, float("nan"), halt), read_value=False)
 
 
 def _finite(loss):
@@ -225,24 +274,25 @@ def _first_replica_assign(var, value):
     return value
 
 
+def _cond(pred, then, otherwise=None) -> None:
+    """Run ``then()`` (and else ``otherwise()``) for their effects only."""
+    def branch(fn):
+        def run():
+            fn()
+            return tf.constant(True)
+        return run
+    tf.cond(pred, branch(then), branch(otherwise or (lambda: None)))
+
+
 def _apply_if(ok, apply, grads) -> None:
-    """Run ``apply(*grads)`` only when ``ok`` (the same on every replica).  Several replicas:
-    the ``cond`` is taken in the cross-replica context, since TensorFlow refuses a cond in a
-    replica context whose branch synchronises (the optimizer's all-reduce), as Keras'
-    LossScaleOptimizer does."""
-    ctx = loss_scale.multi_replica_context()
-
-    def yes_one():
-        apply(*grads)
-        return tf.constant(True)
-    if ctx is None:
-        tf.cond(ok, yes_one, lambda: tf.constant(False))
-        return
-
+    """Several replicas: run ``apply(*grads)`` on each only when ``ok`` (the same on every
+    replica).  The ``cond`` is taken in the cross-replica context, since TensorFlow refuses a
+    cond in a replica context whose branch synchronises (the optimizer's all-reduce), as
+    Keras' LossScaleOptimizer does."""
     def cross(distribution, ok, *per_replica):
         def yes():
             distribution.extended.call_for_each_replica(apply, args=per_replica)
             return tf.constant(True)
         first = distribution.experimental_local_results(ok)[0]
         return tf.cond(first, yes, lambda: tf.constant(False))
-    ctx.merge_call(cross, args=(ok, *grads))
+    loss_scale.multi_replica_context().merge_call(cross, args=(ok, *grads))
