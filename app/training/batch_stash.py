@@ -25,21 +25,10 @@ class BatchStash:
     def __len__(self) -> int:
         return len(self.variables)
 
-    def keep(self, replica: int, batch, when, then=None) -> None:
-        """Keep ``batch`` as ``replica``'s when ``when`` (this step is the fault: at the
-        step's end, under a ``tf.cond`` that ordinary steps do not take, so they copy
-        nothing), and then, in the same branch, run ``then()`` (the latch: a reader that
-        sees it sees the batch)."""
-        write = self.writer(replica, batch, then)
-
-        def kept():
-            write()
-            return tf.constant(True)
-        tf.cond(when, kept, lambda: tf.constant(False))
-
     def writer(self, replica: int, batch, then=None):
-        """The function that keeps ``batch`` as ``replica``'s and then runs ``then()``, for a
-        branch of the caller's own."""
+        """The function that keeps ``batch`` as ``replica``'s and then runs ``then()`` (the
+        latch: a reader that sees it sees the batch), for a branch of the caller's that only
+        a faulty step takes, so an ordinary step copies nothing."""
         flat = tf.nest.flatten(batch)
 
         def write() -> None:

@@ -142,10 +142,11 @@ def _guard_scaled(state: SentinelState, opt, grads, loss, batch, apply, accumula
     if batch is not None:
         # Every replica the same: the floor count is written by the first replica only.
         suspect = tf.logical_or(tf.logical_not(loss_ok), skipped)
-        state.stash.keep(_replica_index(), batch,
-                        when=tf.logical_and(tf.logical_not(latched), suspect),
-                        then=state._latch(lambda: code, lambda: step, before, position))
+        _cond(tf.logical_and(tf.logical_not(latched), suspect), state.stash.writer(
+            _replica_index(), batch,
+            then=state._latch(lambda: code, lambda: step, before, position)))
     return grads, skipped, update
+
 
 def _guard_unscaled(state: SentinelState, grads, loss, batch, apply, accumulated,
                     position) -> tuple:
