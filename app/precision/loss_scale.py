@@ -115,11 +115,19 @@ def multi_replica_context():
 def agreed(ok):
     """Several replicas: True only where every replica's ``ok`` is (one scalar all-reduce);
     ``ok`` itself with one replica."""
+    return agreed_all(ok)[0]
+
+
+def agreed_all(*oks) -> list:
+    """Several replicas: each of ``oks`` True only where it is on every replica, all in one
+    all-reduce of a vector (a collective is a sync point between the replicas: one a step,
+    not one per value); ``oks`` themselves with one replica."""
     ctx = multi_replica_context()
     if ctx is None:
-        return ok
-    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(ok), tf.float32))
-    return tf.equal(bad, 0.0)
+        return list(oks)
+    bad = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                         tf.cast(tf.logical_not(tf.stack(oks)), tf.float32))
+    return tf.unstack(tf.equal(bad, 0.0), num=len(oks))
 
 
 def poisoned(grads, poison):

@@ -8,8 +8,8 @@ pass a LossScaleOptimizer makes anyway, in half its ops) - and one ``tf.cond``: 
 else the fault's branch.  Nothing else runs on an ordinary step: on a CPU each scalar op
 costs microseconds, and what the fault was is worked out in its branch.  Under loss
 scaling: a scalar test of the loss, and nothing more than the optimizer's own check (a
-faulty step is handed to it poisoned, so it skips it).  Several replicas agree with one
-scalar all-reduce.  No ``check_numerics`` ops: they break XLA.
+faulty step is handed to it poisoned, so it skips it).  Several replicas agree in one
+all-reduce a step (the gradients and the loss together).  No ``check_numerics`` ops: they break XLA.
 
 The latch (``fault``: the step, the code of ``app.numerics.rules`` and the loss scale, one
 variable written by one assign) is set at the step:
@@ -156,12 +156,14 @@ def _guard_unscaled(state: SentinelState, grads, loss, batch, apply, accumulated
     What the fault was, and whether one is latched already, is worked out in the
     fault's branch."""
     several = loss_scale.multi_replica_context() is not None
-    # Several replicas: whether the loss was finite anywhere is agreed on outside the
-    # branch (no collective may run inside a replica's cond).
-    agreed_loss = (loss_scale.agreed(_finite(loss)) if several and loss is not None
-                   else None)
-    ok = loss_scale.agreed(loss_scale.sum_finite(
-        grads, scalars=[tf.convert_to_tensor(state.halt), loss]))
+    finite = loss_scale.sum_finite(grads, scalars=[tf.convert_to_tensor(state.halt), loss])
+    agreed_loss = None
+    if several and loss is not None:
+        # Whether the loss was finite everywhere is agreed on here, outside the fault's
+        # branch (no collective may run inside a replica's cond), in the same all-reduce.
+        ok, agreed_loss = loss_scale.agreed_all(finite, _finite(loss))
+    else:
+        ok = loss_scale.agreed(finite)
     keep = None
     if batch is not None:
         def code():   # the loss, else a gradient

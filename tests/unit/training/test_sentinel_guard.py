@@ -54,3 +54,83 @@ def test_ordinary_steps_latch_and_stash_nothing():
         _run(step, [1, 1], [0.1, 0.1], 0.5)
     np.testing.assert_allclose(w.numpy(), [0.85, 1.85], rtol=1e-6)
     assert not state.latched() and state.batches() == []
+
+
+MIRRORED_GUARD = '''
+import json
+import numpy as np
+import tensorflow as tf
+
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+from app.training.sentinel import SentinelState
+from app.training.step_stats import StepStats
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+traces = []   # per trace of the step (tf.function traces twice when the first creates variables)
+plain = tf.distribute.ReplicaContext.all_reduce
+
+
+def counted(self, *args, **kwargs):
+    traces[-1].append(1)
+    return plain(self, *args, **kwargs)
+tf.distribute.ReplicaContext.all_reduce = counted
+
+
+def run(bad_replica, grad_bad, loss_bad, guarded=True):
+    with strategy.scope():
+        w = tf.Variable([1.0, 2.0])
+        opt = tf.keras.optimizers.SGD(0.5)
+    stats = StepStats()
+    spec = (tf.TensorSpec([2], tf.float32), tf.TensorSpec([2], tf.float32))
+    state = SentinelState(stats, spec, local_replicas=2, batch_size=2)
+
+    def replica_step():
+        rid = tf.distribute.get_replica_context().replica_id_in_sync_group
+        mine = tf.equal(rid, bad_replica)
+        grad = tf.where(mine, float("nan") if grad_bad else 1.0, 1.0) * tf.ones([2])
+        loss = tf.where(mine, float("inf") if loss_bad else 0.5, 0.5)
+        x = tf.cast(rid, tf.float32) * tf.ones([2])
+        apply = lambda g: opt.apply_gradients(zip(g, [w]))
+        state.guard(opt, [grad], loss, (x, grad), apply) if guarded else apply([grad])
+
+    @tf.function
+    def step():
+        traces.append([])
+        strategy.run(replica_step)
+        stats.steps.assign_add(1)
+    step()
+    traced = len(traces[-1]) / 2   # each replica's trace calls it
+    c = state.counters()
+    return {"collectives": traced, "w": w.numpy().tolist(), "code": c.fault_code,
+            "step": c.fault_step}
+
+print(json.dumps({"grad": run(1, True, False), "loss": run(1, False, True),
+                  "clean": run(-1, False, False), "unguarded": run(-1, False, False, False)}))
+'''
+
+
+def test_several_replicas_agree_in_one_all_reduce_and_keep_the_fault_kind(tmp_path):
+    """MirroredStrategy over two logical CPUs (a fresh process: they must be made before
+    TensorFlow starts).  Replica 1 alone has a NaN gradient (a gradient fault, code 2) or an
+    inf loss (forward, code 1): neither replica updates, and the kind is the one every
+    replica agreed on; the guard adds a single all-reduce to a replica's step (the gradients'
+    and the loss's verdicts together) to what the optimizer's apply does itself."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.paths import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", MIRRORED_GUARD], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["grad"]["code"], out["grad"]["step"]) == (2, 1)
+    assert (out["loss"]["code"], out["loss"]["step"]) == (1, 1)
+    assert out["grad"]["w"] == out["loss"]["w"] == [1.0, 2.0]     # neither replica updated
+    assert out["clean"]["code"] == 0 and out["clean"]["w"] == [0.0, 1.0]   # mean gradient 1
+    own = out["unguarded"]["collectives"]     # the optimizer's apply, as Keras makes it
+    assert [out[k]["collectives"] - own for k in ("grad", "loss", "clean")] == [1, 1, 1]
