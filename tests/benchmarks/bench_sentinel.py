@@ -136,8 +136,8 @@ def main(argv=None) -> int:
     p.add_argument("--copies", type=int, default=2, help="processes per side")
     p.add_argument("--control", action="store_true",
                    help="also time a second 'off' side: the A/A difference, the noise floor")
-    p.add_argument("--samples", type=int, default=2048, help="samples per block (one epoch)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--samples", type=int, default=4096, help="samples in the epoch the blocks cycle")
+    p.add_argument("--batch-size", type=int, default=128, help="tfmp train's default")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--numerics-every", type=int, default=100)
     p.add_argument("--warmup", type=int, default=1)
