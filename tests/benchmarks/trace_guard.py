@@ -8,13 +8,13 @@ a process of its own, the sentinel off, then on) and splits each step's graph at
 * the last gradient: the end of the last op under ``gradient_tape/`` (the backward pass);
 * the first update: the start of the first op of the optimizer after it.
 
-Per process, the median over the traced steps of: the graph up to the last gradient (forward and
-backward: what the sentinel's sums running beside the backward slow down), from the last
+Per process, the median over the traced steps of: the graph up to the last gradient (forward
+and backward: what the sentinel's sums running beside the backward slow down), from the last
 gradient to the first update (the guard's own latency on the critical path: the last sum,
-the test and the cond), and the updates themselves; per side, the median over its ``--pairs`` processes (one process
-alone is not a measure: the same set-up ran 10-40% apart from one process to the next on a
-shared 2-core machine).  What the off side shows between the
-last gradient and the first update is TensorFlow's own scheduling.
+the test and the cond), and the updates themselves; per side, the median over its
+``--pairs`` processes (one process alone is not a measure: the same set-up ran 10-40% apart
+from one process to the next on a shared 2-core machine).  What the off side shows between
+the last gradient and the first update is TensorFlow's own scheduling.
 
     python3 tests/benchmarks/trace_guard.py --models mlp,cnn --loops custom,fit
 """

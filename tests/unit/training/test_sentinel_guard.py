@@ -58,7 +58,6 @@ def test_ordinary_steps_latch_and_stash_nothing():
 
 MIRRORED_GUARD = '''
 import json
-import numpy as np
 import tensorflow as tf
 
 tf.config.set_logical_device_configuration(
@@ -110,7 +109,7 @@ print(json.dumps({"grad": run(1, True, False), "loss": run(1, False, True),
 '''
 
 
-def test_several_replicas_agree_in_one_all_reduce_and_keep_the_fault_kind(tmp_path):
+def test_several_replicas_agree_in_one_all_reduce_and_keep_the_fault_kind():
     """MirroredStrategy over two logical CPUs (a fresh process: they must be made before
     TensorFlow starts).  Replica 1 alone has a NaN gradient (a gradient fault, code 2) or an
     inf loss (forward, code 1): neither replica updates, and the kind is the one every
