@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from image_helpers import HOST_GID, HOST_UID, free_port, health, run, run_on_kernel, wait_until
+from image_helpers import (HOST_GID, HOST_UID, exec_in, free_port, health, run, run_on_kernel,
+                           wait_until)
 from test_tensorboard import DevTools  # the image tests' one DevTools client
 
 pytestmark = pytest.mark.docker
@@ -141,9 +142,16 @@ def test_tensorboard_magic_renders_in_the_notebook_interface(stack, browser):
         title = browser.eval(f"((({frame} || {{}}).contentDocument) || {{}}).title || ''")
         return "/proxy/" in src and title == "TensorBoard" and src
 
-    src = wait_until(tensorboard_in_frame, timeout=240, interval=1,
-                     what="TensorBoard in the output frame")
+    try:
+        src = wait_until(tensorboard_in_frame, timeout=120, interval=1,
+                         what="TensorBoard in the output frame")
+    except AssertionError as exc:  # what the cell printed says why (e.g. the magic's timeout)
+        shown = browser.eval("(document.querySelector('.jp-OutputArea') || {}).innerText || ''")
+        raise AssertionError(f"{exc}; the cell's output: {shown!r}") from None
     assert src.startswith(f"{stack.base_url}/proxy/"), src
+    # The magic's TensorBoard is the image's quick one (TENSORBOARD_BINARY), not TensorFlow's.
+    ps = exec_in(stack.container, "pgrep", "-a", "-f", "tfmp-tensorboard --logdir").stdout
+    assert "/usr/local/bin/tfmp-tensorboard --logdir /workspace/runs" in ps, ps
 
 
 # --- authentication and the login page --------------------------------------------------------

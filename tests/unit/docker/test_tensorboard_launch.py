@@ -104,3 +104,25 @@ def test_profiles_are_found_below_the_logdir(tmp_path):
     assert not mod.has_profiles(str(tmp_path))
     (tmp_path / "run" / "tensorboard" / "plugins" / "profile" / "2026_01_01").mkdir(parents=True)
     assert mod.has_profiles(str(tmp_path))
+
+
+# --- `%tensorboard` in notebooks (TENSORBOARD_BINARY) -------------------------------------------
+
+@pytest.mark.parametrize("argv", [["--logdir", "runs"], ["--logdir=runs", "--port", "6007"],
+                                  ["--port", "0", "--logdir", "/workspace/runs"],
+                                  ["--logdir_spec", "a:/x,b:/y"]])
+def test_the_magics_command_line_goes_to_tensorboard_as_it_is(argv):
+    assert _module().parse_args(argv) == ("tensorboard", argv)
+
+
+@pytest.mark.parametrize("argv,local", [
+    (["--logdir", "runs"], True), (["--logdir", "/workspace/runs", "--port", "0"], True),
+    (["--logdir", "gs://bucket/runs"], False), (["--logdir_spec", "a:/x,b:s3://bucket/y"], False)])
+def test_the_magics_tensorboard_keeps_tensorflow_only_for_urls(argv, local):
+    assert _module().reads_only_local_files(argv) is local
+
+
+def test_a_bad_flag_for_the_magics_tensorboard_gets_tensorboards_own_error(tmp_path):
+    proc = launch("--logdir", str(tmp_path), "--nope")
+    assert proc.returncode == 2, proc.stderr
+    assert "unrecognized arguments: --nope" in proc.stderr.splitlines()[-1], proc.stderr
