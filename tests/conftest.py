@@ -20,6 +20,9 @@
   that marks a group of its own (the image's self-test: it needs the image, not the stack, and
   takes minutes) may run on the other worker, which then waits for the same image build
   (tests/image/conftest.py).  ``-n0`` runs everything in one process.
+* ``image_self_tested(reason)``-marked tests (long end-to-end runs whose TF 2.9 run is the one
+  that counts) run once a session: in the image's self-test when the session runs it
+  (tests/image/test_run.py, with a Docker engine: CI), else on the host.
 * ``TFMP_TEST_REVERSE=1`` runs the collected tests in reverse order: each test sets up what it
   needs (tests/image shares one image and one stack), so both orders must pass.
 """
@@ -145,6 +148,8 @@ def pytest_collection_modifyitems(config, items):
             if marker is not None:
                 item.add_marker(pytest.mark.skip(
                     reason="host only: " + marker.kwargs.get("reason", "(no reason given)")))
+    else:
+        _leave_to_the_self_test(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and _gpu_count() == 0:
         why = ", ".join(_gpu_problem_lines()[0])
@@ -168,6 +173,27 @@ def pytest_collection_modifyitems(config, items):
             skip_docker = pytest.mark.skip(reason=problem)
             for item in docker_items:
                 item.add_marker(skip_docker)
+
+
+# The image's self-test, as tests/image/test_run.py runs it (its node name).
+SELF_TEST = "test_self_test_runs_the_apps_unit_tests_in_the_image"
+
+
+def _leave_to_the_self_test(items) -> None:
+    """``image_self_tested`` tests skip on the host when this session also runs the image's
+    self-test (collected, and a Docker engine to run it): it runs them on the TF 2.9 the image
+    ships.  Run without the image tests (``pytest tests/unit``, or no engine), they run here."""
+    marked = [item for item in items if item.get_closest_marker("image_self_tested")]
+    if not marked or not any(SELF_TEST in item.name for item in items) or _docker_problem():
+        return
+    for item in marked:
+        why = item.get_closest_marker("image_self_tested").kwargs.get("reason", "")
+        item.add_marker(pytest.mark.skip(
+            reason=f"{SELF_TESTED}{why} (tests/unit alone runs it here)"))
+
+
+# The start of the host's skip reason for an image_self_tested test.
+SELF_TESTED = "run by the image's self-test in this session, on TF 2.9: "
 
 
 # --- the image's self-test: no hidden skips --------------------------------------------------

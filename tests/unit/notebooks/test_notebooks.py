@@ -1,6 +1,7 @@
 """The guide notebooks: stored clean, seeded into a workspace without overwriting edits, and
-executed top to bottom with small parameters on whatever TensorFlow this is (Keras 3 on the
-host, Keras 2 / TF 2.9.3 in the image's self-test).
+executed top to bottom with small parameters on whatever TensorFlow this is: Keras 2 / TF 2.9.3
+in the image's self-test, and Keras 3 on the host when the session does not run the self-test
+(``image_self_tested``: a full run executes them once, in the image).
 
 Execution tests inject a cell after the one tagged ``parameters`` (papermill's convention), run
 the notebook in a real kernel with nbclient, then read back the ``summary`` dict the notebook
@@ -29,6 +30,10 @@ from tests.paths import ROOT
 NAMES = ["01_policy_and_fit.ipynb", "02_custom_loop_loss_scaling.ipynb", "03_benchmark.ipynb",
          "04_your_own_model.ipynb", "05_tune_batch_size.ipynb"]
 SUMMARY_MARK = "__NOTEBOOK_SUMMARY__"
+# The executions run once a session: in the image's self-test when the session runs it (the
+# notebooks are the image's, for its TF 2.9), else here (tests/conftest.py).
+IN_THE_IMAGE = pytest.mark.image_self_tested(
+    reason="the guide notebooks ship in the image and run on its TensorFlow")
 
 
 def _read(name):
@@ -249,6 +254,7 @@ def _small(tmp_path, **kw):
 
 
 @pytest.mark.slow
+@IN_THE_IMAGE
 def test_01_bfloat16_fit_dtypes_and_accuracy(tmp_path, monkeypatch):
     nb, s = execute(NAMES[0], _small(tmp_path, precision="mixed_bfloat16"), tmp_path, monkeypatch)
     assert s["policy"] == "mixed_bfloat16"
@@ -263,6 +269,7 @@ def test_01_bfloat16_fit_dtypes_and_accuracy(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@IN_THE_IMAGE
 def test_01_float16_uses_loss_scaling(tmp_path, monkeypatch):
     # A few hundred samples only: float16 has no fast kernels on a CPU.
     nb, s = execute(NAMES[0], _small(tmp_path, precision="mixed_float16", epochs=1,
@@ -276,6 +283,7 @@ def test_01_float16_uses_loss_scaling(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@IN_THE_IMAGE
 def test_02_custom_loop_records_the_loss_scale_backing_off(tmp_path, monkeypatch):
     # Start at 2**24: the first gradients overflow float16, so steps are skipped and the
     # scale halves until they fit; the live view must have been drawn and updated.
@@ -316,6 +324,7 @@ def test_02_custom_loop_records_the_loss_scale_backing_off(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
+@IN_THE_IMAGE
 def test_02_bfloat16_has_no_loss_scale(tmp_path, monkeypatch):
     # As in the image's JupyterLab: the %tensorboard frame goes through Jupyter's proxy.
     monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/proxy/%PORT%/")
@@ -330,6 +339,7 @@ def test_02_bfloat16_has_no_loss_scale(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@IN_THE_IMAGE
 def test_03_benchmark_table_chart_and_json(tmp_path, monkeypatch):
     params = dict(model_name="mlp", dataset="synthetic", policies="float32,mixed_bfloat16",
                   epochs=2, warmup_epochs=1, repeats=1, batch_size=64, max_train_samples=512,
@@ -350,6 +360,7 @@ def test_03_benchmark_table_chart_and_json(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@IN_THE_IMAGE
 def test_04_check_names_the_layer_and_the_fixed_model_trains(tmp_path, monkeypatch):
     from app.machine import kernels
 
@@ -368,6 +379,7 @@ def test_04_check_names_the_layer_and_the_fixed_model_trains(tmp_path, monkeypat
 
 
 @pytest.mark.slow
+@IN_THE_IMAGE
 def test_05_tune_then_train_with_the_result(tmp_path, monkeypatch):
     params = dict(model_name="mlp", dataset="synthetic", precisions="float32,mixed_bfloat16",
                   memory_budget="1GiB", max_batch=32, steps=1, epochs=1,
