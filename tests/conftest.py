@@ -148,8 +148,6 @@ def pytest_collection_modifyitems(config, items):
             if marker is not None:
                 item.add_marker(pytest.mark.skip(
                     reason="host only: " + marker.kwargs.get("reason", "(no reason given)")))
-    else:
-        _leave_to_the_self_test(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and _gpu_count() == 0:
         why = ", ".join(_gpu_problem_lines()[0])
@@ -179,21 +177,22 @@ def pytest_collection_modifyitems(config, items):
 SELF_TEST = "test_self_test_runs_the_apps_unit_tests_in_the_image"
 
 
-def _leave_to_the_self_test(items) -> None:
+def pytest_collection_finish(session):
     """``image_self_tested`` tests skip on the host when this session also runs the image's
-    self-test (collected, and a Docker engine to run it): it runs them on the TF 2.9 the image
-    ships.  Run without the image tests (``pytest tests/unit``, or no engine), they run here."""
+    self-test (selected, and a Docker engine to run it): it runs them on the TF 2.9 the image
+    ships.  Decided here, on the final selection: a self-test left out by ``-k`` or
+    ``--deselect`` runs nothing, so they run here, as without the image tests or an engine."""
+    if session.config.getoption("--image-self-test"):
+        return
+    items = session.items
     marked = [item for item in items if item.get_closest_marker("image_self_tested")]
     if not marked or not any(SELF_TEST in item.name for item in items) or _docker_problem():
         return
     for item in marked:
         why = item.get_closest_marker("image_self_tested").kwargs.get("reason", "")
         item.add_marker(pytest.mark.skip(
-            reason=f"{SELF_TESTED}{why} (tests/unit alone runs it here)"))
-
-
-# The start of the host's skip reason for an image_self_tested test.
-SELF_TESTED = "run by the image's self-test in this session, on TF 2.9: "
+            reason=f"run by the image's self-test in this session, on TF 2.9: {why} "
+                   "(tests/unit alone runs it here)"))
 
 
 # --- the image's self-test: no hidden skips --------------------------------------------------
