@@ -1,7 +1,8 @@
 """Which dtype policy to train with, and applying it.
 
 ``choose_policy`` is a pure function of a ``HardwareInfo`` so the decision table can be
-tested with fake hardware.  ``apply_policy`` is the only place that sets the global policy.
+tested with fake hardware.  ``apply_policy`` is the only place that sets the global policy
+(and, under mixed_float16 on a CPU, turns off the one graph fusion that makes it slow).
 """
 from __future__ import annotations
 
@@ -130,10 +131,33 @@ def announce(decision: PrecisionDecision, stream=None) -> None:
 
 
 def apply_policy(policy: str) -> None:
-    """Set the global Keras dtype policy (the one global side effect of this module)."""
+    """Set the global Keras dtype policy, and the one graph option it needs on a CPU (the
+    only global side effects of this module)."""
     import tensorflow as tf
 
     tf.keras.mixed_precision.set_global_policy(policy)
+    _fit_cpu_float16_fusions(tf, policy)
+
+
+# Set when _fit_cpu_float16_fusions turned Grappler's remapper off, so that a later policy
+# gives back TensorFlow's default and never a setting of the user's own.
+_remapper_off = False
+
+
+def _fit_cpu_float16_fusions(tf, policy: str) -> None:
+    """Grappler's remapper fuses MatMul + BiasAdd (+ activation) into one op.  On a CPU its
+    float16 form is oneDNN's and, in newer TensorFlow, pathologically slow: a Dense of
+    784x512 with bias and relu on a batch of 128 took 1.96 s fused against 1.8 ms unfused
+    (TF 2.21, 2-core Xeon; the built-in mlp's mixed_float16 step 110 ms at batch 4, 8 ms
+    without the fusion).  The fused bfloat16 and float32 forms are fast, and TF 2.9's
+    float16 kernels are as slow fused as not.  So under mixed_float16 with no GPU the
+    remapper is off; on a GPU, or under any other policy, TensorFlow keeps its default.
+    The option applies to graphs built after it, as every run builds its own."""
+    global _remapper_off
+    unfuse = policy == "mixed_float16" and not tf.config.list_physical_devices("GPU")
+    if unfuse != _remapper_off:
+        tf.config.optimizer.set_experimental_options({"remapping": not unfuse})
+        _remapper_off = unfuse
 
 
 def global_policy_name() -> str:
