@@ -56,6 +56,25 @@ def test_ordinary_steps_latch_and_stash_nothing():
     assert not state.latched() and state.batches() == []
 
 
+
+def test_a_sparse_gradient_with_a_nan_is_skipped_and_a_finite_one_lands_on_its_rows():
+    table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    opt = tf.keras.optimizers.SGD(1.0)
+    state = SentinelState(StepStats(), (tf.TensorSpec([1], tf.float32),), batch_size=1)
+
+    @tf.function
+    def step(values):
+        grad = tf.IndexedSlices(values, tf.constant([1]), tf.constant([3, 2]))
+        state.guard(opt, [grad], tf.constant(0.5), (tf.constant([7.0]),),
+                    lambda g: opt.apply_gradients(zip(g, [table])))
+        state.stats.steps.assign_add(1)
+    step(tf.constant([[1.0, 1.0]]))
+    np.testing.assert_allclose(table.numpy(), [[1, 1], [1, 1], [3, 3]])
+    step(tf.constant([[np.nan, 1.0]]))
+    np.testing.assert_allclose(table.numpy(), [[1, 1], [1, 1], [3, 3]])
+    assert (state.counters().fault_step, state.counters().fault_code) == (2, 2)
+
+
 MIRRORED_GUARD = '''
 import json
 import tensorflow as tf
