@@ -10,7 +10,7 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def restore_global_policy():
+def restore_policy_and_clear_keras():
     """Tests set the global dtype policy; put it back so no test leaks it into another, and
     clear Keras' session after each.
     TensorFlow is only touched when a test has already imported it."""

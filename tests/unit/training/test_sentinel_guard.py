@@ -56,7 +56,6 @@ def test_ordinary_steps_latch_and_stash_nothing():
     assert not state.latched() and state.batches() == []
 
 
-
 def test_a_sparse_gradient_with_a_nan_is_skipped_and_a_finite_one_lands_on_its_rows():
     table = tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
     opt = tf.keras.optimizers.SGD(1.0)
@@ -72,7 +71,8 @@ def test_a_sparse_gradient_with_a_nan_is_skipped_and_a_finite_one_lands_on_its_r
     np.testing.assert_allclose(table.numpy(), [[1, 1], [1, 1], [3, 3]])
     step(tf.constant([[np.nan, 1.0]]))
     np.testing.assert_allclose(table.numpy(), [[1, 1], [1, 1], [3, 3]])
-    assert (state.counters().fault_step, state.counters().fault_code) == (2, 2)
+    c = state.counters()
+    assert (c.fault_step, c.fault_code) == (2, 2)
 
 
 MIRRORED_GUARD = '''
