@@ -115,7 +115,7 @@ def _is_python_error(exc) -> bool:
 
 
 def grads_are_finite(grads) -> bool:
-    """Every gradient finite, as a Python bool (eager; ``loss_scale.all_finite`` is the
+    """Every gradient finite, as a Python bool (eager; ``finite.all_finite`` is the
     in-graph tensor)."""
     import tensorflow as tf
 

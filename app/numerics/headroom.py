@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from app.numerics import limits
 from app.numerics.tap import Tap, largest_finite
-from app.precision import loss_scale
+from app.precision import finite
 
 
 class HeadroomProbe:
@@ -39,7 +39,7 @@ class HeadroomProbe:
             rows = []
             for c in calls:
                 rows.append(tf.stack([largest_finite(c.outputs),
-                                      tf.cast(loss_scale.all_finite(c.outputs), tf.float32)]))
+                                      tf.cast(finite.all_finite(c.outputs), tf.float32)]))
             return tf.stack(rows) if rows else tf.zeros([0, 2])
         probe.get_concrete_function(x)   # traced now, with the tap on; the tap is gone after
         return probe

@@ -25,7 +25,7 @@ import tensorflow as tf
 from app.numerics import diagnosis as dx
 from app.numerics import limits, rules
 from app.numerics.tap import Tap, largest_finite
-from app.precision import layer_policy, loss_scale
+from app.precision import finite, layer_policy
 
 # Weights this many times larger than at the start, with the batch non-finite in float32
 # too, point at the optimizer (the learning rate) rather than the model.
@@ -85,14 +85,14 @@ def run_pass(model, loss_fn, entries, x, y, scale: float) -> PassResult:
             g_in, g_out = rest[i:i + len(c.inputs)], rest[i + len(c.inputs):i + len(c.inputs) + len(c.outputs)]
             i += len(c.inputs) + len(c.outputs)
             per_call.append(tf.stack([
-                tf.cast(loss_scale.all_finite(c.outputs), tf.float32), largest_finite(c.outputs),
-                largest_finite(c.inputs), tf.cast(loss_scale.all_finite(g_out), tf.float32),
-                tf.cast(loss_scale.all_finite(g_in), tf.float32)]))
+                tf.cast(finite.all_finite(c.outputs), tf.float32), largest_finite(c.outputs),
+                largest_finite(c.inputs), tf.cast(finite.all_finite(g_out), tf.float32),
+                tf.cast(finite.all_finite(g_in), tf.float32)]))
         sample = tf.reshape(tf.cast(per_example, tf.float32), [tf.shape(per_example)[0], -1])
         return (tf.stack(per_call) if per_call else tf.zeros([0, 5]),
                 tf.math.is_finite(loss),
                 tf.reduce_all(tf.math.is_finite(sample), axis=1),
-                tf.stack([loss_scale.all_finite([g]) for g in var_grads]) if var_grads else tf.zeros([0], tf.bool))
+                tf.stack([finite.all_finite([g]) for g in var_grads]) if var_grads else tf.zeros([0], tf.bool))
 
     per_call, loss_ok, sample_ok, var_ok = run(x, y, tf.constant(scale, tf.float32))
     per_call = per_call.numpy()

@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 import tensorflow as tf
 
 from app.core.catalog import DEFAULT_INITIAL_LOSS_SCALE
-
+from app.precision import finite
 from app.precision.keras_version import IS_KERAS3, KERAS_MAJOR  # noqa: F401  (re-exported)
 
 DEFAULT_GROWTH_STEPS = 2000
@@ -77,31 +77,6 @@ def current_loss_scale(opt):
             return tf.constant(float(opt.initial_scale), tf.float32)
         return tf.cast(tf.convert_to_tensor(opt.dynamic_scale), tf.float32)
     return tf.cast(opt.loss_scale, tf.float32)
-
-
-def all_finite(grads) -> tf.Tensor:
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None])
-
-
-def sum_finite(grads, scalars=()) -> tf.Tensor:
-    """True when the sum of every gradient's elements (and of ``scalars``, None left out) is
-    finite, which a NaN or an inf in any of them makes it not: N + 2 ops where
-    ``all_finite`` takes 2N + 1, and the check on the training step's critical path (the
-    update waits for it).  Finite gradients whose sum passes float32's range count as
-    non-finite too: an update that large is a fault of its own.  Sparse gradients: their
-    values, never densified."""
-    sums = [tf.reduce_sum(tf.cast(_values(g), tf.float32)) for g in grads if g is not None]
-    for s in scalars:
-        if s is not None:
-            s = tf.cast(s, tf.float32)
-            sums.append(s if s.shape.rank == 0 else tf.reduce_sum(s))
-    if not sums:
-        return tf.constant(True)
-    return tf.math.is_finite(tf.add_n(sums))
-
-
-def _values(g):
-    return g.values if isinstance(g, tf.IndexedSlices) else g
 
 
 def multi_replica_context():
@@ -163,7 +138,7 @@ def agree_on_nonfinite(grads):
     the gradients (``sum_finite``) and one scalar all-reduce per step."""
     if multi_replica_context() is None:
         return grads
-    return poisoned(grads, tf.logical_not(agreed(sum_finite(grads))))
+    return poisoned(grads, tf.logical_not(agreed(finite.sum_finite(grads))))
 
 
 def step_skipped(opt, scale_before):

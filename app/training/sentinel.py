@@ -3,9 +3,10 @@ gradients; a step that is not never reaches the weights, and the first fault is 
 with its batch, so the state that failed can be replayed (``app.numerics.replay``).
 
 Cost per step, without loss scaling: one sum over the gradients, the loss and ``halt``
-(0, NaN once a fault is latched) - finite only when every element is (``sum_finite``: the
-pass a LossScaleOptimizer makes anyway, in half its ops) - and one ``tf.cond``: the update,
-else the fault's branch.  Nothing else runs on an ordinary step: on a CPU each scalar op
+(0, NaN once a fault is latched) - finite only when every element is (``finite.sum_finite``:
+the pass a LossScaleOptimizer makes anyway, in half its ops, and a large dense kernel's
+gradient proved finite from its two smaller factors before it is made) - and one
+``tf.cond``: the update, else the fault's branch.  Nothing else runs on an ordinary step: on a CPU each scalar op
 costs microseconds, and what the fault was is worked out in its branch.  Under loss
 scaling: a scalar test of the loss, and nothing more than the optimizer's own check (a
 faulty step is handed to it poisoned, so it skips it).  Several replicas agree in one
@@ -38,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from app.numerics import rules
-from app.precision import loss_scale
+from app.precision import finite, loss_scale
 from app.training.batch_stash import BatchStash
 
 
@@ -157,14 +158,14 @@ def _guard_unscaled(state: SentinelState, grads, loss, batch, apply, accumulated
     What the fault was, and whether one is latched already, is worked out in the
     fault's branch."""
     several = loss_scale.multi_replica_context() is not None
-    finite = loss_scale.sum_finite(grads, scalars=[tf.convert_to_tensor(state.halt), loss])
+    all_finite = finite.sum_finite(grads, scalars=[tf.convert_to_tensor(state.halt), loss])
     agreed_loss = None
     if several and loss is not None:
         # Whether the loss was finite everywhere is agreed on here, outside the fault's
         # branch (no collective may run inside a replica's cond), in the same all-reduce.
-        ok, agreed_loss = loss_scale.agreed_all(finite, _finite(loss))
+        ok, agreed_loss = loss_scale.agreed_all(all_finite, _finite(loss))
     else:
-        ok = loss_scale.agreed(finite)
+        ok = loss_scale.agreed(all_finite)
     keep = None
     if batch is not None:
         def code():   # the loss, else a gradient

@@ -6,7 +6,8 @@ sentinel adds where there is no loss scaling, apart from the forward and backwar
 on the gradients of a built-in model's variables (fresh each call, as a backward pass
 leaves them), the optimizer's apply alone, and beside it
 
-* ``check``: ``loss_scale.sum_finite`` (one sum of every gradient), then the apply;
+* ``check``: ``finite.sum_finite`` (one sum of every gradient: these gradients are not a
+  matmul's output, so no kernel's is proved from its factors), then the apply;
 * ``cond``: the apply under a ``tf.cond`` whose predicate needs no gradient;
 * ``check+cond``: the apply under a ``tf.cond`` on that sum (what a LossScaleOptimizer does
   every step, and the least any exact skip of an update can cost);
@@ -41,7 +42,7 @@ INPUT = {"mlp": ((784,), 10), "cnn": ((28, 28, 1), 10), "resnet": ((32, 32, 3), 
 def variants(model_name: str, batch_size: int) -> dict:
     import tensorflow as tf
 
-    from app.precision import loss_scale
+    from app.precision import finite, loss_scale
     from app.task.models import build_model
     from app.training.sentinel import SentinelState
     from app.training.step_stats import StepStats
@@ -71,7 +72,7 @@ def variants(model_name: str, batch_size: int) -> dict:
 
     def check():
         g = grads()
-        ok = loss_scale.sum_finite(g)
+        ok = finite.sum_finite(g)
         with tf.control_dependencies([ok]):   # the apply waits for it, as behind the guard
             apply([tf.identity(t) for t in g])
 
@@ -87,13 +88,14 @@ def variants(model_name: str, batch_size: int) -> dict:
         g = grads()
         loss = tf.reduce_mean(x)
         sentinel.guard(opt, g, loss, (x, y), apply)
+
     def checkcond():
         g = grads()
 
         def yes():
             apply(g)
             return tf.constant(True)
-        tf.cond(loss_scale.sum_finite(g), yes, lambda: tf.constant(False))
+        tf.cond(finite.sum_finite(g), yes, lambda: tf.constant(False))
     return {name: tf.function(fn) for name, fn in
             (("plain", plain), ("check", check), ("cond", cond), ("check+cond", checkcond),
              ("guard", guard))}

@@ -144,20 +144,3 @@ def test_step_skipped_reads_the_optimizer_decision_in_fit():
     skipped = int(stats.nonfinite_total.numpy())
     assert 1 <= skipped < 40 and int(stats.steps.numpy()) == 40
     assert float(loss_scale.current_loss_scale(opt)) == 2.0 ** (24 - skipped)
-
-
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_sum_finite_sees_one_bad_element_in_any_gradient(bad):
-    grads = [tf.ones((3, 4)), None, tf.constant([1.0, bad, 2.0]), tf.zeros((2,), tf.float16)]
-    assert bool(loss_scale.sum_finite(grads)) is False
-    assert bool(loss_scale.all_finite(grads)) is False
-
-
-def test_sum_finite_passes_finite_gradients_of_any_float_dtype_and_sparse_values():
-    dense = [tf.fill((64, 64), 60000.0), tf.constant([-65504.0, 65504.0], tf.float16)]
-    sparse = tf.IndexedSlices(tf.constant([[1.0, 2.0]]), tf.constant([7]), tf.constant([10 ** 6, 2]))
-    assert bool(loss_scale.sum_finite(dense + [sparse, None])) is True
-    poisoned = tf.IndexedSlices(tf.constant([[1.0, float("nan")]]), tf.constant([7]),
-                                tf.constant([10 ** 6, 2]))
-    assert bool(loss_scale.sum_finite(dense + [poisoned])) is False
-    assert bool(loss_scale.sum_finite([None])) is True
