@@ -230,18 +230,28 @@ PER_CONTAINER = {"/etc/ssh/host_keys/ssh_host_ed25519_key",
                  "/etc/ssh/host_keys/ssh_host_ed25519_key.pub",
                  "/etc/ssh/host_keys/ssh_host_rsa_key", "/etc/ssh/host_keys/ssh_host_rsa_key.pub"}
 
+# Owner, mode, type and content of every path under /etc, /usr/local and /root.  Content is
+# a file's sha256, but /usr/local holds TensorFlow (1.6 GB, seconds to hash), so a file whose
+# inode change time and inode number are those of the snapshot given on stdin keeps that
+# snapshot's hash: every write, chown, chmod or link count change sets ctime (cp -p and
+# touch can set mtime back, nothing but the clock sets ctime), so such a file is unchanged.
 SNAPSHOT = r"""
 import hashlib, json, os, stat, sys
-out = {}
+base = json.load(sys.stdin)
+out, witness = {}, {}
 def add(path):
     st = os.lstat(path)
     entry = [st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), stat.S_IFMT(st.st_mode)]
+    witness[path] = [st.st_ctime_ns, st.st_ino]
     if stat.S_ISREG(st.st_mode):
-        sha = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                sha.update(block)
-        entry.append(sha.hexdigest())
+        if base.get("witness", {}).get(path) == witness[path]:
+            entry.append(base["entries"][path][4])
+        else:
+            sha = hashlib.sha256()
+            with open(path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    sha.update(block)
+            entry.append(sha.hexdigest())
     elif stat.S_ISLNK(st.st_mode):
         entry.append(os.readlink(path))
     out[path] = entry
@@ -250,7 +260,7 @@ for top in ("/etc", "/usr/local", "/root"):
     for root, dirs, files in os.walk(top):
         for name in dirs + files:
             add(os.path.join(root, name))
-json.dump(out, sys.stdout)
+json.dump({"entries": out, "witness": witness}, sys.stdout)
 """
 
 
@@ -286,13 +296,18 @@ def home_paths_root_touches() -> list:
     return sorted(rels)
 
 
-def snapshot(name: str) -> dict:
-    return json.loads(exec_in(name, "python3", "-B", "-c", SNAPSHOT, timeout=180).stdout)
+def snapshot(name: str, base: dict | None = None) -> dict:
+    """``SNAPSHOT`` in the container; ``base``: an earlier snapshot, whose hashes stand for
+    the files its ctime and inode say are unchanged.  ``changes`` reads its "entries"."""
+    proc = run(["docker", "exec", "-i", name, "python3", "-B", "-c", SNAPSHOT],
+               input=json.dumps(base or {}), timeout=180)
+    return json.loads(proc.stdout)
 
 
 def changes(before: dict, after: dict, ignore_content=frozenset(), ids=None) -> list:
     """What differs; ``ids`` maps the second container's NB_UID/NB_GID to the first's."""
     ids = ids or {}
+    before, after = before["entries"], after["entries"]
     found = []
     for path in sorted(set(before) | set(after)):
         old, new = before.get(path), after.get(path)
@@ -442,10 +457,10 @@ def test_hostile_home_cannot_make_root_touch_anything_outside_it(image, containe
             repair(name, list(links) + list(hard), folders)
             run(["docker", "start", name], timeout=120)
             assert started(name).startswith("healthy"), container_logs(name)[-3000:]
-        after = snapshot(name)
+        after = snapshot(name, before)
         found = changes(before, after, REWRITTEN_AT_START)
         assert not found, f"{what} ({links or hard}): outside the home\n" + "\n".join(found[:40])
-        assert "/etc/ld.so.preload" not in after
+        assert "/etc/ld.so.preload" not in after["entries"]
     # The server's and the healthcheck's token is root's; the user's copy is the user's.
     assert exec_in(name, "stat", "-c", "%U:%G %a", "/run/tfmp/jupyter/token",
                    "/run/tfmp").stdout.split() == ["root:tf", "640", "root:root", "755"]
@@ -478,7 +493,8 @@ def test_re_owning_a_hostile_home_for_a_new_uid_follows_no_link(image, container
             assert started(box).startswith("healthy"), container_logs(box)[-3000:]
         logs = container_logs(name)
         assert "re-owned /home/tf for UID 4500, GID 4500 (it was the image's, of UID 1000)" in logs
-        found = changes(snapshot(reference), snapshot(name), REWRITTEN_AT_START | PER_CONTAINER,
+        first = snapshot(reference)
+        found = changes(first, snapshot(name, first), REWRITTEN_AT_START | PER_CONTAINER,
                         ids={4500: 1000})
         assert not found, "\n".join(found[:40])
         # The links themselves were re-owned (lchown), their targets not (the snapshot).  The
