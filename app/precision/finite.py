@@ -10,19 +10,19 @@ it reads as little as it can:
   output), is proved finite from its two factors when they hold fewer elements than it does:
   by Cauchy-Schwarz every element of C, and every partial sum the matmul makes of it, is at
   most ``|A| |B|`` (Frobenius norms), so finite factors whose norms multiply to well under
-  the dtype's largest value make a finite C.  The factors are ready before C is made (B is
+  float32's largest value make a finite C.  The factors are ready before C is made (B is
   the last thing the backward pass computes before C), so the test no longer waits for the
   last and largest gradient of the step, the first layer's kernel: the mlp's first kernel
   is 784x512 = 401k elements, its factors at batch 128 are 166k, and their test runs beside
   the matmul that makes C.  Only when the bound does not hold (a factor not finite, or
-  values near the dtype's limit) is C itself summed, so the answer is the same as summing
+  values near float32's limit) is C itself summed, so the answer is the same as summing
   C, less the one case where a bounded C's elements add up past float32's range.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-# Margin under the dtype's largest value: the computed norms and the matmul's own
+# Margin under float32's largest value: the computed norms and the matmul's own
 # accumulation round (relative error at most k * 2^-24 for k terms, see _MAX_TERMS).
 _MARGIN = 8.0
 # Contractions longer than this could round past the margin: their gradient is summed.
