@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-# Margin under float32's largest value: the computed norms and the matmul's own
-# accumulation round (relative error at most k * 2^-24 for k terms, see _MAX_TERMS).
-_MARGIN = 8.0
+# What the factors' norms must multiply to under: float32's largest value with a margin of
+# 8, for the rounding of the computed norms and of the matmul's own accumulation (relative
+# error at most k * 2^-24 for k terms, see _MAX_TERMS).
+LIMIT = float(tf.float32.max) / 8.0
 # Contractions longer than this could round past the margin: their gradient is summed.
 _MAX_TERMS = 2 ** 22
 # Smaller gradients are summed: a bound's few scalar ops and its cond cost more than they save.
@@ -64,9 +65,8 @@ def sum_finite(grads, scalars=()) -> tf.Tensor:
 
 
 def matmul_factors(g):
-    """(A, B, limit) when ``g`` is a float32 ``MatMul``'s output in a graph, with static
-    shapes, large enough to be worth the bound and with factors smaller than it; else None.
-    ``limit``: the bound the factors' norms must multiply to under."""
+    """(A, B) when ``g`` is a float32 ``MatMul``'s output in a graph, with static shapes,
+    large enough to be worth the bound and with factors smaller than it; else None."""
     if isinstance(g, tf.IndexedSlices) or tf.executing_eagerly() or not hasattr(g, "op"):
         return None
     op = g.op
@@ -80,17 +80,17 @@ def matmul_factors(g):
     if (size < _MIN_ELEMENTS or terms > _MAX_TERMS
             or a.shape.num_elements() + b.shape.num_elements() >= size):
         return None
-    return a, b, float(tf.float32.max) / _MARGIN
+    return a, b
 
 
-def _product_finite(c, a, b, limit: float) -> tf.Tensor:
-    """C = op(A) op(B) finite: proved from |A| |B| < limit, else C's own sum.  L2Loss is
+def _product_finite(c, a, b) -> tf.Tensor:
+    """C = op(A) op(B) finite: proved from |A| |B| < ``LIMIT``, else C's own sum.  L2Loss is
     sum(x^2) / 2, so |A|^2 |B|^2 = 4 la lb, multiplied in float64 (the product of two
     float32 norms can pass float32's range); a factor with a NaN or an inf gives a NaN or an
     inf there, which fails the comparison."""
     la = tf.cast(tf.nn.l2_loss(a), tf.float64)
     lb = tf.cast(tf.nn.l2_loss(b), tf.float64)
-    bounded = 4.0 * la * lb < limit * limit
+    bounded = 4.0 * la * lb < LIMIT * LIMIT
     return tf.cond(bounded, lambda: tf.constant(True),
                    lambda: tf.math.is_finite(tf.reduce_sum(c)))
 

@@ -6,8 +6,9 @@ Cost per step, without loss scaling: one sum over the gradients, the loss and ``
 (0, NaN once a fault is latched) - finite only when every element is (``finite.sum_finite``:
 the pass a LossScaleOptimizer makes anyway, in half its ops, and a large dense kernel's
 gradient proved finite from its two smaller factors before it is made) - and one
-``tf.cond``: the update, else the fault's branch.  Nothing else runs on an ordinary step: on a CPU each scalar op
-costs microseconds, and what the fault was is worked out in its branch.  Under loss
+``tf.cond``: the update, else the fault's branch.  Nothing else runs on an ordinary step:
+on a CPU each scalar op costs microseconds, and what the fault was is worked out in its
+branch.  Under loss
 scaling: a scalar test of the loss, and nothing more than the optimizer's own check (a
 faulty step is handed to it poisoned, so it skips it).  Several replicas agree in one
 all-reduce a step (the gradients and the loss together).  No ``check_numerics`` ops: they
