@@ -9,8 +9,11 @@ block of ``--block`` training steps in turn (shuffled; the fit loop through Kera
 the median over the rounds of (on / off - 1), from wall time.  ``interleave.py`` says why
 processes and blocks: in one process, the set-up built first ran 4-7% faster, and an
 in-process comparison credited that to whichever side it built first.  ``--control`` adds
-a second 'off' side: its A/A difference is the noise floor of the figures.  Target: at
-most 3%; the exit status is 1 when a configuration misses it.
+a second 'off' side: its A/A difference is the noise floor of the figures.  Each
+configuration also prints its cost copy by copy (copy i of 'on' against copy i of 'off',
+and of the A/A control): their spread is what a process's placement gives it, on a shared
+2-core machine several percent either way, so raise ``--copies`` before reading a figure
+near the target.  Target: at most 3%; the exit status is 1 when a configuration misses it.
 
 Diagnosis time: each built-in model under mixed_float16 gets a batch whose inputs are 1e6
 (its first layers overflow float16), and the sentinel's replay (``app.numerics.replay``:
@@ -89,15 +92,19 @@ def one(model, loop, policy, args) -> dict:
              "off": (model, loop, policy, False, args, os.path.join(work, "off"))}
     if args.control:
         sides["off'"] = (model, loop, policy, False, args, os.path.join(work, "off2"))
-    times, reports = interleave.compare(built_side, sides, args.rounds, args.block, args.copies)
+    per_copy, reports = interleave.compare_copies(built_side, sides, args.rounds, args.block,
+                                                  args.copies)
+    times = interleave.averaged(per_copy)
     out = {"model": model, "loop": loop, "policy": policy, "rounds": args.rounds,
            "block": args.block, "copies": args.copies,
            "probe_seconds": reports["on"].get("probe_seconds"),
            "median_cost_wall": interleave.median_cost(times, "on", "off"),
            "median_step_ms_off": 1e3 * statistics.median(times["off"]),
-           "median_step_ms_on": 1e3 * statistics.median(times["on"])}
+           "median_step_ms_on": 1e3 * statistics.median(times["on"]),
+           "pair_costs": interleave.copy_costs(per_copy, "on", "off")}
     if args.control:
         out["control_a_a"] = interleave.median_cost(times, "off'", "off")
+        out["pair_controls"] = interleave.copy_costs(per_copy, "off'", "off")
     return out
 
 
@@ -162,6 +169,10 @@ def main(argv=None) -> int:
                 print(f"{model:6s} {loop:6s} {policy:14s} step {r['median_step_ms_off']:7.2f} ms "
                       f"off, {r['median_step_ms_on']:7.2f} ms on; sentinel cost (median of "
                       f"rounds) {100 * r['median_cost_wall']:+5.1f}%{control}", flush=True)
+                print(f"{'':6s} {'':6s} {'':14s} copy by copy: "
+                      + _percents(r["pair_costs"]) + (
+                          f" (A/A {_percents(r['pair_controls'])})" if args.control else ""),
+                      flush=True)
     for model in filter(None, args.diagnosis_models.split(",")):
         diagnoses.append(_child(["--diagnose", model]))
         d = diagnoses[-1]
@@ -177,6 +188,10 @@ def main(argv=None) -> int:
     print(f"JSON: {path}")
     print("targets: all met" if not missed else "targets MISSED: " + "; ".join(missed))
     return 1 if missed else 0
+
+
+def _percents(values) -> str:
+    return " ".join(f"{100 * v:+.1f}%" for v in values)
 
 
 def _child(extra) -> dict:

@@ -49,17 +49,28 @@ def compare(build: Callable, sides: Dict[str, Tuple], rounds: int, block: int,
     in ``copies`` processes per side, in a shuffled order each round.  Returns (per side,
     the seconds per unit of each round, averaged over its copies; per side, the first
     copy's ``report()``)."""
+    per_copy, reports = compare_copies(build, sides, rounds, block, copies, seed)
+    return averaged(per_copy), reports
+
+
+def compare_copies(build: Callable, sides: Dict[str, Tuple], rounds: int, block: int,
+                   copies: int = 2, seed: int = 0
+                   ) -> Tuple[Dict[str, List[List[float]]], Dict[str, dict]]:
+    """``compare``, each copy's times kept apart: (per side, per copy, the seconds per unit
+    of each round; per side, the first copy's ``report()``)."""
     ctx = multiprocessing.get_context("spawn")
     procs = []
-    for name, args in sides.items():
-        for _ in range(copies):
+    # Copy by copy, every side in turn: a process started later finds the machine's memory
+    # in another state, so no side may have all the early or all the late starts.
+    for index in range(copies):
+        for name, args in sides.items():
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_child, args=(child, build, args), daemon=True)
             proc.start()
             child.close()   # the parent's copy: a child that dies is then an EOFError here
-            procs.append((name, parent, proc))
+            procs.append((name, index, parent, proc))
     try:
-        for name, conn, proc in procs:
+        for name, _, conn, proc in procs:
             try:
                 kind, detail = conn.recv()
             except EOFError:
@@ -67,23 +78,35 @@ def compare(build: Callable, sides: Dict[str, Tuple], rounds: int, block: int,
             if kind != "ready":
                 raise SystemExit(f"side {name!r} could not be built: {detail}")
         order = random.Random(seed)
-        times: Dict[str, List[float]] = {name: [] for name in sides}
+        times: Dict[str, List[List[float]]] = {name: [[] for _ in range(copies)]
+                                               for name in sides}
         for _ in range(rounds):
-            got = {name: [] for name in sides}
-            for name, conn, _ in order.sample(procs, len(procs)):
+            for name, index, conn, _ in order.sample(procs, len(procs)):
                 conn.send(block)
-                got[name].append(conn.recv())
-            for name, values in got.items():
-                times[name].append(statistics.fmean(values))
+                times[name][index].append(conn.recv())
         reports: Dict[str, dict] = {}
-        for name, conn, proc in procs:
+        for name, _, conn, proc in procs:
             conn.send(None)
             reports.setdefault(name, conn.recv())
         return times, reports
     finally:   # a TensorFlow process can linger in its exit: nothing of it is needed now
-        for _, _, proc in procs:
+        for _, _, _, proc in procs:
             proc.kill()
             proc.join()
+
+
+def averaged(per_copy: Dict[str, List[List[float]]]) -> Dict[str, List[float]]:
+    """Per side, each round's time averaged over the side's copies."""
+    return {name: [statistics.fmean(r) for r in zip(*copies)]
+            for name, copies in per_copy.items()}
+
+
+def copy_costs(per_copy: Dict[str, List[List[float]]], side: str, base: str) -> List[float]:
+    """The median cost of ``side`` over ``base`` pairing copy i of one with copy i of the
+    other: one figure per pair of processes, whose spread is what a process's placement
+    gives it (the A/A control's pairs show it without any change between the sides)."""
+    return [statistics.median(a / b - 1.0 for a, b in zip(s, t))
+            for s, t in zip(per_copy[side], per_copy[base])]
 
 
 def median_cost(times: Dict[str, List[float]], side: str, base: str, scale: float = 1.0) -> float:
