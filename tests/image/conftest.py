@@ -27,9 +27,9 @@ from typing import Sequence
 
 import pytest
 
-from image_helpers import (FAST_HEALTH, HOST_CA_BUNDLE, HOST_GID, HOST_UID, PARITY_VALUES, REPO,
+from image_helpers import (HOST_CA_BUNDLE, HOST_GID, HOST_UID, PARITY_VALUES, REPO,
                            STANDIN_BASE, TEST_IMAGE, free_port, health, memlock_limit, run,
-                           wait_until)
+                           start_container, wait_until)
 
 @pytest.fixture(scope="session")
 def docker_ok():
@@ -169,9 +169,7 @@ def container(image):
     def start(*args: str, command: Sequence[str] = (), name: str | None = None) -> str:
         name = name or f"tfmp-t-{uuid.uuid4().hex[:10]}"
         names.append(name)
-        run(["docker", "run", "-d", "--name", name, FAST_HEALTH, *args, image, *command],
-            timeout=60)
-        return name
+        return start_container(name, image, *args, command=command)
 
     yield start
     for name in names:

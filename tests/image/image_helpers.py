@@ -108,6 +108,13 @@ def docker_run(image: str, *args: str, command: Sequence[str] = (), timeout: flo
     return run(["docker", "run", "--rm", *args, image, *command], timeout=timeout, check=check)
 
 
+def start_container(name: str, image: str, *args: str, command: Sequence[str] = ()) -> str:
+    """`docker run -d` (a long-lived service container) named ``name``, its healthcheck run
+    every second (FAST_HEALTH); returns the name.  The caller removes it."""
+    run(["docker", "run", "-d", "--name", name, FAST_HEALTH, *args, image, *command], timeout=60)
+    return name
+
+
 def container_env(container: str) -> dict:
     out = exec_in(container, "env", "-0", user="tf").stdout
     return dict(item.split("=", 1) for item in out.split("\0") if "=" in item)

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from image_helpers import (FAST_HEALTH, HOST_GID, HOST_UID, docker_run, exec_in, free_port, health,
-                           kernel_execute, run, wait_until)
+from image_helpers import (HOST_GID, HOST_UID, docker_run, exec_in, free_port, health,
+                           kernel_execute, run, start_container, wait_until)
 from test_tensorboard import DEEP_TEXT, FIND_TILE, TENSORBOARD_FRAME, DevTools
 
 pytestmark = pytest.mark.docker
@@ -75,8 +75,7 @@ def knobs(image, ipv6_network, tmp_path_factory):
     name = f"tfmp-t-stacks-{uuid.uuid4().hex[:8]}"
     host_port = free_port()
     network, _ = ipv6_network
-    args = ["docker", "run", "-d", "--name", name, FAST_HEALTH,
-            "-p", f"127.0.0.1:{host_port}:{PORT_IN}",
+    args = ["-p", f"127.0.0.1:{host_port}:{PORT_IN}",
             "-e", f"JUPYTER_PORT={PORT_IN}", "-e", f"JUPYTER_TOKEN={TOKEN}",
             "-e", f"NOTEBOOK_ARGS=--ServerApp.base_url={BASE} --ServerApp.iopub_data_rate_limit=123456789",
             "-e", "GEN_CERT=yes", "-e", "GRANT_SUDO=yes", "-e", "NB_UMASK=002",
@@ -90,7 +89,7 @@ def knobs(image, ipv6_network, tmp_path_factory):
     if network:
         args += ["--network", network]
     # Options after `serve` go to the server too: allow_hidden shows below in /api/contents.
-    run([*args, image, "serve", "--ContentsManager.allow_hidden=True"], timeout=60)
+    start_container(name, image, *args, command=["serve", "--ContentsManager.allow_hidden=True"])
     try:
         wait_until(lambda: health(name).startswith(("healthy", "unhealthy", "none|exited")),
                    timeout=150, interval=0.5, what=f"{name}'s healthcheck")

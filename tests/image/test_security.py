@@ -23,8 +23,8 @@ import paramiko
 import pytest
 import requests
 
-from image_helpers import (FAST_HEALTH, HOST_CA_BUNDLE, REPO, docker_run, exec_in, free_port,
-                           health, run, wait_until)
+from image_helpers import (HOST_CA_BUNDLE, REPO, docker_run, exec_in, free_port, health, run,
+                           start_container, wait_until)
 
 pytestmark = pytest.mark.docker
 
@@ -87,10 +87,10 @@ def hostile(image, tmp_path_factory):
     env = []
     for var, value in {**SETENV_VALUES, **BASHRC_VALUES}.items():
         env += ["-e", f"{var}={value}"]
-    run(["docker", "run", "-d", "--name", name, FAST_HEALTH, "--shm-size=256m",
-         "-p", f"127.0.0.1:{jport}:8888", "-p", f"127.0.0.1:{sport}:22",
-         "-e", f"JUPYTER_TOKEN={TOKEN}\r", "-e", f"SSH_PASSWORD={PASSWORD}\r",
-         "-e", f"PUBLIC_KEY={public_key}", *env, image], timeout=60)
+    start_container(name, image, "--shm-size=256m",
+                    "-p", f"127.0.0.1:{jport}:8888", "-p", f"127.0.0.1:{sport}:22",
+                    "-e", f"JUPYTER_TOKEN={TOKEN}\r", "-e", f"SSH_PASSWORD={PASSWORD}\r",
+                    "-e", f"PUBLIC_KEY={public_key}", *env)
     try:
         wait_until(lambda: health(name).startswith("healthy"), 120, what=f"{name} healthy")
         yield {"name": name, "jupyter": f"http://127.0.0.1:{jport}", "ssh_port": sport,

@@ -26,8 +26,8 @@ import pytest
 import requests
 import websocket
 
-from image_helpers import (FAST_HEALTH, REPO, docker_run, exec_in, free_port, health,
-                           kernel_execute, kernel_session, run, wait_until, websocket_tls,
+from image_helpers import (REPO, docker_run, exec_in, free_port, health, kernel_execute,
+                           kernel_session, run, start_container, wait_until, websocket_tls,
                            websocket_url)
 from test_stack import _chromium  # the image tests' one headless-Chromium command line
 
@@ -70,8 +70,7 @@ def lines_with(text: str, needle: str) -> list[str]:
 
 
 def start_serve(name: str, port: int, *args: str, image: str) -> None:
-    run(["docker", "run", "-d", "--name", name, FAST_HEALTH, "-p", f"127.0.0.1:{port}:8888",
-         "-e", "ENABLE_SSH=0", *args, image], timeout=60)
+    start_container(name, image, "-p", f"127.0.0.1:{port}:8888", "-e", "ENABLE_SSH=0", *args)
 
 
 def wait_healthy(name: str, timeout: float = 120) -> None:
