@@ -9,27 +9,26 @@ it reads as little as it can:
 * a dense layer's kernel gradient, ``C = A^T B`` (A the layer's input, B the gradient of its
   output), is proved finite from its two factors when they hold fewer elements than it does:
   by Cauchy-Schwarz every element of C, and every partial sum the matmul makes of it, is at
-  most ``|A| |B|`` (Frobenius norms).  The test adds ``l2_loss(A) * l2_loss(B)`` (a quarter
-  of ``|A|^2 |B|^2``) to the other sums: that product is finite only when both factors are
-  and ``|A| |B|`` is under about 5e19 (rounding included) - under float32's largest value
-  (3.4e38) by a factor of 10^18 - so a finite total proves C finite.  The factors are ready before C
-  is made (B is the last thing the backward pass computes before C), so the test no longer
-  waits for the last and largest gradient of the step, the first layer's kernel: the mlp's
-  first kernel is 784x512 = 401k elements, its factors at batch 128 are 166k, and their test
-  runs beside the matmul that makes C.  Only when the total is not finite (a factor, another
-  gradient or the loss not finite, or factors that large) are the kernels themselves summed,
-  so the answer is the same as summing every gradient: one test, one ``tf.cond`` a step,
-  however many kernels are proved.
+  most ``|A| |B|`` (Frobenius norms), so finite factors whose norms multiply to well under
+  float32's largest value make a finite C.  The factors are ready before C is made (B is
+  the last thing the backward pass computes before C), so the test no longer waits for the
+  last and largest gradient of the step, the first layer's kernel: the mlp's first kernel
+  is 784x512 = 401k elements, its factors at batch 128 are 166k, and their test runs beside
+  the matmul that makes C.  Only when the bound does not hold (a factor not finite, or
+  values near float32's limit) is C itself summed, so the answer is the same as summing
+  C, less the one case where a bounded C's elements add up past float32's range.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-# The bound holds for factors of up to this many elements and contractions this long: the
-# float32 sums of their squares (l2_loss) and the matmul's own accumulation are then within
-# 25% of exact (relative error at most n * 2^-24), which the bound's margin of 10^18 covers.
+# What the factors' norms must multiply to under: float32's largest value with a margin of
+# 8, for the rounding of the computed norms and of the matmul's own accumulation (relative
+# error at most k * 2^-24 for k terms, see _MAX_TERMS).
+LIMIT = float(tf.float32.max) / 8.0
+# Contractions longer than this could round past the margin: their gradient is summed.
 _MAX_TERMS = 2 ** 22
-# Smaller gradients are summed: a product's ops cost more than the sum they save.
+# Smaller gradients are summed: a bound's few scalar ops and its cond cost more than they save.
 _MIN_ELEMENTS = 1 << 16
 
 
@@ -41,12 +40,11 @@ def all_finite(grads) -> tf.Tensor:
 
 def sum_finite(grads, scalars=()) -> tf.Tensor:
     """True when every gradient (and each of ``scalars``, None left out) is finite: one sum
-    of each, or for a large dense kernel's gradient the product of its factors' norms (see
-    the module's docstring), added up and tested once.  N + 2 ops for N gradients where
-    ``all_finite`` takes 2N + 1.  Finite gradients whose sum passes float32's range count as
-    non-finite too: an update that large is a fault of its own.  Sparse gradients: their
-    values, never densified."""
-    sums, products, kernels = [], [], []
+    of each, added up, or for a large dense kernel's gradient the bound on its factors (see
+    the module's docstring).  N + 2 ops for N gradients where ``all_finite`` takes 2N + 1.
+    Finite gradients whose sum passes float32's range count as non-finite too: an update
+    that large is a fault of its own.  Sparse gradients: their values, never densified."""
+    sums, proved = [], []
     for g in grads:
         if g is None:
             continue
@@ -54,20 +52,16 @@ def sum_finite(grads, scalars=()) -> tf.Tensor:
         if factors is None:
             sums.append(tf.reduce_sum(tf.cast(_values(g), tf.float32)))
         else:
-            products.append(tf.nn.l2_loss(factors[0]) * tf.nn.l2_loss(factors[1]))
-            kernels.append(g)
+            proved.append(_product_finite(g, *factors))
     for s in scalars:
         if s is not None:
             s = tf.cast(s, tf.float32)
             sums.append(s if s.shape.rank == 0 else tf.reduce_sum(s))
-    if not kernels:
-        return tf.math.is_finite(tf.add_n(sums)) if sums else tf.constant(True)
-    rest = tf.add_n(sums) if sums else tf.constant(0.0)
-    proved = tf.math.is_finite(tf.add_n([rest] + products))
-
-    def summed():   # the bound failed: the kernels' own sums decide
-        return tf.math.is_finite(tf.add_n([rest] + [tf.reduce_sum(k) for k in kernels]))
-    return tf.cond(proved, lambda: tf.constant(True), summed)
+    tests = [tf.math.is_finite(tf.add_n(sums))] if sums else []
+    tests += proved
+    if not tests:
+        return tf.constant(True)
+    return tests[0] if len(tests) == 1 else tf.reduce_all(tf.stack(tests))
 
 
 def matmul_factors(g):
@@ -82,10 +76,23 @@ def matmul_factors(g):
     if not (a.shape.is_fully_defined() and b.shape.is_fully_defined()):
         return None
     terms = a.shape[0] if op.get_attr("transpose_a") else a.shape[1]
-    size, na, nb = g.shape.num_elements(), a.shape.num_elements(), b.shape.num_elements()
-    if size < _MIN_ELEMENTS or max(terms, na, nb) > _MAX_TERMS or na + nb >= size:
+    size = g.shape.num_elements()
+    if (size < _MIN_ELEMENTS or terms > _MAX_TERMS
+            or a.shape.num_elements() + b.shape.num_elements() >= size):
         return None
     return a, b
+
+
+def _product_finite(c, a, b) -> tf.Tensor:
+    """C = op(A) op(B) finite: proved from |A| |B| < ``LIMIT``, else C's own sum.  L2Loss is
+    sum(x^2) / 2, so |A|^2 |B|^2 = 4 la lb, multiplied in float64 (the product of two
+    float32 norms can pass float32's range); a factor with a NaN or an inf gives a NaN or an
+    inf there, which fails the comparison."""
+    la = tf.cast(tf.nn.l2_loss(a), tf.float64)
+    lb = tf.cast(tf.nn.l2_loss(b), tf.float64)
+    bounded = 4.0 * la * lb < LIMIT * LIMIT
+    return tf.cond(bounded, lambda: tf.constant(True),
+                   lambda: tf.math.is_finite(tf.reduce_sum(c)))
 
 
 def _values(g):
