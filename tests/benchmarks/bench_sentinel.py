@@ -23,6 +23,13 @@ forward and backward under the policy, then in float32) is timed.  Target: under
 
     python3 tests/benchmarks/bench_sentinel.py --control
     python3 tests/benchmarks/bench_sentinel.py --models mlp --loops fit --policies float32 --rounds 120
+    git worktree add /tmp/base HEAD~1 && python3 tests/benchmarks/bench_sentinel.py \
+        --models mlp --loops custom --policies float32 --copies 6 --against /tmp/base
+
+``--against DIR`` adds a side running the sentinel of another checkout: a change to the
+guard measured against the version before it, in the same rounds (one run is not a
+verdict: the one-test bound of 2026-12-04 was within the noise in one run and 2 points
+slower pooled over five).
 
 Prints a table and writes bench_sentinel.json into --output (default a temp folder).
 """
@@ -70,11 +77,14 @@ class Side(TrainSetup):
         self.steps(1)
 
 
-def built_side(model, loop, policy, sentinel: bool, args, work: str) -> Side:
+def built_side(model, loop, policy, sentinel: bool, args, work: str, tree: str = ROOT) -> Side:
     """One side in its own process (``interleave``), warmed up: every trace made, and the
-    sentinel's layer probe traced once (it is not what is timed)."""
+    sentinel's layer probe traced once (it is not what is timed).  ``tree``: the checkout
+    whose ``app`` it runs (``--against``: another version of the code)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, ROOT)
+    if "app" in sys.modules and tree != ROOT:
+        raise SystemExit(f"this process imported app before it could take it from {tree}")
+    sys.path.insert(0, tree)
     os.makedirs(work, exist_ok=True)
     work = tempfile.mkdtemp(prefix="copy-", dir=work)   # each of a side's copies its own run folder
     with contextlib.redirect_stdout(sys.stderr):
@@ -94,6 +104,9 @@ def one(model, loop, policy, args) -> dict:
              "off": (model, loop, policy, False, args, os.path.join(work, "off"))}
     if args.control:
         sides["off'"] = (model, loop, policy, False, args, os.path.join(work, "off2"))
+    if args.against:
+        sides["against"] = (model, loop, policy, True, args, os.path.join(work, "against"),
+                            os.path.abspath(args.against))
     per_copy, reports = interleave.compare_copies(built_side, sides, args.rounds, args.block,
                                                   args.copies)
     times = interleave.averaged(per_copy)
@@ -107,6 +120,10 @@ def one(model, loop, policy, args) -> dict:
     if args.control:
         out["control_a_a"] = interleave.median_cost(times, "off'", "off")
         out["pair_controls"] = interleave.copy_costs(per_copy, "off'", "off")
+    if args.against:
+        out["against_cost_wall"] = interleave.median_cost(times, "against", "off")
+        out["against_vs_on"] = interleave.median_cost(times, "against", "on")
+        out["pair_against"] = interleave.copy_costs(per_copy, "against", "off")
     return out
 
 
@@ -145,6 +162,9 @@ def main(argv=None) -> int:
     p.add_argument("--copies", type=int, default=2, help="processes per side")
     p.add_argument("--control", action="store_true",
                    help="also time a second 'off' side: the A/A difference, the noise floor")
+    p.add_argument("--against", default=None, metavar="DIR",
+                   help="also time the sentinel of another checkout of this repository "
+                        "(e.g. git worktree add DIR HEAD~1): two versions side by side")
     p.add_argument("--samples", type=int, default=4096, help="samples in the epoch the blocks cycle")
     p.add_argument("--batch-size", type=int, default=128, help="tfmp train's default")
     p.add_argument("--log-every", type=int, default=100)
@@ -175,6 +195,12 @@ def main(argv=None) -> int:
                       + _percents(r["pair_costs"]) + _spread(r["pair_costs"]) + (
                           f" (A/A {_percents(r['pair_controls'])})" if args.control else ""),
                       flush=True)
+                if args.against:
+                    print(f"{'':6s} {'':6s} {'':14s} --against {args.against}: "
+                          f"{100 * r['against_cost_wall']:+.1f}% (against 'on' "
+                          f"{100 * r['against_vs_on']:+.1f}%); copy by copy: "
+                          + _percents(r["pair_against"]) + _spread(r["pair_against"]),
+                          flush=True)
     for model in filter(None, args.diagnosis_models.split(",")):
         diagnoses.append(_child(["--diagnose", model]))
         d = diagnoses[-1]
