@@ -8,11 +8,10 @@ the pass a LossScaleOptimizer makes anyway, in half its ops, and a large dense k
 gradient proved finite from its two smaller factors before it is made) - and one
 ``tf.cond``: the update, else the fault's branch.  Nothing else runs on an ordinary step:
 on a CPU each scalar op costs microseconds, and what the fault was is worked out in its
-branch.  Under loss
-scaling: a scalar test of the loss, and nothing more than the optimizer's own check (a
-faulty step is handed to it poisoned, so it skips it).  Several replicas agree in one
-all-reduce a step (the gradients and the loss together).  No ``check_numerics`` ops: they
-break XLA.
+branch.  Under loss scaling: a scalar test of the loss, and nothing more than the
+optimizer's own check (a faulty step is handed to it poisoned, so it skips it).  Several
+replicas agree in one all-reduce a step (the gradients and the loss together).  No
+``check_numerics`` ops: they break XLA.
 
 The latch (``fault``: the step, the code of ``app.numerics.rules`` and the loss scale, one
 variable written by one assign) is set at the step:

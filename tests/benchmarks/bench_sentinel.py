@@ -225,9 +225,13 @@ def _mean_and_error(values):
     return statistics.fmean(values), statistics.stdev(values) / len(values) ** 0.5
 
 
+def _mean_text(mean: float, error: float) -> str:
+    return f"{100 * mean:+.1f}% +- {100 * error:.1f}"
+
+
 def _spread(values) -> str:
     got = _mean_and_error(values)
-    return "" if got is None else f"; mean {100 * got[0]:+.1f}% +- {100 * got[1]:.1f}"
+    return "" if got is None else f"; mean {_mean_text(*got)}"
 
 
 def _reading(values) -> str:
@@ -237,10 +241,9 @@ def _reading(values) -> str:
     if got is None:
         return ""
     mean, error = got
-    if mean - 2 * error > TARGET:
-        return f" (copies: {100 * mean:+.1f}% +- {100 * error:.1f}, over it)"
-    return (f" (copies: {100 * mean:+.1f}% +- {100 * error:.1f}, not told apart from "
-            f"{100 * TARGET:.0f}% at this noise)")
+    verdict = ("over it" if mean - 2 * error > TARGET
+               else f"not told apart from {100 * TARGET:.0f}% at this noise")
+    return f" (copies: {_mean_text(mean, error)}, {verdict})"
 
 
 def _percents(values) -> str:
