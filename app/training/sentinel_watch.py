@@ -63,15 +63,14 @@ class SentinelWatch:
         with self.lock:
             self.last_probe = step - step % self.every
             t0 = time.perf_counter()
-            measured = self.probe.measure(self.probe_x)
-            for line in self.headroom.update(step, measured):
+            probed = self.probe.measure(self.probe_x)
+            for line in self.headroom.update(step, probed.layers):
                 self.warnings.append(line)
                 self.warn(line)
             if self.on_probe is not None:
                 self.on_probe(step, self.headroom.scalars())
-            bad = replay.nonfinite_weights(self.model.weights)
             self.probe_seconds += time.perf_counter() - t0
-        return rules.weights_fault(step) if bad else None
+        return None if probed.weights_finite else rules.weights_fault(step)
 
     def raise_fault(self, optimizer, model=None) -> None:
         """Raise NumericsFault for what the counters show, a due probe finds, or, given the

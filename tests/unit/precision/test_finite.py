@@ -104,3 +104,35 @@ def test_the_proof_answers_as_the_gradient_itself_does(x_at, up_at, expected):
     ok, grad = check(x, up)
     assert bool(ok) is expected
     assert bool(np.isfinite(grad.numpy()).all()) is expected
+
+
+def _two_kernels_check():
+    """Two dense layers' kernel gradients, each proved from its factors, in one test."""
+    w1, w2 = tf.Variable(tf.zeros((784, 512))), tf.Variable(tf.zeros((512, 512)))
+
+    @tf.function
+    def check(x, h, up1, up2):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(x, w1) * up1) + tf.reduce_sum(tf.matmul(h, w2) * up2)
+        grads = tape.gradient(loss, [w1, w2])
+        assert all(finite.matmul_factors(g) is not None for g in grads)
+        return finite.sum_finite(grads), tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
+                                                        for g in grads])
+    return check
+
+
+@pytest.mark.parametrize("where, value", [
+    (None, None), ("h", float("nan")), ("up2", float("inf")), ("x", float("-inf")),
+    # An input whose square passes float32's range (1e38): its bound fails, yet its kernel's
+    # gradient (about 1e35) is finite: summed, and found finite.
+    ("x", 1e38),
+])
+def test_two_proved_kernels_answer_as_their_gradients_do(where, value):
+    rng = np.random.default_rng(1)
+    arrays = {"x": rng.normal(size=(128, 784)), "h": rng.normal(size=(128, 512)),
+              "up1": rng.normal(size=(128, 512)) * 1e-3, "up2": rng.normal(size=(128, 512)) * 1e-3}
+    if where is not None:
+        arrays[where][3, 4] = value
+    ok, truth = _two_kernels_check()(*(tf.constant(arrays[k], tf.float32)
+                                       for k in ("x", "h", "up1", "up2")))
+    assert bool(ok) is bool(truth) is (where is None or bool(np.isfinite(value)))

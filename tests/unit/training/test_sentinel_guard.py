@@ -152,3 +152,22 @@ def test_several_replicas_agree_in_one_all_reduce_and_keep_the_fault_kind():
     assert out["clean"]["code"] == 0 and out["clean"]["w"] == [0.0, 1.0]   # mean gradient 1
     own = out["unguarded"]["collectives"]     # the optimizer's apply, as Keras makes it
     assert [out[k]["collectives"] - own for k in ("grad", "loss", "clean")] == [1, 1, 1]
+
+
+def test_the_headroom_probe_also_finds_a_weight_an_update_made_non_finite():
+    """The probe's one call answers both: each layer's headroom and whether every weight
+    is finite (the watch reads that as a 'weights' fault)."""
+    from app.task import model_layers
+    from app.numerics.headroom import HeadroomProbe
+
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3, name="hidden"),
+                                 tf.keras.layers.Dense(2, name="out")])
+    probe = HeadroomProbe(model, model_layers.walk(model))
+    x = tf.ones((2, 4))
+    probed = probe.measure(x)
+    assert probed.weights_finite and set(probed.layers) >= {"hidden", "out"}
+    kernel = model.get_layer("out").kernel
+    kernel.assign(tf.tensor_scatter_nd_update(kernel, [[0, 1]], [np.inf]))
+    probed = probe.measure(x)
+    assert not probed.weights_finite
+    assert not probed.layers["out"][2] and probed.layers["hidden"][2]
