@@ -52,9 +52,7 @@ class HeadroomProbe:
                                       tf.cast(finite.all_finite(c.outputs), tf.float32)]))
             weights = [w for w in model.weights if tf.as_dtype(w.dtype).is_floating]
             weights_ok = finite.all_finite(weights) if weights else tf.constant(True)
-            # The last row: the weights' test (its first column unused).
-            rows.append(tf.stack([tf.constant(0.0), tf.cast(weights_ok, tf.float32)]))
-            return tf.stack(rows)
+            return (tf.stack(rows) if rows else tf.zeros([0, 2])), weights_ok
         probe.get_concrete_function(x)   # traced now, with the tap on; the tap is gone after
         return probe
 
@@ -62,14 +60,13 @@ class HeadroomProbe:
         with self.lock:
             if self._fn is None:
                 self._fn = self._trace(x)
-            rows = self._fn(x).numpy()
-            weights_ok, rows = bool(rows[-1][1]), rows[:-1]
+            rows, weights_ok = self._fn(x)
             out: Dict[str, tuple] = {}
-            for (path, dtype), (largest, finite) in zip(self.meta, rows):
+            for (path, dtype), (largest, finite) in zip(self.meta, rows.numpy()):
                 old = out.get(path)   # a layer called twice: its larger value
                 if old is None or largest > old[1] or not finite:
                     out[path] = (dtype, float(largest), bool(finite) and (old is None or old[2]))
-            return Probed(out, weights_ok)
+            return Probed(out, bool(weights_ok))
 
 
 class Headroom:
