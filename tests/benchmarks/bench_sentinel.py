@@ -28,7 +28,8 @@ forward and backward under the policy, then in float32) is timed.  Target: under
 
 ``--pool JSON...`` times nothing: it pools the process pairs of earlier runs' JSON files
 per configuration (the figure is then the median of the pairs), which is what a cost near
-the target needs.
+the target needs; runs made with ``--against`` also give that side's difference from 'on',
+copy by copy, pooled (a change to the guard is adopted on that, never on one run).
 
 ``--against DIR`` adds a side running the sentinel of another checkout: a change to the
 guard measured against the version before it, in the same rounds (one run is not a
@@ -231,7 +232,9 @@ def pooled(paths) -> int:
     """Every process pair of the runs in ``paths`` (their JSON), pooled per configuration:
     one run's six pairs cannot tell a cost near the target from it, dozens can.  The
     figure is the median of the pairs (each a copy's median over its rounds); exit status
-    1 when one is over the target."""
+    1 when one is over the target.  Runs made with ``--against`` also pool that side: its
+    pairs against 'off', and copy by copy its difference from 'on' (copy i of each side
+    ran in the same rounds), which is what says whether a change to the guard helped."""
     groups: dict = {}
     for path in paths:
         try:
@@ -241,10 +244,14 @@ def pooled(paths) -> int:
             raise SystemExit(f"error: --pool {path}: not a bench_sentinel.json ({exc})")
         for r in runs:
             g = groups.setdefault((r["model"], r["loop"], r["policy"]),
-                                  {"runs": 0, "pairs": [], "controls": []})
+                                  {"runs": 0, "pairs": [], "controls": [], "against": [],
+                                   "against_vs_on": []})
             g["runs"] += 1
             g["pairs"] += r.get("pair_costs", [])
             g["controls"] += r.get("pair_controls", [])
+            against = r.get("pair_against", [])
+            g["against"] += against
+            g["against_vs_on"] += [a - o for a, o in zip(against, r.get("pair_costs", []))]
     missed = []
     for (model, loop, policy), g in groups.items():
         pairs, controls = g["pairs"], g["controls"]
@@ -255,6 +262,12 @@ def pooled(paths) -> int:
                    + _spread(controls) if controls else "")
         print(f"{model:6s} {loop:6s} {policy:14s} {g['runs']} run(s), {len(pairs)} pairs: "
               f"median {100 * median:+.1f}%{_spread(pairs)}{control}")
+        if g["against"]:
+            print(f"{'':6s} {'':6s} {'':14s} --against: {len(g['against'])} pairs, median "
+                  f"{100 * statistics.median(g['against']):+.1f}%{_spread(g['against'])}; "
+                  f"minus 'on' copy by copy: median "
+                  f"{100 * statistics.median(g['against_vs_on']):+.1f} points"
+                  f"{_spread(g['against_vs_on'], unit=' points')}")
         if median > TARGET:
             missed.append(f"{model}/{loop}/{policy} {100 * median:+.1f}%" + _reading(pairs))
     print("targets: all met" if not missed else "targets MISSED: " + "; ".join(missed))
@@ -268,13 +281,13 @@ def _mean_and_error(values):
     return statistics.fmean(values), statistics.stdev(values) / len(values) ** 0.5
 
 
-def _mean_text(mean: float, error: float) -> str:
-    return f"{100 * mean:+.1f}% +- {100 * error:.1f}"
+def _mean_text(mean: float, error: float, unit: str = "%") -> str:
+    return f"{100 * mean:+.1f}{unit} +- {100 * error:.1f}"
 
 
-def _spread(values) -> str:
+def _spread(values, unit: str = "%") -> str:
     got = _mean_and_error(values)
-    return "" if got is None else f"; mean {_mean_text(*got)}"
+    return "" if got is None else f"; mean {_mean_text(*got, unit=unit)}"
 
 
 def _reading(values) -> str:
