@@ -6,9 +6,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.paths import ROOT
 
 SCRIPT = ROOT / "tests" / "benchmarks" / "bench_sentinel.py"
+pytestmark = pytest.mark.host_only(reason="tests/benchmarks/ is not shipped in the image "
+                                          "(.dockerignore)")
 
 
 def _run_file(tmp_path, name, pairs, controls=(), against=()):
