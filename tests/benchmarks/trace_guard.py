@@ -17,6 +17,15 @@ from one process to the next on a shared 2-core machine).  What the off side sho
 the last gradient and the first update is TensorFlow's own scheduling.
 
     python3 tests/benchmarks/trace_guard.py --models mlp,cnn --loops custom,fit
+
+``--timeline`` also prints, from the first process of each side, what the split cannot
+show: the ops only the sentinel's side runs (their number and op time a step), and the
+ops around the last gradient, each at its median start relative to the end of the last
+gradient op, with its median duration.  That is where to look before changing the guard:
+the time of an op beside the backward pass's matmuls, and the tail before the first
+update.
+
+    python3 tests/benchmarks/trace_guard.py --models mlp --loops custom --timeline
 """
 from __future__ import annotations
 
@@ -37,6 +46,7 @@ from paths import root_on_path  # noqa: E402
 ROOT = str(root_on_path())
 UPDATE = re.compile(r"(?i)(adam|sgd|rmsprop).*(ResourceApply|Assign)")
 PARTS = ("to last gradient", "last gradient to first update", "updates", "graph")
+BRANCH = re.compile(r"^(cond(_\d+)?/(then|else)/_\d+/)+cond(_\d+)?/")
 
 
 def traced_side(model: str, loop: str, sentinel: bool, args) -> dict:
@@ -55,11 +65,52 @@ def traced_side(model: str, loop: str, sentinel: bool, args) -> dict:
         with tf.profiler.experimental.Trace("tfmp_step"):
             side.unit()
     tf.profiler.experimental.stop()
-    spans = [_split(events) for events in _steps(logdir)]
+    steps = list(_steps(logdir))
+    spans = [_split(events) for events in steps]
     spans = [s for s in spans if s is not None]
     if not spans:
         raise SystemExit(f"{model}/{loop}: no step had both a gradient and an update op")
-    return {part: statistics.median(s[i] for s in spans) for i, part in enumerate(PARTS)}
+    out = {part: statistics.median(s[i] for s in spans) for i, part in enumerate(PARTS)}
+    if args.timeline:
+        out["ops"] = _op_medians(steps)
+    return out
+
+
+def _op_medians(steps) -> dict:
+    """Per op name: its median start relative to the end of the step's last gradient op,
+    its median duration (us), and in how many steps it ran."""
+    seen: dict = {}
+    for events in steps:
+        grads = [e[1] for e in events if e[2].startswith("gradient_tape/")]
+        if not grads:
+            continue
+        last_grad = max(grads)
+        for start, end, name in events:
+            seen.setdefault(name, []).append((start - last_grad, end - start))
+    return {name: [statistics.median(o for o, _ in v), statistics.median(d for _, d in v), len(v)]
+            for name, v in seen.items()}
+
+
+def _unbranched(name: str) -> str:
+    """An op's name without the lowered cond's prefix (``cond_2/then/_16/cond_2/``), so the
+    optimizer's ops behind the guard's cond match the same ops unguarded."""
+    return BRANCH.sub("", name)
+
+
+def _print_timeline(off: dict, on: dict, steps: int, window=(-100.0, 400.0)) -> None:
+    """The ops only 'on' runs, and 'on''s ops around the last gradient (see the docstring)."""
+    plain = {_unbranched(n) for n in off}
+    extra = {n: v for n, v in on.items() if _unbranched(n) not in plain and v[2] >= steps // 2}
+    print(f"{'':12s} ops only 'on' runs: {len(extra)} a step, "
+          f"{sum(v[1] for v in extra.values()):.0f} us of op time a step (medians)")
+    for name, (_, dur, _) in sorted(extra.items(), key=lambda kv: -kv[1][1])[:8]:
+        print(f"{'':14s} {dur:7.1f} us  {name}")
+    print(f"{'':12s} 'on' around the last gradient (start from its end, duration, op; "
+          f"* only 'on'):")
+    near = sorted((v[0], v[1], n) for n, v in on.items()
+                  if window[0] <= v[0] <= window[1] and v[2] >= steps // 2)
+    for offset, dur, name in near:
+        print(f"{'':14s} {offset:+7.1f} {dur:7.1f}  {'*' if name in extra else ' '} {name[:90]}")
 
 
 def _steps(logdir: str):
@@ -121,6 +172,8 @@ def main(argv=None) -> int:
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--numerics-every", type=int, default=100)
     p.add_argument("--warmup", type=int, default=1, help="epochs before the warm steps")
+    p.add_argument("--timeline", action="store_true",
+                   help="also the ops only 'on' runs, and the ops around the last gradient")
     p.add_argument("--side", default=None, help=argparse.SUPPRESS)   # MODEL,LOOP,on|off child
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -143,6 +196,8 @@ def main(argv=None) -> int:
                       + " | ".join(f"{got[which][part]:8.0f}" for part in PARTS), flush=True)
             print(f"{'':12s} {'+':4s} " + " | ".join(
                 f"{got['on'][part] - got['off'][part]:+8.0f}" for part in PARTS), flush=True)
+            if args.timeline:
+                _print_timeline(runs["off"][0]["ops"], runs["on"][0]["ops"], args.steps - 2)
     return 0
 
 
