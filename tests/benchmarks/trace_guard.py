@@ -73,6 +73,7 @@ def traced_side(model: str, loop: str, sentinel: bool, args) -> dict:
     out = {part: statistics.median(s[i] for s in spans) for i, part in enumerate(PARTS)}
     if args.timeline:
         out["ops"] = _op_medians(steps)
+        out["steps"] = sum(_last_gradient_end(events) is not None for events in steps)
     return out
 
 
@@ -81,10 +82,9 @@ def _op_medians(steps) -> dict:
     its median duration (us), and in how many steps it ran."""
     seen: dict = {}
     for events in steps:
-        grads = [e[1] for e in events if e[2].startswith("gradient_tape/")]
-        if not grads:
+        last_grad = _last_gradient_end(events)
+        if last_grad is None:
             continue
-        last_grad = max(grads)
         for start, end, name in events:
             seen.setdefault(name, []).append((start - last_grad, end - start))
     return {name: [statistics.median(o for o, _ in v), statistics.median(d for _, d in v), len(v)]
@@ -98,7 +98,8 @@ def _unbranched(name: str) -> str:
 
 
 def _print_timeline(off: dict, on: dict, steps: int, window=(-100.0, 400.0)) -> None:
-    """The ops only 'on' runs, and 'on''s ops around the last gradient (see the docstring)."""
+    """The ops only 'on' runs, and 'on''s ops around the last gradient (see the docstring);
+    an op counts when it ran in at least half of the ``steps`` traced."""
     plain = {_unbranched(n) for n in off}
     extra = {n: v for n, v in on.items() if _unbranched(n) not in plain and v[2] >= steps // 2}
     print(f"{'':12s} ops only 'on' runs: {len(extra)} a step, "
@@ -137,11 +138,15 @@ def _steps(logdir: str):
         yield [op for op in ops if begin <= op[0] < end]
 
 
+def _last_gradient_end(events):
+    """When the step's last gradient op (under ``gradient_tape/``) ended; None without one."""
+    return max((e[1] for e in events if e[2].startswith("gradient_tape/")), default=None)
+
+
 def _split(events):
-    grads = [e for e in events if e[2].startswith("gradient_tape/")]
-    if not grads:
+    last_grad = _last_gradient_end(events)
+    if last_grad is None:
         return None
-    last_grad = max(e[1] for e in grads)
     updates = [e for e in events if UPDATE.search(e[2]) and e[0] >= last_grad]
     if not updates:
         return None
@@ -197,7 +202,8 @@ def main(argv=None) -> int:
             print(f"{'':12s} {'+':4s} " + " | ".join(
                 f"{got['on'][part] - got['off'][part]:+8.0f}" for part in PARTS), flush=True)
             if args.timeline:
-                _print_timeline(runs["off"][0]["ops"], runs["on"][0]["ops"], args.steps - 2)
+                on = runs["on"][0]
+                _print_timeline(runs["off"][0]["ops"], on["ops"], on["steps"])
     return 0
 
 
