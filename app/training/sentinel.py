@@ -5,8 +5,9 @@ with its batch, so the state that failed can be replayed (``app.numerics.replay`
 Cost per step, without loss scaling: one sum over the gradients, the loss and ``halt``
 (0, NaN once a fault is latched) - finite only when every element is (``finite.sum_finite``:
 the pass a LossScaleOptimizer makes anyway, in half its ops, and a large dense kernel's
-gradient proved finite from its two smaller factors before it is made) - and one
-``tf.cond``: the update, else the fault's branch.  Nothing else runs on an ordinary step:
+gradient proved finite from its two smaller factors before it is made) - then the update
+behind one pivot that is dead unless the test passed (``_gated``), and a ``tf.cond`` for
+the fault's branch.  Nothing else runs on an ordinary step:
 on a CPU each scalar op costs microseconds, and what the fault was is worked out in its
 branch.  Under loss scaling: a scalar test of the loss, and nothing more than the
 optimizer's own check (a faulty step is handed to it poisoned, so it skips it).  Several
@@ -20,9 +21,9 @@ variable written by one assign) is set at the step:
 * under loss scaling, ``rules.FLOOR_PATIENCE`` steps in a row skipped at the floor.
 From then on every update is skipped; the monitor reads the latch between steps.
 
-The batch is stashed at the fault only, in a branch an ordinary step does not take (the
-update's cond without loss scaling; under loss scaling a cond at the step's end taken by
-any skipped step), so an ordinary step copies nothing batch-sized.  (The copy at every
+The batch is stashed at the fault only, in a branch an ordinary step does not take (a
+cond taken when the update is not, without loss scaling; under loss scaling a cond at the
+step's end taken by any skipped step), so an ordinary step copies nothing batch-sized.  (The copy at every
 step's start that this replaced took 0-1.4% of the small CNN's step on a 2-core CPU; on a
 GPU it is a batch-sized device copy a step.)  The latch is written in the same branch,
 after the stash.  Every replica decides from values the replicas agree on (the loss and
@@ -101,7 +102,8 @@ class SentinelState:
         grads = list(grads)
         if loss_scale.is_loss_scaled(opt):
             return _guard_scaled(self, opt, grads, loss, batch, apply, accumulated, position)
-        return _guard_unscaled(self, grads, loss, batch, apply, accumulated, position)
+        return _guard_unscaled(self, grads, loss, batch, apply, accumulated, position,
+                               made=getattr(opt, "built", True))
 
     def _latch(self, code, step, scale, position):
         """The latch's write for the stash's branch: the first replica's, after its stash.
@@ -151,10 +153,10 @@ def _guard_scaled(state: SentinelState, opt, grads, loss, batch, apply, accumula
 
 
 def _guard_unscaled(state: SentinelState, grads, loss, batch, apply, accumulated,
-                    position) -> tuple:
+                    position, made: bool = True) -> tuple:
     """Without loss scaling: the update only when one sum of the gradients, the loss and
     ``halt`` (NaN once a fault is latched) is finite.  On a CPU each scalar op of the step
-    costs microseconds, so an ordinary step runs no other: the sum, a test, the cond.
+    costs microseconds, so an ordinary step runs no other: the sum, a test, the gate.
     What the fault was, and whether one is latched already, is worked out in the
     fault's branch."""
     several = loss_scale.multi_replica_context() is not None
@@ -185,8 +187,7 @@ def _guard_unscaled(state: SentinelState, grads, loss, batch, apply, accumulated
     if accumulated:
         _, update = apply(grads, ok)
     elif not several:
-        # One cond: the update, else (a fault) the stash.
-        _cond(ok, lambda: apply(grads), keep)
+        _gated(ok, lambda: apply(grads), keep, pivot=made)
         return grads, None, None
     else:
         _apply_if(ok, lambda *g: apply(list(g)), grads)
@@ -287,6 +288,50 @@ def _cond(pred, then, otherwise=None) -> None:
             return tf.constant(True)
         return run
     tf.cond(pred, branch(then), branch(otherwise or (lambda: None)))
+
+
+def _gated(ok, then, otherwise=None, pivot: bool = True) -> None:
+    """One replica: ``then()`` only when ``ok``, else ``otherwise()``, for their effects.
+
+    Every op ``then`` makes waits on a pivot that is dead unless ``ok`` (a Switch and its
+    Identity, as ``tf.cond`` was built before it was one op): on a skipped step none of
+    them runs, not even the optimizer's step count, and on an ordinary step they start
+    the moment ``ok`` is known.  A ``tf.cond`` around the update routes every tensor its
+    branch reads (each gradient, variable and optimizer slot: 45 for the mlp) through a
+    Switch and an Identity, one after another on one thread after the test: about 60 us of
+    the mlp's 3.3 ms step in TF 2.9's trace, 2 points of its cost pooled over 18 pairs of
+    processes (docs/numerics.md).  ``otherwise`` stays a ``tf.cond``: its branch reads the
+    step counter that later ops write, which must not inherit a dead input on every
+    ordinary step.  For the same reason nothing after ``then`` in the step may touch the
+    variables it writes (the model's and the optimizer's); the steps here touch neither.
+    XLA compiles no Switch: under ``jit_compile`` the whole is a ``tf.cond``; so it is
+    when not ``pivot``: Keras 3 makes an optimizer's variables in its first apply, whose
+    initial values TensorFlow lifts out of the function, which no control edge may hold.
+    That trace is the first of two (the second makes no variables)."""
+    if _in_xla() or not pivot:
+        _cond(ok, then, otherwise)
+        return
+    if_not, if_ok = tf.raw_ops.Switch(data=ok, pred=ok)
+    # The Identity is the pivot: a control edge from the Switch itself is never dead.
+    with tf.control_dependencies([tf.identity(if_ok)]):
+        then()
+    # A Merge is live whichever way the Switch went.  TensorFlow's automatic control
+    # dependencies make it wait on every stateful op before it and stand in for them as
+    # the step's control output and the last writer of their variables, so no dead op
+    # is either: a dead control output would make the outputs of any function the step
+    # is inlined into dead on a skipped step (Keras 3's fit does that).
+    tf.raw_ops.Merge(inputs=[tf.identity(if_not), tf.identity(if_ok)])
+    if otherwise is not None:
+        _cond(ok, lambda: None, otherwise)
+
+
+def _in_xla() -> bool:
+    """Is the step being traced for XLA (``jit_compile``)?  True when it cannot tell."""
+    try:
+        from tensorflow.python.ops import control_flow_util  # internal; TF 2.9 to 2.21 have it
+    except ImportError:
+        return True
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
 def _apply_if(ok, apply, grads) -> None:

@@ -199,6 +199,19 @@ def test_nan_in_a_few_samples_of_the_data(tmp_path, loop):
     assert f["where"]["samples"] and all(first <= s < first + 16 for s in f["where"]["samples"])
 
 
+def test_nan_in_the_data_with_several_steps_a_call(tmp_path):
+    """fit with --steps-per-execution 4: the skipped step's update, dead behind its pivot
+    inside Keras' loop of steps, stops neither that loop nor the latch, and the report is
+    the one a step a call gives."""
+    x = _with_rows(_rng_x(), [97, 301], np.nan)
+    m = _train(tmp_path, _model(_dense()), _data(x), "fit", precision="float32",
+               steps_per_execution=4)
+    f = _fault(m)
+    assert f["where"]["kind"] == "input samples" and f["verdict"] == "data"
+    first = (f["step"] - 1 - 32 * (f["epoch"] - 1)) * 16      # the failing batch's first position
+    assert f["where"]["samples"] and all(first <= s < first + 16 for s in f["where"]["samples"])
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_nan_in_the_data_under_accumulation_names_the_update_and_its_micro_batch(tmp_path, loop):
     """--accumulate 2: the fault is latched on the update the faulty micro-batch belongs to

@@ -1,6 +1,7 @@
 """The unscaled guard (float32) step by step: a fault never reaches the weights, nor does any
 update after it, and the latch and the stash keep the first fault's step, kind and batch."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from app.training.sentinel import SentinelState
@@ -73,6 +74,77 @@ def test_a_sparse_gradient_with_a_nan_is_skipped_and_a_finite_one_lands_on_its_r
     np.testing.assert_allclose(table.numpy(), [[1, 1], [1, 1], [3, 3]])
     c = state.counters()
     assert (c.fault_step, c.fault_code) == (2, 2)
+
+
+
+def _adam_guarded(jit: bool):
+    w = tf.Variable([1.0, 2.0])
+    opt = tf.keras.optimizers.Adam(0.1)
+    stats = StepStats()
+    spec = (tf.TensorSpec([2], tf.float32), tf.TensorSpec([2], tf.float32))
+    state = SentinelState(stats, spec, batch_size=2)
+
+    @tf.function(jit_compile=jit)
+    def step(x, grad, loss):
+        state.guard(opt, [grad], loss, (x, grad), lambda g: opt.apply_gradients(zip(g, [w])))
+        stats.steps.assign_add(1)
+    return w, opt, state, step
+
+
+def _optimizer_state(opt) -> list:
+    """Every variable of the optimizer (its step count, Adam's two slots), both Kerases."""
+    variables = opt.variables() if callable(opt.variables) else opt.variables
+    return [np.array(v.numpy()) for v in variables]
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["gated", "xla"])
+def test_a_skipped_step_leaves_the_optimizer_as_it_was_and_the_rest_of_the_step_runs(jit):
+    """Adam: a faulty step changes no weight, no slot and not the optimizer's step count
+    (its bias correction), while the step's other work (here the step counter) still runs.
+    Without XLA the update waits on a pivot; under XLA, which compiles no Switch, on a
+    tf.cond."""
+    w, opt, state, step = _adam_guarded(jit)
+    _run(step, [1, 1], [1, 1], 0.5)
+    before = [w.numpy().copy()] + _optimizer_state(opt)
+    assert not np.array_equal(before[0], [1.0, 2.0])           # step 1 landed
+    _run(step, [2, 2], [1, np.inf], 0.5)
+    after = [w.numpy()] + _optimizer_state(opt)
+    assert len(after) == len(before) >= 4                     # weights, count, m, v
+    for was, now in zip(before, after):
+        np.testing.assert_array_equal(was, now)
+    assert int(state.stats.steps.numpy()) == 2
+    assert (state.counters().fault_step, state.counters().fault_code) == (2, 2)
+    _run(step, [3, 3], [1, 1], 0.5)                             # latched: skipped too
+    np.testing.assert_array_equal(w.numpy(), before[0])
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["gated", "xla"])
+def test_the_update_is_behind_a_pivot_not_inside_a_cond(jit):
+    """Without XLA the writes to the weights are ops of the step itself, behind one pivot:
+    a tf.cond would route every variable and slot through a Switch of its own after the
+    test, 2 points of the mlp's step (docs/numerics.md).  Under XLA they are in the cond's
+    branch."""
+    w, _, _, step = _adam_guarded(jit)
+    graph = step.get_concrete_function(*([tf.TensorSpec([2], tf.float32)] * 2),
+                                       tf.TensorSpec([], tf.float32)).graph
+    handle = next(inner for outer, inner in graph.captures if outer is w.handle)
+    writes = [op for op in graph.get_operations() if any(t is handle for t in op.inputs)
+              and ("Assign" in op.type or "Apply" in op.type)]
+    assert bool(writes) is not jit, [op.type for op in writes]
+    for op in writes:   # each waits on the pivot, directly or through Adam's scalars
+        assert any(a.type == "Switch" for a in _ancestors(op)), op.name
+
+
+def _ancestors(op) -> set:
+    """Every op ``op`` waits on, through data and control edges."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for a in [t.op for t in current.inputs] + list(current.control_inputs):
+            if a not in seen:
+                seen.add(a)
+                todo.append(a)
+    return seen
 
 
 MIRRORED_GUARD = '''
