@@ -26,6 +26,10 @@ the time of an op beside the backward pass's matmuls, and the tail before the fi
 update.
 
     python3 tests/benchmarks/trace_guard.py --models mlp --loops custom --timeline
+
+``--tracer-level 3`` also traces the ops the executor runs inline (a lowered cond's Switch
+and Identity ops, which level 2 leaves as a blank gap): that is how the cond around the
+update was found to cost about 60 us after the test (docs/numerics-cost-record.md).
 """
 from __future__ import annotations
 
@@ -60,7 +64,8 @@ def traced_side(model: str, loop: str, sentinel: bool, args) -> dict:
     for _ in range(args.warm_steps):
         side.unit()
     logdir = tempfile.mkdtemp()
-    tf.profiler.experimental.start(logdir)
+    tf.profiler.experimental.start(logdir, options=tf.profiler.experimental.ProfilerOptions(
+        host_tracer_level=args.tracer_level))
     for _ in range(args.steps):
         with tf.profiler.experimental.Trace("tfmp_step"):
             side.unit()
@@ -179,6 +184,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=1, help="epochs before the warm steps")
     p.add_argument("--timeline", action="store_true",
                    help="also the ops only 'on' runs, and the ops around the last gradient")
+    p.add_argument("--tracer-level", type=int, default=2, choices=(1, 2, 3),
+                   help="the profiler's host tracer level: 3 also records the executor's "
+                        "inline ops (Switch, Identity, Merge), and slows every op a little")
     p.add_argument("--side", default=None, help=argparse.SUPPRESS)   # MODEL,LOOP,on|off child
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
