@@ -23,11 +23,12 @@ From then on every update is skipped; the monitor reads the latch between steps.
 
 The batch is stashed at the fault only, in a branch an ordinary step does not take (a
 cond taken when the update is not, without loss scaling; under loss scaling a cond at the
-step's end taken by any skipped step), so an ordinary step copies nothing batch-sized.  (The copy at every
-step's start that this replaced took 0-1.4% of the small CNN's step on a 2-core CPU; on a
-GPU it is a batch-sized device copy a step.)  The latch is written in the same branch,
-after the stash.  Every replica decides from values the replicas agree on (the loss and
-gradient checks, the optimizer's skip), so each keeps its own part of the same step.
+step's end taken by any skipped step), so an ordinary step copies nothing batch-sized.
+(The copy at every step's start that this replaced took 0-1.4% of the small CNN's step on
+a 2-core CPU; on a GPU it is a batch-sized device copy a step.)  The latch is written in
+the same branch, after the stash.  Every replica decides from values the replicas agree
+on (the loss and gradient checks, the optimizer's skip), so each keeps its own part of
+the same step.
 
 The variables live outside the strategy's scope, like ``StepStats``: the first replica of
 each worker writes the latch, each replica stashes its own batch.
@@ -299,11 +300,12 @@ def _gated(ok, then, otherwise=None, pivot: bool = True) -> None:
     the moment ``ok`` is known.  A ``tf.cond`` around the update routes every tensor its
     branch reads (each gradient, variable and optimizer slot: 45 for the mlp) through a
     Switch and an Identity, one after another on one thread after the test: about 60 us of
-    the mlp's 3.3 ms step in TF 2.9's trace, 2 points of its cost pooled over 18 pairs of
-    processes (docs/numerics.md).  ``otherwise`` stays a ``tf.cond``: its branch reads the
-    step counter that later ops write, which must not inherit a dead input on every
-    ordinary step.  For the same reason nothing after ``then`` in the step may touch the
-    variables it writes (the model's and the optimizer's); the steps here touch neither.
+    the mlp's 3.3 ms step in TF 2.9's trace, 1.0 +- 0.4 points of its cost pooled over
+    120 pairs of processes (docs/numerics-cost-record.md).  ``otherwise`` stays a
+    ``tf.cond``: its branch reads the step counter that later ops write, which must not
+    inherit a dead input on every ordinary step.  For the same reason nothing after
+    ``then`` in the step may touch the variables it writes (the model's and the
+    optimizer's); the steps here touch neither.
     XLA compiles no Switch: under ``jit_compile`` the whole is a ``tf.cond``; so it is
     when not ``pivot``: Keras 3 makes an optimizer's variables in its first apply, whose
     initial values TensorFlow lifts out of the function, which no control edge may hold.
@@ -313,14 +315,15 @@ def _gated(ok, then, otherwise=None, pivot: bool = True) -> None:
         return
     if_not, if_ok = tf.raw_ops.Switch(data=ok, pred=ok)
     # The Identity is the pivot: a control edge from the Switch itself is never dead.
-    with tf.control_dependencies([tf.identity(if_ok)]):
+    if_ok_pivot = tf.identity(if_ok)
+    with tf.control_dependencies([if_ok_pivot]):
         then()
     # A Merge is live whichever way the Switch went.  TensorFlow's automatic control
     # dependencies make it wait on every stateful op before it and stand in for them as
     # the step's control output and the last writer of their variables, so no dead op
     # is either: a dead control output would make the outputs of any function the step
     # is inlined into dead on a skipped step (Keras 3's fit does that).
-    tf.raw_ops.Merge(inputs=[tf.identity(if_not), tf.identity(if_ok)])
+    tf.raw_ops.Merge(inputs=[if_not, if_ok_pivot])
     if otherwise is not None:
         _cond(ok, lambda: None, otherwise)
 

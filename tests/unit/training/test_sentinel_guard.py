@@ -76,7 +76,6 @@ def test_a_sparse_gradient_with_a_nan_is_skipped_and_a_finite_one_lands_on_its_r
     assert (c.fault_step, c.fault_code) == (2, 2)
 
 
-
 def _adam_guarded(jit: bool):
     w = tf.Variable([1.0, 2.0])
     opt = tf.keras.optimizers.Adam(0.1)
@@ -122,7 +121,7 @@ def test_a_skipped_step_leaves_the_optimizer_as_it_was_and_the_rest_of_the_step_
 def test_the_update_is_behind_a_pivot_not_inside_a_cond(jit):
     """Without XLA the writes to the weights are ops of the step itself, behind one pivot:
     a tf.cond would route every variable and slot through a Switch of its own after the
-    test, 2 points of the mlp's step (docs/numerics.md).  Under XLA they are in the cond's
+    test, about 1 point of the mlp's step (docs/numerics.md).  Under XLA they are in the cond's
     branch."""
     w, _, _, step = _adam_guarded(jit)
     graph = step.get_concrete_function(*([tf.TensorSpec([2], tf.float32)] * 2),
