@@ -26,6 +26,10 @@ forward and backward under the policy, then in float32) is timed.  Target: under
     git worktree add /tmp/base HEAD~1 && python3 tests/benchmarks/bench_sentinel.py \
         --models mlp --loops custom --policies float32 --copies 6 --against /tmp/base
 
+``--jit`` compiles every side's step with XLA, as ``tfmp train --jit`` does (the guard then
+compiles with the step, a ``tf.cond`` XLA turns into its own control flow); such runs pool
+apart from the runs without it.
+
 ``--pool JSON...`` times nothing: it pools the process pairs of earlier runs' JSON files
 per configuration (the figure is then the median of the pairs), which is what a cost near
 the target needs; runs made with ``--against`` also give that side's difference from 'on',
@@ -70,7 +74,7 @@ class Side(TrainSetup):
         super().__init__(TrainConfig(
             model=model, dataset="synthetic", precision=policy, loop=loop, epochs=1,
             batch_size=args.batch_size, max_train_samples=args.samples, max_val_samples=64,
-            offline=True, progress="bar", save_model=False, sentinel=sentinel,
+            offline=True, progress="bar", save_model=False, sentinel=sentinel, jit=args.jit,
             log_every=args.log_every, numerics_every=args.numerics_every,
             output=os.path.join(work, f"{'on' if sentinel else 'off'}")))
 
@@ -115,7 +119,7 @@ def one(model, loop, policy, args) -> dict:
     per_copy, reports = interleave.compare_copies(built_side, sides, args.rounds, args.block,
                                                   args.copies)
     times = interleave.averaged(per_copy)
-    out = {"model": model, "loop": loop, "policy": policy, "rounds": args.rounds,
+    out = {"model": model, "loop": loop, "policy": policy, "jit": args.jit, "rounds": args.rounds,
            "block": args.block, "copies": args.copies,
            "probe_seconds": reports["on"].get("probe_seconds"),
            "median_cost_wall": interleave.median_cost(times, "on", "off"),
@@ -170,6 +174,8 @@ def main(argv=None) -> int:
     p.add_argument("--against", default=None, metavar="DIR",
                    help="also time the sentinel of another checkout of this repository "
                         "(e.g. git worktree add DIR HEAD~1): two versions side by side")
+    p.add_argument("--jit", action="store_true",
+                   help="every side's step compiled by XLA, as tfmp train --jit compiles it")
     p.add_argument("--samples", type=int, default=4096, help="samples in the epoch the blocks cycle")
     p.add_argument("--batch-size", type=int, default=128, help="tfmp train's default")
     p.add_argument("--log-every", type=int, default=100)
@@ -198,7 +204,7 @@ def main(argv=None) -> int:
                 r = results[-1]
                 control = (f" (A/A control {100 * r['control_a_a']:+.1f}%)" if args.control
                            else "")
-                print(f"{model:6s} {loop:6s} {policy:14s} step {r['median_step_ms_off']:7.2f} ms "
+                print(f"{model:6s} {loop:6s} {_policy(r):14s} step {r['median_step_ms_off']:7.2f} ms "
                       f"off, {r['median_step_ms_on']:7.2f} ms on; sentinel cost (median of "
                       f"rounds) {100 * r['median_cost_wall']:+5.1f}%{control}", flush=True)
                 print(f"{'':6s} {'':6s} {'':14s} copy by copy: "
@@ -216,7 +222,7 @@ def main(argv=None) -> int:
         d = diagnoses[-1]
         print(f"diagnosis {model:6s} mixed_float16: {d['seconds']:6.2f} s ({d['verdict']}: "
               f"{d['where']})", flush=True)
-    missed = [f"{r['model']}/{r['loop']}/{r['policy']} {100 * r['median_cost_wall']:+.1f}%"
+    missed = [f"{r['model']}/{r['loop']}/{_policy(r)} {100 * r['median_cost_wall']:+.1f}%"
               + _reading(r["pair_costs"]) for r in results if r["median_cost_wall"] > TARGET]
     missed += [f"diagnosis {d['model']} {d['seconds']} s" for d in diagnoses
                if d["seconds"] > DIAGNOSIS_TARGET_SECONDS]
@@ -243,7 +249,7 @@ def pooled(paths) -> int:
         except (OSError, ValueError, KeyError) as exc:
             raise SystemExit(f"error: --pool {path}: not a bench_sentinel.json ({exc})")
         for r in runs:
-            g = groups.setdefault((r["model"], r["loop"], r["policy"]),
+            g = groups.setdefault((r["model"], r["loop"], _policy(r)),
                                   {"runs": 0, "pairs": [], "controls": [], "against": [],
                                    "against_vs_on": []})
             g["runs"] += 1
@@ -272,6 +278,12 @@ def pooled(paths) -> int:
             missed.append(f"{model}/{loop}/{policy} {100 * median:+.1f}%" + _reading(pairs))
     print("targets: all met" if not missed else "targets MISSED: " + "; ".join(missed))
     return 1 if missed else 0
+
+
+def _policy(r) -> str:
+    """The policy as the tables print it: 'float32 --jit' for a run made with ``--jit``,
+    which pools apart from the runs without it."""
+    return r["policy"] + (" --jit" if r.get("jit") else "")
 
 
 def _mean_and_error(values):

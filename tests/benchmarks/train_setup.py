@@ -17,9 +17,9 @@ class TrainSetup:
         self.loop = cfg.loop
         if self.loop == "fit":   # as run_fit compiles it (a group's micro-batches in one call)
             self.per_call = step.fit_steps_per_execution(self.run.config, self.run.dist.replicas)
-            step.compile_for_fit(self.parts, False, self.per_call)
+            step.compile_for_fit(self.parts, cfg.jit, self.per_call)
         else:
-            self.custom = step.CustomSteps(self.parts, False)
+            self.custom = step.CustomSteps(self.parts, cfg.jit)
             self.data = distribute.distribute_dataset(self.run.dist, self.run.bundle.train)
         self.batches = None
 

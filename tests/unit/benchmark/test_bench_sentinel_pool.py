@@ -15,9 +15,11 @@ pytestmark = pytest.mark.host_only(reason="tests/benchmarks/ is not shipped in t
                                           "(.dockerignore)")
 
 
-def _run_file(tmp_path, name, pairs, controls=(), against=()):
+def _run_file(tmp_path, name, pairs, controls=(), against=(), jit=None):
     row = {"model": "mlp", "loop": "custom", "policy": "float32", "pair_costs": list(pairs),
            "pair_controls": list(controls)}
+    if jit is not None:
+        row["jit"] = jit
     if against:
         row["pair_against"] = list(against)
     path = tmp_path / name
@@ -53,6 +55,19 @@ def test_the_against_side_is_pooled_copy_by_copy_against_on(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "--against: 3 pairs, median +4.0%" in out.stdout
     assert "minus 'on' copy by copy: median +2.0 points" in out.stdout
+
+
+def test_runs_made_with_jit_pool_apart_from_the_runs_without_it(tmp_path):
+    # Files written before --jit existed have no "jit": they pool with jit=False.
+    old = _run_file(tmp_path, "old.json", [0.01, 0.02, 0.03])
+    plain = _run_file(tmp_path, "plain.json", [0.02, 0.03, 0.04], jit=False)
+    xla = _run_file(tmp_path, "xla.json", [0.05, 0.06, 0.07], jit=True)
+    out = _pool(old, plain, xla)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "float32        2 run(s), 6 pairs: median +2.5%" in out.stdout
+    assert "float32 --jit  1 run(s), 3 pairs: median +6.0%" in out.stdout
+    assert "targets MISSED: mlp/custom/float32 --jit +6.0%" in out.stdout
+    assert "mlp/custom/float32 +" not in out.stdout
 
 
 def test_a_file_that_is_not_a_benchmark_json_is_one_line_and_exit_1(tmp_path):
