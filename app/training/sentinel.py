@@ -89,7 +89,7 @@ class SentinelState:
 
     # ---- inside the step ----------------------------------------------------------------
     def guard(self, opt, grads, loss, batch, apply, accumulated: bool = False,
-              position=None) -> tuple:
+              position=None, pivot: bool = True) -> tuple:
         """Apply ``grads`` with ``apply(grads)`` (which returns whether the LossScaleOptimizer
         skipped the step, or None without one) unless the step is faulty or a fault is
         latched; latch a new fault with ``batch``.  ``accumulated``: ``apply(grads, ok)``
@@ -99,12 +99,13 @@ class SentinelState:
         epoch (latched too, for the replay's sample numbers).  Returns (the gradients as applied, the
         skipped tensor or None, the update tensor or None).
         ``loss`` None (a fit step whose train_step never called compute_loss): the
-        gradients alone decide."""
+        gradients alone decide.  ``pivot`` False: the update in a ``tf.cond`` rather than
+        behind a pivot (``_gated``), as ``Model.fit``'s step wants it."""
         grads = list(grads)
         if loss_scale.is_loss_scaled(opt):
             return _guard_scaled(self, opt, grads, loss, batch, apply, accumulated, position)
         return _guard_unscaled(self, grads, loss, batch, apply, accumulated, position,
-                               made=getattr(opt, "built", True))
+                               pivot=pivot and getattr(opt, "built", True))
 
     def _latch(self, code, step, scale, position):
         """The latch's write for the stash's branch: the first replica's, after its stash.
@@ -154,7 +155,7 @@ def _guard_scaled(state: SentinelState, opt, grads, loss, batch, apply, accumula
 
 
 def _guard_unscaled(state: SentinelState, grads, loss, batch, apply, accumulated,
-                    position, made: bool = True) -> tuple:
+                    position, pivot: bool = True) -> tuple:
     """Without loss scaling: the update only when one sum of the gradients, the loss and
     ``halt`` (NaN once a fault is latched) is finite.  On a CPU each scalar op of the step
     costs microseconds, so an ordinary step runs no other: the sum, a test, the gate.
@@ -188,7 +189,7 @@ def _guard_unscaled(state: SentinelState, grads, loss, batch, apply, accumulated
     if accumulated:
         _, update = apply(grads, ok)
     elif not several:
-        _gated(ok, lambda: apply(grads), keep, pivot=made)
+        _gated(ok, lambda: apply(grads), keep, pivot=pivot)
         return grads, None, None
     else:
         _apply_if(ok, lambda *g: apply(list(g)), grads)
