@@ -6,8 +6,9 @@ Cost per step, without loss scaling: one sum over the gradients, the loss and ``
 (0, NaN once a fault is latched) - finite only when every element is (``finite.sum_finite``:
 the pass a LossScaleOptimizer makes anyway, in half its ops, and a large dense kernel's
 gradient proved finite from its two smaller factors before it is made) - then the update
-behind one pivot that is dead unless the test passed (``_gated``), and a ``tf.cond`` for
-the fault's branch.  Nothing else runs on an ordinary step:
+behind one pivot that is dead unless the test passed (``_gated``; in ``Model.fit``'s step
+a ``tf.cond``, which measured faster there), and a ``tf.cond`` for the fault's branch.
+Nothing else runs on an ordinary step:
 on a CPU each scalar op costs microseconds, and what the fault was is worked out in its
 branch.  Under loss scaling: a scalar test of the loss, and nothing more than the
 optimizer's own check (a faulty step is handed to it poisoned, so it skips it).  Several
