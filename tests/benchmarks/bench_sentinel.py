@@ -26,9 +26,9 @@ forward and backward under the policy, then in float32) is timed.  Target: under
     git worktree add /tmp/base HEAD~1 && python3 tests/benchmarks/bench_sentinel.py \
         --models mlp --loops custom --policies float32 --copies 6 --against /tmp/base
 
-``--jit`` compiles every side's step with XLA, as ``tfmp train --jit`` does (the guard then
-compiles with the step, a ``tf.cond`` XLA turns into its own control flow); such runs pool
-apart from the runs without it.
+``--jit`` compiles every side's step with XLA, as ``tfmp train --jit`` does (the guard's
+``tf.cond`` then compiles with the step, as ``select``s after a copy of each optimizer slot:
+docs/numerics.md, "Under XLA"); such runs pool apart from the runs without it.
 
 ``--pool JSON...`` times nothing: it pools the process pairs of earlier runs' JSON files
 per configuration (the figure is then the median of the pairs), which is what a cost near
@@ -204,8 +204,9 @@ def main(argv=None) -> int:
                 r = results[-1]
                 control = (f" (A/A control {100 * r['control_a_a']:+.1f}%)" if args.control
                            else "")
-                print(f"{model:6s} {loop:6s} {_policy(r):14s} step {r['median_step_ms_off']:7.2f} ms "
-                      f"off, {r['median_step_ms_on']:7.2f} ms on; sentinel cost (median of "
+                print(f"{model:6s} {loop:6s} {_policy(r):14s} step "
+                      f"{r['median_step_ms_off']:7.2f} ms off, "
+                      f"{r['median_step_ms_on']:7.2f} ms on; sentinel cost (median of "
                       f"rounds) {100 * r['median_cost_wall']:+5.1f}%{control}", flush=True)
                 print(f"{'':6s} {'':6s} {'':14s} copy by copy: "
                       + _percents(r["pair_costs"]) + _spread(r["pair_costs"]) + (
