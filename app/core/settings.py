@@ -150,7 +150,8 @@ SETTINGS: Tuple[Setting, ...] = (
             "step logs and skipped-step checks then happen once per call (default {default})",
             int, passed=True),
     Setting("jit", "how", "XLA-compile the train step (on a GPU it needs libdevice and ptxas: "
-            "`tfmp env` says whether XLA can compile here)", switch=True, passed=True),
+            "`tfmp env` says whether XLA can compile here; on a CPU it is often slower)",
+            switch=True, passed=True),
     # Not passed: the benchmark sets it per run (--fp32-baseline).
     Setting("tf32", "how", "float32 matmuls and convolutions on TF32 Tensor Cores (compute "
             "capability 8.0+): on, TensorFlow's default, or off for strict float32 (default "

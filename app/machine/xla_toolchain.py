@@ -136,6 +136,19 @@ def from_report(xla: Mapping) -> Toolchain:
                      xla.get("ptxas_error"), tuple(xla.get("searched") or ()))
 
 
+def cpu_note(jit: bool, gpus: Sequence) -> Optional[str]:
+    """``--jit`` with no GPU: XLA compiles for the CPU, often slower than TensorFlow's own
+    kernels (oneDNN's fused matmuls among them), so the run says so once instead of running
+    slower without a word.  Measured in the image on a 2-core AMD EPYC with AVX-512: the mlp's
+    step 4.6 ms with --jit against 3.5 ms without, the cnn's 19-21 against 9-11
+    (docs/numerics-cost-record.md)."""
+    if not jit or gpus:
+        return None
+    return ("--jit without a GPU: XLA's CPU code is often slower than TensorFlow's own "
+            "kernels (the built-in models stepped 1.3 to 2 times slower with it on the "
+            "test machines' CPUs); compare an epoch's samples/s without --jit")
+
+
 def check_jit(jit: bool, gpus: Sequence) -> None:
     """``train --jit`` on a GPU needs libdevice and ptxas: one line with the fix before
     training (UsageError), not a C++ error in the first compiled step."""

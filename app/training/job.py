@@ -277,6 +277,9 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         if (run.config.accumulate or 1) > 1:
             print(f"accumulate: {run.config.accumulate} micro-batches of {run.dist.global_batch} "
                   f"per update, global batch {run.config.global_batch}", flush=True)
+        jit_note = xla_toolchain.cpu_note(run.config.jit, run.hardware.gpus)
+        if jit_note:
+            print(f"note: {jit_note}", file=sys.stderr, flush=True)
         shortage = nvml.shortage_now() if run.hardware.gpus else None
         if shortage:   # a notebook kernel holding the GPU: said now, not at an OOM far in
             print(f"note: {shortage}", file=sys.stderr, flush=True)

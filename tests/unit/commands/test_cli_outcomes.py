@@ -113,7 +113,9 @@ def _keras_default_settings() -> tuple:
     (["--jit", "--steps-per-execution", "3"], True, 3),
 ], ids=["neither", "both"])
 def test_jit_and_steps_per_execution_reach_the_compiled_model(tmp_path, fit_spy, flags, jit,
-                                                              steps):
+                                                              steps, capsys):
+    import tensorflow as tf
+
     from app.cli import main
 
     default_jit, default_steps = _keras_default_settings()
@@ -122,3 +124,7 @@ def test_jit_and_steps_per_execution_reach_the_compiled_model(tmp_path, fit_spy,
     assert code == 0
     assert fit_spy == [expected]
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["status"] == "completed"
+    # On a CPU, --jit is said once to be often slower; without it, nothing is said.
+    cpu_only = not tf.config.list_physical_devices("GPU")
+    said = "note: --jit without a GPU" in capsys.readouterr().err
+    assert said == (bool(jit) and cpu_only)

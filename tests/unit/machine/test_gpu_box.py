@@ -66,6 +66,14 @@ def test_missing_libdevice_is_one_line_with_the_fix_on_a_gpu_only():
     assert xla_toolchain.jit_refusal(tc, []) is None       # XLA on a CPU needs neither
 
 
+def test_jit_without_a_gpu_is_a_note_not_a_refusal():
+    note = xla_toolchain.cpu_note(True, [])
+    assert note.startswith("--jit without a GPU") and "without --jit" in note
+    assert "\n" not in note
+    assert xla_toolchain.cpu_note(False, []) is None                    # no --jit
+    assert xla_toolchain.cpu_note(True, [make_gpu("T4", (7, 5))]) is None  # XLA's home
+
+
 def test_a_ptxas_that_does_not_answer_is_named():
     tc = _find({"/usr/local/cuda/nvvm/libdevice/libdevice.10.bc"}, "/usr/local/bin/ptxas",
                answer="cannot execute binary file")
