@@ -1,4 +1,5 @@
-"""Can XLA compile for the GPU here?  ``--jit`` on a GPU needs two files of CUDA's compiler
+"""Can XLA compile for the GPU here (and, without a GPU, the note that ``--jit`` is often
+slower on a CPU: ``cpu_note``)?  ``--jit`` on a GPU needs two files of CUDA's compiler
 package, which CUDA *runtime* images (TensorFlow's own GPU images among them) leave out:
 ``libdevice.10.bc`` (the math library XLA links into every kernel) and ``ptxas`` (PTX to the
 GPU's machine code).  Without them TensorFlow fails inside the first compiled step with
