@@ -120,7 +120,7 @@ def test_a_skipped_step_leaves_the_optimizer_as_it_was_and_the_rest_of_the_step_
 
 @pytest.mark.parametrize("jit,pivot", [(False, True), (True, True), (False, False)],
                          ids=["gated", "xla", "fit"])
-def test_the_update_is_behind_a_pivot_not_inside_a_cond(jit, pivot):
+def test_the_update_is_behind_a_pivot_unless_xla_or_fit_puts_it_in_a_cond(jit, pivot):
     """Without XLA the writes to the weights are ops of the step itself, behind one pivot:
     a tf.cond would route every variable and slot through a Switch of its own after the
     test, about 1 point of the mlp's step (docs/numerics.md).  Under XLA they are in the cond's
