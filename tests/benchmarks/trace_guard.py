@@ -187,6 +187,8 @@ def main(argv=None) -> int:
     p.add_argument("--tracer-level", type=int, default=2, choices=(1, 2, 3),
                    help="the profiler's host tracer level: 3 also records the executor's "
                         "inline ops (Switch, Identity, Merge), and slows every op a little")
+    p.add_argument("--jit", action="store_true",
+                   help="each side's step compiled by XLA, as tfmp train --jit compiles it")
     p.add_argument("--side", default=None, help=argparse.SUPPRESS)   # MODEL,LOOP,on|off child
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
