@@ -316,6 +316,8 @@ def _gated(ok, then, otherwise=None, pivot: bool = True) -> None:
     if _in_xla() or not pivot:
         _cond(ok, then, otherwise)
         return
+    # On a GPU the Switch reads ``ok`` in host memory, as any cond's does: the update's
+    # kernels are launched once the test's result reaches the host (docs/numerics.md).
     if_not, if_ok = tf.raw_ops.Switch(data=ok, pred=ok)
     # The Identity is the pivot: a control edge from the Switch itself is never dead.
     if_ok_pivot = tf.identity(if_ok)
