@@ -140,7 +140,8 @@ def apply_policy(policy: str) -> None:
 
 
 # Set when _fit_cpu_float16_fusions turned Grappler's remapper off, so that a later policy
-# gives back TensorFlow's default and never a setting of the user's own.
+# gives back TensorFlow's default and never a setting of the user's own.  (One it cannot tell
+# from its own: the remapper set off by the user while this holds it off is given back too.)
 _remapper_off = False
 
 
