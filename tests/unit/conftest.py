@@ -19,7 +19,13 @@ def restore_policy_and_clear_keras():
     yield
     tf = sys.modules.get("tensorflow")
     if tf is not None:
-        tf.keras.mixed_precision.set_global_policy(before or "float32")
+        policy = sys.modules.get("app.precision.policy")
+        if policy is not None:
+            # Through apply_policy: it also gives back the graph option mixed_float16 sets
+            # on a CPU (Grappler's remapper off), which set_global_policy alone would leak.
+            policy.apply_policy(before or "float32")
+        else:
+            tf.keras.mixed_precision.set_global_policy(before or "float32")
         # Keras' global state (its graph, layer-name counters, the models it still
         # references) grows with every model a process builds: the image's self-test, one
         # process for all the unit tests, ran test_sentinel_faults.py in 135 s against 66 s
