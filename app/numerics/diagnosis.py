@@ -37,12 +37,12 @@ class Where:
             return (f"layer '{self.name}' ({self.class_name}, computing in {self.dtype}): "
                     f"{what} is the first non-finite value")
         if self.kind == "input samples":
-            return f"the input batch: samples at positions {_positions(self.samples)} of the epoch are not finite"
+            verb = "is" if len(self.samples) == 1 else "are"
+            return f"the input batch: {_samples_at(self.samples)} of the epoch {verb} not finite"
         if self.kind == "weights":
             return f"the weights after an update: {self.name} not finite"
         if self.kind == "loss":
-            extra = (f" for samples at positions {_positions(self.samples)} of the epoch"
-                     if self.samples else "")
+            extra = f" for {_samples_at(self.samples)} of the epoch" if self.samples else ""
             return f"the loss ({self.name}): non-finite{extra} while every layer's output is finite"
         return "not found: the replay of the failing batch from these weights is finite"
 
@@ -124,9 +124,13 @@ class Diagnosis:
         return cls(**{**fields, "where": Where(**fields["where"])})
 
 
-def _positions(samples: List[int], most: int = 12) -> str:
+def _samples_at(samples: List[int], most: int = 12) -> str:
+    """'the sample at position 5', or 'samples at positions 5, 9 and 3 more'."""
+    if len(samples) == 1:
+        return f"the sample at position {samples[0]}"
     shown = ", ".join(str(s) for s in samples[:most])
-    return shown + (f" and {len(samples) - most} more" if len(samples) > most else "")
+    return "samples at positions " + shown + (
+        f" and {len(samples) - most} more" if len(samples) > most else "")
 
 
 def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None) -> str:

@@ -399,7 +399,10 @@ def test_in_a_two_worker_job_every_worker_names_the_worker_whose_batch_failed(tm
     for text in texts:
         assert f"error: training diverged at step {f['step']} (epoch 1) (worker 1):" in text, \
             text[-2500:]
-        assert f"samples at positions {f['where']['samples'][0]}" in text
+        samples = f["where"]["samples"]
+        named = (f"the sample at position {samples[0]} " if len(samples) == 1 else
+                 f"samples at positions {', '.join(map(str, samples))} ")
+        assert named + "of the epoch" in text, text[-2500:]
 
 
 def test_check_watches_its_steps_and_names_the_fault_with_the_flag():

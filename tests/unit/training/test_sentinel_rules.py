@@ -113,7 +113,18 @@ def test_the_report_names_replica_and_worker():
     assert "(replica 1, worker 2)" in d.lines()[0]
     assert "(worker 0)" in dx.Diagnosis("h", "forward", 3, 1, "float32", dx.Where("none"),
                                         "not reproduced", "fix", worker=0).lines()[0]
-    assert "samples at positions 5 of the epoch" in d.lines()[1]
+    assert "the input batch: the sample at position 5 of the epoch is not finite" in d.lines()[1]
+
+
+def test_the_input_samples_are_named_in_the_singular_or_the_plural():
+    def where(samples, kind="input samples"):
+        return dx.Where(kind, name="sparse_categorical_crossentropy", samples=samples).text()
+    assert where([3, 9]) == "the input batch: samples at positions 3, 9 of the epoch are not finite"
+    assert where(list(range(14))).endswith("positions 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and "
+                                           "2 more of the epoch are not finite")
+    assert where([7], "loss") == ("the loss (sparse_categorical_crossentropy): non-finite for the "
+                                  "sample at position 7 of the epoch while every layer's output "
+                                  "is finite")
 
 
 def test_an_epsilon_fix_names_the_value_and_what_float16_holds():
