@@ -17,9 +17,10 @@ what it checks (each finding has a severity, the layer and the fix):
   mixed policy and why; the model's output must be float32; one real
   forward and backward step with loss scaling (dtype clashes in custom layers, NaN/inf,
   gradients that underflow without loss scaling); sizes that are not multiples of 8
-  (Tensor Cores); --steps training steps under float32 and the policy from the same
-  weights, watched as the sentinel watches train: a non-finite value is replayed layer by
-  layer and named, with the float32 verdict and the fix (docs/numerics.md).
+  (Tensor Cores); --steps training steps under the policy (a mixed one also under
+  float32 from the same weights), watched as the sentinel watches train: a non-finite
+  value is replayed layer by layer and named, with the float32 verdict and the fix
+  (docs/numerics.md).
 
 exit status: 0 ready (warnings included), 1 blocked, 2 bad input.
 
@@ -63,8 +64,9 @@ def add_parser(subparsers):
     how.add_argument("--batch-size", type=int, default=DEFAULT_BATCH,
                      help=f"samples per step (default {DEFAULT_BATCH})")
     how.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                     help="training steps on your data under the policy and float32 from the "
-                          "same weights, watched by the numerics sentinel: a few hundred find a "
+                     help="training steps on your data under the policy (a mixed one also "
+                          "under float32 from the same weights, to compare), watched by the "
+                          "numerics sentinel: a few hundred find a "
                           "fault that needs them, or one sample, before a long run "
                           f"(default {DEFAULT_STEPS})")
     how.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

@@ -93,6 +93,9 @@ def to_text(report: dict) -> str:
     if comp.get("stopped_at_step"):
         out.append(f"{report['policy']} over {comp['steps']} step(s): stopped at step "
                    f"{comp['stopped_at_step']} by the numerics sentinel (see the finding)")
+    elif comp.get("ran") and not comp.get("compared"):
+        out.append(f"{report['policy']} over {comp['steps']} step(s), watched: loss "
+                   f"{_num(comp['policy_start'])} before, {_num(comp['policy_end'])} after")
     elif comp.get("ran"):
         out.append(f"float32 vs {report['policy']} over {comp['steps']} step(s) from the same "
                    f"weights: loss {_num(comp['float32_start'])} vs {_num(comp['policy_start'])} "

@@ -278,18 +278,31 @@ def _gradient_findings(grads: dict, policy: str, model, entries) -> list:
 
 def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, findings,
              mixed) -> dict:
+    """The ``steps`` training steps under the policy, watched as the sentinel watches
+    training (a fault stops them and is replayed), then for a mixed policy the same steps
+    under float32 from the same weights, and the losses compared."""
     import tensorflow as tf
 
-    if not mixed:
-        return {"ran": False, "why": "the policy is float32"}
+    from app.numerics import replay
+
     x_eval, y_eval = batches[0]
     train = batches[1:]
     opt = built.optimizer or tf.keras.optimizers.Adam(learning_rate=1e-3)
-    try:
+    start_weights_max = replay.weights_max(model)   # as train records it: weights that grew
+    try:                                            # 1e4x point at the learning rate
         ran = compare_mod.train_steps(model, built.loss, opt, step, train, policy, x_eval, y_eval)
     except Exception as exc:
         raise UserCodeError(task.model.spec, f"training {len(train)} step(s) under {policy}",
                             exc) from exc
+    if ran["fault"] is not None:   # the sentinel's rules stopped the policy's steps
+        return _stopped(task, built, model, ran, policy, len(train), int(x_eval.shape[0]),
+                        findings, start_weights_max)
+    if not mixed:
+        # Nothing to compare float32 with, but its steps were watched: a NaN in the data or
+        # a learning rate that sends the weights to inf is found here too, before a long run.
+        return {"ran": True, "steps": len(train), "compared": False,
+                "policy_start": ran["start"], "policy_end": ran["end"],
+                "policy_train_losses": ran["train_losses"], "skipped_steps": 0}
     # Everything is float32 there: no --float32-layers to find (Keras numbers a second
     # build's automatic layer names on from the first's, so they would not match).
     built32 = _build(task.with_float32_layers(()), bundle, "float32", seed, bundle.sample_batch)
@@ -305,15 +318,7 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
     step32 = probe_mod.gradient_fn(built32.model, built32.loss, jit=False)
     ref = compare_mod.train_steps(built32.model, built32.loss, opt32, step32, train, "float32",
                                   x_eval, y_eval)
-    if ran["fault"] is not None:   # the sentinel's rules stopped the policy's steps
-        watched: dict = {}
-        findings.append(_numerics_finding(watched, task, model, model_layers.walk(model),
-                                          built.loss, ran["fault"]["batch"], ran["fault"]["fault"],
-                                          policy, int(x_eval.shape[0])))
-        return {"ran": True, "steps": len(train), "stopped_at_step": ran["fault"]["fault"].step,
-                "numerics": watched.get("numerics"), "policy_train_losses": ran["train_losses"],
-                "skipped_steps": ran["skipped_steps"]}
-    out = {"ran": True, "steps": len(train), "same_weights": same,
+    out = {"ran": True, "steps": len(train), "compared": True, "same_weights": same,
            "float32_start": ref["start"], "policy_start": ran["start"],
            "float32_end": ref["end"], "policy_end": ran["end"],
            "float32_train_losses": ref["train_losses"], "policy_train_losses": ran["train_losses"],
@@ -347,14 +352,26 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
     return out
 
 
+def _stopped(task, built, model, ran, policy: str, steps: int, batch_size: int, findings,
+             start_weights_max: float) -> dict:
+    """The watched steps stopped at a fault: its replay as a blocker, and where it stopped."""
+    watched: dict = {}
+    findings.append(_numerics_finding(watched, task, model, model_layers.walk(model), built.loss,
+                                      ran["fault"]["batch"], ran["fault"]["fault"], policy,
+                                      batch_size, start_weights_max))
+    return {"ran": True, "steps": steps, "stopped_at_step": ran["fault"]["fault"].step,
+            "numerics": watched.get("numerics"), "policy_train_losses": ran["train_losses"],
+            "skipped_steps": ran["skipped_steps"]}
+
+
 def _numerics_finding(report: dict, task, model, entries, loss_fn, batch, fault, policy: str,
-                      batch_size: int) -> Finding:
+                      batch_size: int, start_weights_max: Optional[float] = None) -> Finding:
     """The sentinel's replay of the failing batch (``app.numerics.replay``) as a blocker:
     where the non-finite value began, whether float32 fails too, and the fix."""
     from app.numerics import replay
 
     failed = replay.FailedStep(fault, 1, (fault.step - 1) * batch_size, policy,
-                               str(task.describe().get("loss")))
+                               str(task.describe().get("loss")), start_weights_max)
     diag = replay.diagnose(model, loss_fn, entries, batch, failed)
     report["numerics"] = diag.to_json()
     after = (f"after {fault.step} training step(s) under {policy}: " if fault.step > 1 else "")

@@ -418,6 +418,27 @@ def test_check_watches_its_steps_and_names_the_fault_with_the_flag():
     assert 1 < report["comparison"]["stopped_at_step"] <= 48
 
 
+def test_check_under_float32_watches_its_steps_too():
+    """Nothing runs in 16 bits, but a NaN in the data or a learning rate that sends the
+    weights to inf is still found by `check --precision float32 --steps N`, and named."""
+    nan_x = _with_rows(_rng_x(), [97, 301], np.nan)
+    report = app.check(model=_model(_dense()), data=_data(nan_x), precision="float32",
+                       steps=40, batch_size=16)
+    (blocker,) = [f for f in report["findings"] if f["severity"] == "blocker"]
+    assert "the input batch: the sample at position" in blocker["what"], blocker
+    assert report["numerics"]["verdict"] == "data"
+    assert 1 < report["comparison"]["stopped_at_step"] <= 40
+    report = app.check(model=_sgd_model(1e4), data=_data(), precision="float32", steps=40,
+                       batch_size=16)
+    assert report["numerics"]["verdict"] == "optimizer", report["findings"]
+    # A clean float32 model: its steps are watched and nothing is compared.
+    report = app.check(model=_model(_dense()), data=_data(), precision="float32", steps=5,
+                       batch_size=16)
+    comp = report["comparison"]
+    assert (comp["ran"], comp["compared"], comp["steps"]) == (True, False, 5), comp
+    assert report["verdict"] == "ready" and comp["policy_end"] < comp["policy_start"], report
+
+
 def test_resume_after_the_fix_continues_from_the_checkpoint_saved_at_the_fault(tmp_path):
     """The fault keeps the state that failed as a checkpoint; with the data repaired the same
     run continues from it (no epoch was complete) and finishes."""
