@@ -66,7 +66,7 @@ def to_text(report: dict) -> str:
     out = []
     data = report.get("data") or {}
     out.append(f"check: model {report['model']!r} under {report['policy']}, batch "
-               f"{report['batch_size']}, data {report['dataset']!r} (samples "
+               f"{report['batch_size']}, data {report['dataset']!r} (samples of shape "
                f"{'x'.join(map(str, data.get('input_shape') or []))}, "
                f"{data.get('num_classes')} classes)")
     decision = report.get("precision") or {}
