@@ -288,8 +288,9 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
     x_eval, y_eval = batches[0]
     train = batches[1:]
     opt = built.optimizer or tf.keras.optimizers.Adam(learning_rate=1e-3)
-    start_weights_max = replay.weights_max(model)   # as train records it: weights that grew
-    try:                                            # 1e4x point at the learning rate
+    # As train records it: weights that grow 1e4x by the fault point at the learning rate.
+    start_weights_max = replay.weights_max(model)
+    try:
         ran = compare_mod.train_steps(model, built.loss, opt, step, train, policy, x_eval, y_eval)
     except Exception as exc:
         raise UserCodeError(task.model.spec, f"training {len(train)} step(s) under {policy}",
@@ -302,7 +303,8 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
         # a learning rate that sends the weights to inf is found here too, before a long run.
         return {"ran": True, "steps": len(train), "compared": False,
                 "policy_start": ran["start"], "policy_end": ran["end"],
-                "policy_train_losses": ran["train_losses"], "skipped_steps": 0}
+                "policy_train_losses": ran["train_losses"],
+                "skipped_steps": ran["skipped_steps"]}
     # Everything is float32 there: no --float32-layers to find (Keras numbers a second
     # build's automatic layer names on from the first's, so they would not match).
     built32 = _build(task.with_float32_layers(()), bundle, "float32", seed, bundle.sample_batch)
