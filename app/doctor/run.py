@@ -298,13 +298,13 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
     if ran["fault"] is not None:   # the sentinel's rules stopped the policy's steps
         return _stopped(task, built, model, ran, policy, len(train), int(x_eval.shape[0]),
                         findings, start_weights_max)
+    watched = {"ran": True, "steps": len(train), "compared": False,
+               "policy_start": ran["start"], "policy_end": ran["end"],
+               "policy_train_losses": ran["train_losses"], "skipped_steps": ran["skipped_steps"]}
     if not mixed:
         # Nothing to compare float32 with, but its steps were watched: a NaN in the data or
         # a learning rate that sends the weights to inf is found here too, before a long run.
-        return {"ran": True, "steps": len(train), "compared": False,
-                "policy_start": ran["start"], "policy_end": ran["end"],
-                "policy_train_losses": ran["train_losses"],
-                "skipped_steps": ran["skipped_steps"]}
+        return watched
     # Everything is float32 there: no --float32-layers to find (Keras numbers a second
     # build's automatic layer names on from the first's, so they would not match).
     built32 = _build(task.with_float32_layers(()), bundle, "float32", seed, bundle.sample_batch)
@@ -320,11 +320,9 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
     step32 = probe_mod.gradient_fn(built32.model, built32.loss, jit=False)
     ref = compare_mod.train_steps(built32.model, built32.loss, opt32, step32, train, "float32",
                                   x_eval, y_eval)
-    out = {"ran": True, "steps": len(train), "compared": True, "same_weights": same,
-           "float32_start": ref["start"], "policy_start": ran["start"],
-           "float32_end": ref["end"], "policy_end": ran["end"],
-           "float32_train_losses": ref["train_losses"], "policy_train_losses": ran["train_losses"],
-           "skipped_steps": ran["skipped_steps"],
+    out = {**watched, "compared": True, "same_weights": same,
+           "float32_start": ref["start"], "float32_end": ref["end"],
+           "float32_train_losses": ref["train_losses"],
            "relative_difference_start": compare_mod.relative(ref["start"], ran["start"]),
            "relative_difference_end": compare_mod.relative(ref["end"], ran["end"])}
     if ran["end"] is None and ref["end"] is not None:
