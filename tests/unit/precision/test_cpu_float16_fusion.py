@@ -9,15 +9,12 @@ from app.precision import policy as prec
 
 
 @pytest.fixture(autouse=True)
-def _restore():
-    # Each test starts with the remapper not turned off by apply_policy: a test before it
-    # (in this process, in either order) may have left mixed_float16 applied, and a setting
-    # made while apply_policy holds the remapper off cannot be told from its own.
-    before = prec.global_policy_name()
+def _from_float32():
+    """Each test starts with the remapper not turned off by apply_policy: the process may
+    hold mixed_float16 from before, and a setting made while apply_policy holds the remapper
+    off cannot be told from its own.  tests/unit/conftest.py puts the policy back after
+    each test, through apply_policy, which gives the remapper back with it."""
     prec.apply_policy("float32")
-    yield
-    prec.apply_policy("float32")       # gives the remapper back if a test left it off
-    prec.apply_policy(before)
 
 
 def remapping():
