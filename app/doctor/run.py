@@ -219,7 +219,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
         fault = Fault("forward", 1, f"the loss is NaN or infinite under {policy} on the first "
                       "batch", 1.0)
         findings.append(_numerics_finding(report, task, model, entries, built.loss, (x0, y0),
-                                          fault, policy, batch_size))
+                                          fault, policy, batch_size, rows=bundle.train_rows))
         report["probe"] = probe
         return _finish(report, findings)  # the gradients of a NaN loss say nothing more
     try:
@@ -297,7 +297,7 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
                             exc) from exc
     if ran["fault"] is not None:   # the sentinel's rules stopped the policy's steps
         return _stopped(task, built, model, ran, policy, len(train), int(x_eval.shape[0]),
-                        findings, start_weights_max)
+                        findings, start_weights_max, bundle.train_rows)
     watched = {"ran": True, "steps": len(train), "compared": False,
                "policy_start": ran["start"], "policy_end": ran["end"],
                "policy_train_losses": ran["train_losses"], "skipped_steps": ran["skipped_steps"]}
@@ -353,25 +353,26 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
 
 
 def _stopped(task, built, model, ran, policy: str, steps: int, batch_size: int, findings,
-             start_weights_max: float) -> dict:
+             start_weights_max: float, rows=None) -> dict:
     """The watched steps stopped at a fault: its replay as a blocker, and where it stopped."""
     watched: dict = {}
     findings.append(_numerics_finding(watched, task, model, model_layers.walk(model), built.loss,
                                       ran["fault"]["batch"], ran["fault"]["fault"], policy,
-                                      batch_size, start_weights_max))
+                                      batch_size, start_weights_max, rows))
     return {"ran": True, "steps": steps, "stopped_at_step": ran["fault"]["fault"].step,
             "numerics": watched.get("numerics"), "policy_train_losses": ran["train_losses"],
             "skipped_steps": ran["skipped_steps"]}
 
 
 def _numerics_finding(report: dict, task, model, entries, loss_fn, batch, fault, policy: str,
-                      batch_size: int, start_weights_max: Optional[float] = None) -> Finding:
+                      batch_size: int, start_weights_max: Optional[float] = None,
+                      rows=None) -> Finding:
     """The sentinel's replay of the failing batch (``app.numerics.replay``) as a blocker:
     where the non-finite value began, whether float32 fails too, and the fix."""
     from app.numerics import replay
 
     failed = replay.FailedStep(fault, 1, (fault.step - 1) * batch_size, policy,
-                               str(task.describe().get("loss")), start_weights_max)
+                               str(task.describe().get("loss")), start_weights_max, rows=rows)
     diag = replay.diagnose(model, loss_fn, entries, batch, failed)
     report["numerics"] = diag.to_json()
     after = (f"after {fault.step} training step(s) under {policy}: " if fault.step > 1 else "")

@@ -30,6 +30,11 @@ class Where:
     dtype: Optional[str] = None     # the layer's compute dtype in the run
     phase: str = "forward"          # forward | backward
     samples: List[int] = field(default_factory=list)   # positions in the epoch
+    # The training data's rows those samples are (app.task.data_rows), when it has rows:
+    data: Optional[str] = None      # the arrays named: 'x_train', 'y_train' or both
+    rows: List[int] = field(default_factory=list)      # the samples' rows
+    bad_rows: List[int] = field(default_factory=list)  # every non-finite row (the first 1000)
+    bad_rows_total: Optional[int] = None
 
     def text(self) -> str:
         if self.kind == "layer":
@@ -38,13 +43,18 @@ class Where:
                     f"{what} is the first non-finite value")
         if self.kind == "input samples":
             verb = "is" if len(self.samples) == 1 else "are"
-            return f"the input batch: {_samples_at(self.samples)} of the epoch {verb} not finite"
+            return (f"the input batch: {_samples_at(self.samples)} of the epoch{self._rows()} "
+                    f"{verb} not finite")
         if self.kind == "weights":
             return f"the weights after an update: {self.name} not finite"
         if self.kind == "loss":
-            extra = f" for {_samples_at(self.samples)} of the epoch" if self.samples else ""
+            extra = (f" for {_samples_at(self.samples)} of the epoch{self._rows()}"
+                     if self.samples else "")
             return f"the loss ({self.name}): non-finite{extra} while every layer's output is finite"
         return "not found: the replay of the failing batch from these weights is finite"
+
+    def _rows(self) -> str:
+        return f" ({rows_in(self.rows, self.data)})" if self.rows and self.data else ""
 
 
 @dataclass
@@ -124,13 +134,25 @@ class Diagnosis:
         return cls(**{**fields, "where": Where(**fields["where"])})
 
 
-def _samples_at(samples: List[int], most: int = 12) -> str:
+def _samples_at(samples: List[int]) -> str:
     """'the sample at position 5', or 'samples at positions 5, 9 and 3 more'."""
     if len(samples) == 1:
         return f"the sample at position {samples[0]}"
-    shown = ", ".join(str(s) for s in samples[:most])
-    return "samples at positions " + shown + (
-        f" and {len(samples) - most} more" if len(samples) > most else "")
+    return "samples at positions " + _listed(samples)
+
+
+def rows_in(rows: List[int], data: str, total: Optional[int] = None) -> str:
+    """'row 4711 of x_train', or 'rows 97, 301 and 3 more of x_train' (``total``: how many
+    there are, when ``rows`` lists only the first of them)."""
+    if len(rows) == 1 and not (total or 0) > 1:
+        return f"row {rows[0]} of {data}"
+    return f"rows {_listed(rows, total)} of {data}"
+
+
+def _listed(items: List[int], total: Optional[int] = None, most: int = 12) -> str:
+    shown = items[:most]
+    more = max(total or 0, len(items)) - len(shown)
+    return ", ".join(str(i) for i in shown) + (f" and {more} more" if more else "")
 
 
 def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None) -> str:

@@ -30,6 +30,10 @@ from app.precision import finite, layer_policy
 # Weights this many times larger than at the start, with the batch non-finite in float32
 # too, point at the optimizer (the learning rate) rather than the model.
 GROWTH_FOR_OPTIMIZER = 1e4
+# The training data's rows named after a fault: the first this many in metrics.json, and
+# the rows of at most this many samples whose loss is not finite (each a search of the data).
+MOST_ROWS_LISTED = 1000
+MOST_ROWS_SEARCHED = 12
 
 
 @dataclass
@@ -180,6 +184,7 @@ class FailedStep:
     start_weights_max: Optional[float] = None
     replica: Optional[int] = None
     worker: Optional[int] = None
+    rows: Optional[object] = None  # the training data's rows (app.task.data_rows.DataRows)
 
 
 def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis:
@@ -195,9 +200,12 @@ def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis
 
     bad_samples = nonfinite_samples(x) or nonfinite_samples(y)
     if bad_samples:
-        return done(dx.Where("input samples", samples=[failed.position + i for i in bad_samples]),
-                    "data", "repair or drop those samples (NaN or inf in the data); check how the "
-                    "data is read and normalised", float32_finite=False)
+        where = dx.Where("input samples", samples=[failed.position + i for i in bad_samples])
+        named = _name_rows(where, failed.rows, x, y, bad_samples, nonfinite=True)
+        what = named or ("that sample" if len(bad_samples) == 1 else "those samples") + (
+            " (NaN or inf in the data)")
+        return done(where, "data", f"repair or drop {what}; check how the data is read and "
+                    "normalised", float32_finite=False)
     bad_weights = nonfinite_weights(model.weights)
     if bad_weights:
         return done(dx.Where("weights", name=", ".join(bad_weights[:4])), "optimizer",
@@ -208,7 +216,7 @@ def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis
         run = run_pass(model, loss_fn, entries, x, y, fault.loss_scale)
         with all_float32(entries, model):
             f32 = run_pass(model, loss_fn, entries, x, y, 1.0)
-    return _verdict(run, f32, failed, done, model)
+    return _verdict(run, f32, failed, done, model, x, y)
 
 
 @contextlib.contextmanager
@@ -225,7 +233,7 @@ def state_kept(model):
             v.assign(value)
 
 
-def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model):
+def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, x, y):
     found = first_bad(run)
     precision = f32.finite and failed.policy != "float32"
     if found is not None:
@@ -241,8 +249,9 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model):
             return done(where, "precision", fix, layers=[call.path], **facts)
         return _not_precision(where, failed, done, model, facts)
     if not run.loss_finite:
-        samples = [failed.position + int(i) for i in np.flatnonzero(~run.sample_finite)]
-        where = dx.Where("loss", failed.loss_spec, samples=samples)
+        in_batch = [int(i) for i in np.flatnonzero(~run.sample_finite)]
+        where = dx.Where("loss", failed.loss_spec, samples=[failed.position + i for i in in_batch])
+        _name_rows(where, failed.rows, x, y, in_batch[:MOST_ROWS_SEARCHED], nonfinite=False)
         if precision:
             return done(where, "precision", "compute the loss in float32: cast the predictions "
                         "with tf.cast(y_pred, tf.float32) first, or make the last layer float32",
@@ -264,6 +273,31 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model):
                 "the batch that failed is finite when replayed (dropout draws anew, or the "
                 "weights moved since): run `tfmp check --steps N` with the same data, or "
                 "lower --learning-rate", float32_finite=f32.finite)
+
+
+def _name_rows(where: dx.Where, rows, x, y, in_batch: List[int], nonfinite: bool) -> str:
+    """Fill ``where`` with the training data's rows the batch's samples ``in_batch`` are
+    (``rows`` a DataRows, or None: nothing to name) and, when ``nonfinite``, every row of
+    the data that holds a NaN or an inf; returns the fix's words for those rows, '' when
+    none was found."""
+    if rows is None:
+        return ""
+    try:
+        where.rows = rows.rows_of(np.asarray(x), np.asarray(y), in_batch)
+    except (ValueError, IndexError, TypeError):   # a batch not shaped like the data's rows
+        return ""
+    if not where.rows:
+        return ""
+    where.data = rows.holding() if nonfinite else rows.names[0]
+    if not nonfinite:
+        return ""
+    every = rows.nonfinite()
+    where.bad_rows, where.bad_rows_total = every[:MOST_ROWS_LISTED], len(every)
+    listed = ("; metrics.json's numerics.fault.where.bad_rows lists "
+              + ("them" if len(every) <= MOST_ROWS_LISTED else f"the first {MOST_ROWS_LISTED}")
+              if len(every) > 12 else "")
+    return (f"{dx.rows_in(every[:12], where.data, len(every))}: {len(every)} of the "
+            f"{len(rows)} training rows hold NaN or inf{listed}")
 
 
 def _owner(variable, calls: List[CallResult]) -> Optional[CallResult]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from app.core import catalog as registry
 from app.core.errors import UsageError
+from app.task.data_rows import DataRows
 
 SYNTHETIC_TRAIN, SYNTHETIC_VAL = 2048, 512
 _ALLOWED_FIX = ("delete the file to download it again, or replace it with the standard "
@@ -38,6 +39,9 @@ class DataBundle:
     label_kind: str = "sparse"
     # tf.data pipelines of unknown size are counted once when loaded; None = not counted
     sample_batch: tuple | None = None   # (x, y) of a few training samples, for build/check
+    # The training arrays the pipeline gathers from (app.task.data_rows.DataRows), so the
+    # sentinel can name a faulty sample's row; None for a pipeline that shuffles in a buffer
+    train_rows: object | None = None
 
 
 # ---- reading standard files --------------------------------------------------------------
@@ -284,4 +288,5 @@ def load(dataset: str, input_shape, batch_size: int, data_dir: str | None = None
     return DataBundle(make_dataset(xtr, ytr, batch_size, True, seed),
                       make_dataset(xva, yva, batch_size, False),
                       tuple(input_shape), num_classes, len(xtr), len(xva),
-                      sample_batch=(xtr[:8], np.asarray(ytr[:8]).astype(np.int32).reshape(-1)))
+                      sample_batch=(xtr[:8], np.asarray(ytr[:8]).astype(np.int32).reshape(-1)),
+                      train_rows=DataRows(xtr, ytr))

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from app.task.data import DataBundle, make_dataset
+from app.task.data_rows import DataRows
 from app.core.errors import UsageError
 
 EXPECTED = ("((x_train, y_train), (x_val, y_val)) NumPy arrays, or (train, val) unbatched "
@@ -130,7 +131,7 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
     return DataBundle(make_dataset(xtr, ytr, global_batch, True, seed, flat_labels=False),
                       make_dataset(xva, yva, global_batch, False, flat_labels=False),
                       shape, classes, len(xtr), len(xva), label_kind=kind,
-                      sample_batch=(xtr[:8], ytr[:8]))
+                      sample_batch=(xtr[:8], ytr[:8]), train_rows=DataRows(xtr, ytr))
 
 
 # ---- tf.data -----------------------------------------------------------------------------------

@@ -248,7 +248,7 @@ def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
                               worker=run.dist.cluster.rank if run.dist.multi_worker else None,
                               workers=run.dist.cluster.num_workers if run.dist.multi_worker else 1,
                               pool=run.dist.pool_json if run.dist.multi_worker else None,
-                              on_probe=recorder.record_probe)
+                              on_probe=recorder.record_probe, rows=run.bundle.train_rows)
         recorder.watch = watch
     return StepMonitor(cfg.log_every, cfg.max_skipped_steps, parts.loss_scaled, parts.optimizer,
                        parts.stats, stop or StopFlag(), recorder.record_step, watch)

@@ -25,7 +25,7 @@ class SentinelWatch:
                  worker: Optional[int] = None, workers: int = 1,
                  pool: Optional[Callable[[object], list]] = None,
                  warn: Optional[Callable[[str], None]] = None,
-                 on_probe: Optional[Callable[[int, dict], None]] = None):
+                 on_probe: Optional[Callable[[int, dict], None]] = None, rows=None):
         # worker/workers: this worker's index and their number (multi-worker; worker None
         # otherwise); pool: every worker's JSON value, in worker order (Distribution.pool_json).
         self.state, self.model, self.loss_fn = state, model, loss_fn
@@ -45,6 +45,7 @@ class SentinelWatch:
         self.warn = warn or (lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
         self.probe_seconds = 0.0
         self.on_probe = on_probe
+        self.rows = rows   # the training data's rows (app.task.data_rows), or None
 
     def begin_epoch(self, step: int) -> None:
         self.epoch_start_step = step
@@ -142,7 +143,7 @@ def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int, loss_sp
         first = start + (i * watch.workers + (watch.worker or 0)) * piece
         failed = replay.FailedStep(
             fault, epoch, first, watch.policy, loss_spec, watch.start_weights_max,
-            replica=i if len(batches) > 1 else None, worker=watch.worker)
+            replica=i if len(batches) > 1 else None, worker=watch.worker, rows=watch.rows)
         found = replay.diagnose(watch.model, watch.loss_fn, watch.entries, batch, failed)
         if found.verdict != "not reproduced":
             return found

@@ -197,6 +197,14 @@ def test_nan_in_a_few_samples_of_the_data(tmp_path, loop):
     assert f["where"]["kind"] == "input samples" and f["verdict"] == "data"
     first = (f["step"] - 1 - 32 * (f["epoch"] - 1)) * 16      # the failing batch's first position
     assert f["where"]["samples"] and all(first <= s < first + 16 for s in f["where"]["samples"])
+    # The rows of the user's x_train, not the shuffled positions: the samples' own (rows 97
+    # and 301 are identical, all NaN with label 0, so a sample of either is both), and all.
+    where = f["where"]
+    assert where["data"] == "x_train" and where["rows"] == [97, 301], where
+    assert (where["bad_rows"], where["bad_rows_total"]) == ([97, 301], 2)
+    assert f["fix"].startswith("repair or drop rows 97, 301 of x_train: 2 of the 512 "
+                               "training rows hold NaN or inf;"), f["fix"]
+    assert "of the epoch (rows 97, 301 of x_train)" in m["diagnosis"]
 
 
 def test_nan_in_the_data_with_several_steps_a_call(tmp_path):
@@ -267,6 +275,9 @@ def test_log_of_zero_in_a_custom_loss(tmp_path, loop):
     f = _fault(m)
     assert f["where"]["kind"] == "loss" and f["verdict"] == "model"
     assert f["float32_finite"] is False and f["where"]["samples"]
+    # the samples whose loss is not finite, as rows of the data: the ones labelled 0
+    assert f["where"]["data"] == "x_train" and f["where"]["rows"], f["where"]
+    assert set(f["where"]["rows"]) <= {250, 420} and f["where"]["bad_rows_total"] is None
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -396,6 +407,12 @@ def test_in_a_two_worker_job_every_worker_names_the_worker_whose_batch_failed(tm
     assert (f["worker"], f["where"]["kind"], f["verdict"]) == (1, "input samples", "data")
     first = (f["step"] - 1) * 16 + 8      # worker 1's share: the second 8 of the global 16
     assert f["where"]["samples"] and all(first <= s < first + 8 for s in f["where"]["samples"])
+    # worker 1's own copy of the data: its 60 bad rows, the samples' among them
+    assert f["where"]["bad_rows"] == list(range(200, 260)) and f["where"]["bad_rows_total"] == 60
+    assert set(f["where"]["rows"]) <= set(range(200, 260)) and f["where"]["rows"]
+    assert "rows 200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211 and 48 more of " \
+           "x_train: 60 of the 512 training rows hold NaN or inf; metrics.json's " \
+           "numerics.fault.where.bad_rows lists them" in f["fix"], f["fix"]
     for text in texts:
         assert f"error: training diverged at step {f['step']} (epoch 1) (worker 1):" in text, \
             text[-2500:]
@@ -427,6 +444,8 @@ def test_check_under_float32_watches_its_steps_too():
     (blocker,) = [f for f in report["findings"] if f["severity"] == "blocker"]
     assert "the input batch: the sample at position" in blocker["what"], blocker
     assert report["numerics"]["verdict"] == "data"
+    assert report["numerics"]["where"]["bad_rows"] == [97, 301], report["numerics"]
+    assert blocker["fix"].startswith("repair or drop rows 97, 301 of x_train"), blocker
     assert 1 < report["comparison"]["stopped_at_step"] <= 40
     report = app.check(model=_sgd_model(1e4), data=_data(), precision="float32", steps=40,
                        batch_size=16)

@@ -127,6 +127,25 @@ def test_the_input_samples_are_named_in_the_singular_or_the_plural():
                                   "is finite")
 
 
+def test_the_samples_rows_in_the_training_data_are_named_with_them():
+    where = dx.Where("input samples", samples=[237], data="x_train", rows=[4711])
+    assert where.text() == ("the input batch: the sample at position 237 of the epoch (row "
+                            "4711 of x_train) is not finite")
+    assert dx.Where("loss", name="mse", samples=[3, 9], data="x_train", rows=[12, 40]).text() == (
+        "the loss (mse): non-finite for samples at positions 3, 9 of the epoch (rows 12, 40 "
+        "of x_train) while every layer's output is finite")
+    assert dx.rows_in([97, 301], "x_train") == "rows 97, 301 of x_train"
+    assert dx.rows_in(list(range(200, 212)), "y_train", 60) == (
+        "rows 200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211 and 48 more of y_train")
+    assert dx.rows_in([5], "x_train", 3) == "rows 5 and 2 more of x_train"
+    # a report written before rows were named still reads back
+    old = {"kind": "input samples", "name": None, "class_name": None, "dtype": None,
+           "phase": "forward", "samples": [5]}
+    d = dx.Diagnosis.from_json({**dx.Diagnosis("h", "forward", 3, 1, "float32", dx.Where(**old),
+                                               "data", "fix").to_json(), "where": old})
+    assert d.where.text().endswith("position 5 of the epoch is not finite")
+
+
 def test_an_epsilon_fix_names_the_value_and_what_float16_holds():
     text = dx.layer_fix("rms", "float16", "forward", ("epsilon", 1e-12))
     assert "epsilon=1e-12 is 0 in float16" in text and "--float32-layers rms" in text

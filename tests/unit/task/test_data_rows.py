@@ -1,0 +1,56 @@
+"""The training data's rows the sentinel names (app.task.data_rows): found by content, after
+a fault, in the arrays the pipeline gathers from."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.task.data_rows import DataRows
+
+
+def _data(n=300, width=700):
+    # wider than one block of columns, so the narrowing runs over several blocks
+    rng = np.random.default_rng(1)
+    return rng.random((n, width)).astype("float32"), rng.integers(0, 10, n).astype("uint8")
+
+
+def test_every_nonfinite_row_and_the_array_holding_it():
+    x, y = _data()
+    x[[17, 240]] = np.nan
+    x[99, 650] = np.inf
+    rows = DataRows(x, y)
+    assert rows.nonfinite() == [17, 99, 240] and rows.holding() == "x_train"
+    labels = np.linspace(0, 1, len(x)).astype("float32")
+    labels[5] = np.nan
+    both = DataRows(x, labels)
+    assert both.nonfinite() == [5, 17, 99, 240] and both.holding() == "x_train and y_train"
+    assert DataRows(*_data()).nonfinite() == []
+
+
+def test_a_shuffled_batchs_samples_are_their_rows():
+    x, y = _data()
+    x[[17, 240]] = np.nan
+    x[99, 650] = np.inf
+    order = np.random.default_rng(2).permutation(len(x))
+    batch = order[:32].tolist() + [240, 99]
+    # As the pipeline delivers them: gathered rows, labels made int32.
+    bx, by = x[batch], y[batch].astype("int32")
+    rows = DataRows(x, y)
+    assert rows.rows_of(bx, by, [32, 33]) == [240, 99]          # non-finite samples
+    assert rows.rows_of(bx, by, [0, 5]) == [batch[0], batch[5]]  # finite ones, searched in all
+
+
+def test_identical_rows_are_all_named_and_a_changed_sample_names_none():
+    x, y = _data()
+    x[50], y[50] = x[7], y[7]
+    rows = DataRows(x, y)
+    assert rows.rows_of(x[[7]], y[[7]], [0]) == [7, 50]
+    assert rows.rows_of(x[[7]] * 2, y[[7]], [0]) == []
+    assert rows.rows_of(x[[7]], (y[[7]] + 1) % 10, [0]) == []   # same features, other label
+
+
+def test_samples_of_another_shape_name_no_row():
+    x, y = _data()
+    with pytest.raises(IndexError):
+        DataRows(x, y).rows_of(x[:2, :10], y[:2], [3])
+    assert DataRows(x, y).rows_of(x[:2, :10], y[:2], [1]) == []
