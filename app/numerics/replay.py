@@ -297,7 +297,8 @@ def _name_rows(where: dx.Where, rows, x, y, in_batch: List[int], nonfinite: bool
               + ("them" if len(every) <= MOST_ROWS_LISTED else f"the first {MOST_ROWS_LISTED}")
               if len(every) > 12 else "")
     return (f"{dx.rows_in(every[:12], where.data, len(every))}: {len(every)} of the "
-            f"{len(rows)} training rows hold NaN or inf{listed}")
+            f"{len(rows)} training rows {'holds' if len(every) == 1 else 'hold'} NaN or inf"
+            f"{listed}")
 
 
 def _owner(variable, calls: List[CallResult]) -> Optional[CallResult]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from app.core import catalog as registry
 from app.core.errors import UsageError
-from app.task.data_rows import DataRows
+from app.task.data_rows import DataRows, unread_rows
 
 SYNTHETIC_TRAIN, SYNTHETIC_VAL = 2048, 512
 _ALLOWED_FIX = ("delete the file to download it again, or replace it with the standard "
@@ -267,12 +267,14 @@ def load(dataset: str, input_shape, batch_size: int, data_dir: str | None = None
     if dataset == "images":
         return _image_folder(image_dir, int(input_shape[0]), batch_size, seed,
                              max_train_samples, max_val_samples)
+    unread = None
     if dataset == "synthetic":
         n_tr = max_train_samples or SYNTHETIC_TRAIN
         n_va = max_val_samples or SYNTHETIC_VAL
         (xtr, ytr), (xva, yva) = synthetic_arrays(input_shape, num_classes, n_tr, n_va, seed)
     elif dataset in _STANDARD:
         (xtr, ytr), (xva, yva) = load_arrays(dataset, data_dir, offline, data_dir_explicit)
+        unread = unread_rows(xtr, ytr, max_train_samples)   # the standard files are uint8: none
         xtr, ytr = xtr[:max_train_samples], ytr[:max_train_samples]
         xva, yva = xva[:max_val_samples], yva[:max_val_samples]
         expected = int(np.prod(input_shape))
@@ -289,4 +291,4 @@ def load(dataset: str, input_shape, batch_size: int, data_dir: str | None = None
                       make_dataset(xva, yva, batch_size, False),
                       tuple(input_shape), num_classes, len(xtr), len(xva),
                       sample_batch=(xtr[:8], np.asarray(ytr[:8]).astype(np.int32).reshape(-1)),
-                      train_rows=DataRows(xtr, ytr))
+                      train_rows=DataRows(xtr, ytr, unread=unread))

@@ -19,18 +19,24 @@ import numpy as np
 # Columns compared at a time while narrowing the rows that could equal a sample: one
 # block over every row costs n * 256 comparisons, and after it few rows are left.
 _BLOCK = 256
+# Elements tested for NaN and inf at a time when scanning the data.
+_SCAN_ELEMENTS = 1 << 24
 
 
 class DataRows:
-    """The training arrays as the pipeline gathers from them, in the data's own row order."""
+    """The training arrays as the pipeline gathers from them, in the data's own row order.
+    ``unread``: (x, y) rows of the same data after those (a run or ``check`` that reads
+    fewer rows than the data has), as the data holds them: scanned for NaN and inf, so the
+    rows named are all of the data's, never searched for a sample."""
 
-    def __init__(self, x, y, names=("x_train", "y_train")):
+    def __init__(self, x, y, names=("x_train", "y_train"), unread=None):
         self.arrays = [np.asarray(x), np.asarray(y)]
+        self.unread = [np.asarray(a) for a in unread] if unread is not None else None
         self.names = names
         self._bad: Optional[List[np.ndarray]] = None
 
     def __len__(self) -> int:
-        return len(self.arrays[0])
+        return len(self.arrays[0]) + (len(self.unread[0]) if self.unread is not None else 0)
 
     def nonfinite(self) -> List[int]:
         """Every row with a NaN or an inf in its features or its label, in order."""
@@ -51,7 +57,9 @@ class DataRows:
         for i in samples:
             wanted = [np.asarray(x)[i], np.asarray(y)[i]]
             finite = all(np.isfinite(w).all() for w in wanted if _floating(w))
-            candidates = np.arange(len(self)) if finite else np.array(sorted(bad), np.int64)
+            read = len(self.arrays[0])
+            candidates = (np.arange(read) if finite else
+                          np.array([r for r in sorted(bad) if r < read], np.int64))
             for array, sample in zip(self.arrays, wanted):
                 candidates = _equal_rows(array, sample, candidates)
             found += [int(r) for r in candidates if int(r) not in found]
@@ -60,6 +68,9 @@ class DataRows:
     def _nonfinite_by_array(self) -> List[np.ndarray]:
         if self._bad is None:
             self._bad = [_nonfinite_rows(a) for a in self.arrays]
+            if self.unread is not None:
+                self._bad = [np.concatenate([b, _nonfinite_rows(a)])
+                             for b, a in zip(self._bad, self.unread)]
         return self._bad
 
 
@@ -68,9 +79,16 @@ def _floating(a) -> bool:
 
 
 def _nonfinite_rows(a: np.ndarray) -> np.ndarray:
-    if not _floating(a):
-        return np.zeros(len(a), bool)
-    return ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
+    """Per row, does it hold a NaN or an inf; read in slices of rows, so the test's
+    temporary stays small beside a training set of gigabytes."""
+    bad = np.zeros(len(a), bool)
+    if not _floating(a) or not len(a):
+        return bad
+    flat = a.reshape(len(a), -1)
+    step = max(1, _SCAN_ELEMENTS // max(1, flat.shape[1]))
+    for start in range(0, len(flat), step):
+        bad[start:start + step] = ~np.isfinite(flat[start:start + step]).all(axis=1)
+    return bad
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -99,3 +117,12 @@ def _equal_rows(array: np.ndarray, sample, candidates: np.ndarray) -> np.ndarray
         everything = False
     return candidates
 
+
+
+def unread_rows(x, y, used: Optional[int]):
+    """The rows of the data's ``x`` and ``y`` past the first ``used`` (the rows a run reads),
+    when there are any and either array can hold a NaN (a floating one): views, no copy."""
+    x, y = np.asarray(x), np.asarray(y)
+    if used is None or used >= len(x) or not (_floating(x) or _floating(y)):
+        return None
+    return x[used:], y[used:]

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from app.task.data import DataBundle, make_dataset
-from app.task.data_rows import DataRows
+from app.task.data_rows import DataRows, unread_rows
 from app.core.errors import UsageError
 
 EXPECTED = ("((x_train, y_train), (x_val, y_val)) NumPy arrays, or (train, val) unbatched "
@@ -108,6 +108,7 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
     if xtr.shape[1:] != xva.shape[1:]:
         raise _bad(spec, returned, f"training samples have shape {xtr.shape[1:]}, validation "
                                    f"samples {xva.shape[1:]}")
+    unread = unread_rows(xtr, ytr, max_train)
     xtr, ytr, xva, yva = xtr[:max_train], ytr[:max_train], xva[:max_val], yva[:max_val]
     try:
         xtr, xva = _features(xtr), _features(xva)
@@ -131,7 +132,8 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
     return DataBundle(make_dataset(xtr, ytr, global_batch, True, seed, flat_labels=False),
                       make_dataset(xva, yva, global_batch, False, flat_labels=False),
                       shape, classes, len(xtr), len(xva), label_kind=kind,
-                      sample_batch=(xtr[:8], ytr[:8]), train_rows=DataRows(xtr, ytr))
+                      sample_batch=(xtr[:8], ytr[:8]),
+                      train_rows=DataRows(xtr, ytr, unread=unread))
 
 
 # ---- tf.data -----------------------------------------------------------------------------------

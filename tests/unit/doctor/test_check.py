@@ -168,6 +168,28 @@ def test_arrays_as_data_and_json(user_models, tmp_path):
     assert json.loads(out.read_text())["verdict"] == report["verdict"] == "ready"
 
 
+def test_every_nonfinite_row_of_the_data_is_a_blocker_even_rows_check_never_trains_on(
+        user_models):
+    """check trains on the first batch_size * (steps + 1) rows only; the data are scanned
+    whole, so a NaN in row 900 is named before any run meets it."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.random((1000, 8, 8, 1))                 # float64, as users' arrays often are
+    y = rng.integers(0, 4, 1000)
+    x[900, 3] = np.nan
+    report = _check(user_models("policy_aware").build, data=((x, y), (x[:8], y[:8])),
+                    input_shape=None, precision="float32")
+    (blocker,) = [f for f in report["findings"] if f["severity"] == "blocker"]
+    assert (blocker["check"], blocker["what"]) == (
+        "data", "1 of the 1000 training rows holds NaN or inf: row 900 of x_train"), blocker
+    assert report["data"]["nonfinite_rows"] == [900]
+    assert report["comparison"]["ran"] and "stopped_at_step" not in report["comparison"]
+    clean = _check(user_models("policy_aware").build, data=((x[:800], y[:800]), (x[:8], y[:8])),
+                   input_shape=None, precision="float32")
+    assert clean["data"]["nonfinite_rows"] == [] and clean["verdict"] == "ready"
+
+
 def test_unbatched_datasets_as_data(user_models):
     import numpy as np
     import tensorflow as tf

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.task.data_rows import DataRows
+from app.task.data_rows import DataRows, unread_rows
 
 
 def _data(n=300, width=700):
@@ -54,3 +54,14 @@ def test_samples_of_another_shape_name_no_row():
     with pytest.raises(IndexError):
         DataRows(x, y).rows_of(x[:2, :10], y[:2], [3])
     assert DataRows(x, y).rows_of(x[:2, :10], y[:2], [1]) == []
+
+
+def test_rows_past_the_ones_read_are_scanned_but_never_matched():
+    x, y = _data()
+    x[[10, 250]] = np.nan
+    rows = DataRows(x[:200], y[:200], unread=unread_rows(x, y, 200))
+    assert len(rows) == 300 and rows.nonfinite() == [10, 250]
+    assert rows.rows_of(x[[250, 10]], y[[250, 10]], [0, 1]) == [10]   # row 250 was not read
+    assert unread_rows(x, y, None) is None and unread_rows(x, y, 300) is None
+    assert unread_rows(x.astype("uint8"), y, 100) is None     # integers hold no NaN
+    assert np.shares_memory(unread_rows(x, y, 100)[0], x)     # views, not copies

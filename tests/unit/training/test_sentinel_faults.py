@@ -441,7 +441,11 @@ def test_check_under_float32_watches_its_steps_too():
     nan_x = _with_rows(_rng_x(), [97, 301], np.nan)
     report = app.check(model=_model(_dense()), data=_data(nan_x), precision="float32",
                        steps=40, batch_size=16)
-    (blocker,) = [f for f in report["findings"] if f["severity"] == "blocker"]
+    (data, blocker) = [f for f in report["findings"] if f["severity"] == "blocker"]
+    # the data read once, before any step: every bad row; then the step that met one
+    assert data["check"] == "data" and data["what"] == (
+        "2 of the 512 training rows hold NaN or inf: rows 97, 301 of x_train"), data
+    assert report["data"]["nonfinite_rows"] == [97, 301]
     assert "the input batch: the sample at position" in blocker["what"], blocker
     assert report["numerics"]["verdict"] == "data"
     assert report["numerics"]["where"]["bad_rows"] == [97, 301], report["numerics"]
