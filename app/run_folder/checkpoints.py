@@ -99,8 +99,10 @@ def complete_checkpoints(folder: str) -> list:
     except Exception:  # a truncated or garbled 'checkpoint' file
         state = None
     if state is not None:
-        paths = [p if os.path.isabs(p) else os.path.join(folder, p)
-                 for p in state.all_model_checkpoint_paths]
+        # TensorFlow has already joined the relative paths of the state file to ``folder``
+        # (joining them again doubled a relative folder: `--resume --output runs/x` found
+        # no checkpoint).
+        paths = list(state.all_model_checkpoint_paths)
     if not paths:
         found = [p[:-len(".index")] for p in _glob_index(folder)]
         paths = sorted(found, key=_save_number)

@@ -124,12 +124,18 @@ def test_truncated_latest_checkpoint_falls_back_to_the_one_before(tmp_path, caps
     assert m["status"] == "completed" and [e["epoch"] for e in m["epochs"]] == [1, 2, 3, 4]
 
 
-def test_garbled_state_file_is_rebuilt(tmp_path, capsys):
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
+def test_garbled_state_file_is_rebuilt(tmp_path, capsys, monkeypatch, relative):
     out = _three_epochs(tmp_path, capsys)
     (out / "checkpoints" / "checkpoint").write_text("garbage {{{")
-    code, err = _main(capsys, *ARGS, "--output", str(out), "--resume", "--epochs", "4")
+    if relative:   # --output runs/x: the rebuilt state file must hold paths that resolve
+        monkeypatch.chdir(tmp_path)
+    given = "run" if relative else str(out)
+    code, err = _main(capsys, *ARGS, "--output", given, "--resume", "--epochs", "4")
     assert code == 0, err
     assert "is damaged; rebuilt" in err and "at epoch 4" in err
+    code, err = _main(capsys, *ARGS, "--output", given, "--resume", "--epochs", "5")
+    assert code == 0 and "is damaged" not in err and "at epoch 5" in err, err
 
 
 def test_every_checkpoint_damaged_is_one_line_not_a_restart(tmp_path, capsys):

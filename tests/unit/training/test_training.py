@@ -119,6 +119,22 @@ def test_resume_restores_epoch_and_loss_scale(tiny_config):
     assert [r["step"] for r in again["steps"]] == [4, 8]  # the step count continues
 
 
+def test_resume_finds_the_checkpoint_of_a_run_folder_given_as_a_relative_path(
+        tiny_config, tmp_path, monkeypatch):
+    """`tfmp train --output runs/x`, then the same with --resume: TensorFlow's state file
+    holds paths relative to the checkpoints folder, and a relative folder joined to them
+    twice found nothing ("--resume found no checkpoint")."""
+    from app.run_folder import checkpoints
+
+    monkeypatch.chdir(tmp_path)
+    first = train(tiny_config(output="runs/x", epochs=1, max_train_samples=64))
+    assert first["status"] == "completed"
+    assert checkpoints.has_checkpoint("runs/x")
+    assert checkpoints.newest_complete("runs/x/checkpoints") == "runs/x/checkpoints/ckpt-1"
+    again = train(tiny_config(output="runs/x", epochs=2, max_train_samples=64, resume=True))
+    assert [e["epoch"] for e in again["epochs"]] == [1, 2]
+
+
 KINK_MODEL = '''
 import tensorflow as tf
 
