@@ -17,7 +17,7 @@ from image_helpers import HOST_GID, HOST_UID, exec_in, health, run, wait_until
 pytestmark = pytest.mark.docker
 
 NAMES = ["01_policy_and_fit.ipynb", "02_custom_loop_loss_scaling.ipynb", "03_benchmark.ipynb",
-         "04_your_own_model.ipynb", "05_tune_batch_size.ipynb"]
+         "04_your_own_model.ipynb", "05_tune_batch_size.ipynb", "06_when_training_goes_nan.ipynb"]
 
 
 def _workspace(tmp_path: Path) -> Path:

@@ -28,7 +28,7 @@ from app import notebooks
 from tests.paths import ROOT
 
 NAMES = ["01_policy_and_fit.ipynb", "02_custom_loop_loss_scaling.ipynb", "03_benchmark.ipynb",
-         "04_your_own_model.ipynb", "05_tune_batch_size.ipynb"]
+         "04_your_own_model.ipynb", "05_tune_batch_size.ipynb", "06_when_training_goes_nan.ipynb"]
 SUMMARY_MARK = "__NOTEBOOK_SUMMARY__"
 # The executions run once a session: in the image's self-test when the session runs it (the
 # notebooks are the image's, for its TF 2.9), else here (tests/conftest.py).
@@ -396,6 +396,24 @@ def test_05_tune_then_train_with_the_result(tmp_path, monkeypatch):
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if "image/png" in o.get("data", {})]
     assert images, "the curves were not shown"
+
+
+@pytest.mark.slow
+@IN_THE_IMAGE
+def test_06_the_sentinel_names_the_rows_and_the_layer_and_both_fixes_train(tmp_path, monkeypatch):
+    nb, s = execute(NAMES[5], dict(workspace=str(tmp_path / "ws")), tmp_path, monkeypatch)
+    assert s["data_blocker"] == "2 of the 512 training rows hold NaN or inf: rows 97, 301 of x_train"
+    assert (s["data_status"], s["data_verdict"], s["rows_named"]) == ("diverged", "data", [97, 301])
+    assert s["repaired_status"] == "completed" and s["repaired_val_accuracy"] >= 0.75
+    assert (s["overflow_policy"], s["overflow_status"]) == ("mixed_float16", "diverged")
+    assert (s["overflow_layer"], s["overflow_verdict"], s["flag"]) == (
+        "amplify", "precision", "--float32-layers amplify")
+    assert (s["fixed_status"], s["fixed_float32_layers"], s["fixed_epochs"]) == (
+        "completed", "amplify", 2)
+    shown = _all_text(nb)   # the sentinel's block, as a notebook shows a run's stderr
+    assert "(rows 97, 301 of x_train) is not finite" in shown or \
+        "(row 97 of x_train) is not finite" in shown or "(row 301 of x_train) is not finite" in shown
+    assert "where it began: layer 'amplify' (Amplify, computing in float16)" in shown
 
 
 # Trials stood in for (no TensorFlow, no child processes): sizes up to 16 fit in the search,
