@@ -54,7 +54,14 @@ class Where:
         return "not found: the replay of the failing batch from these weights is finite"
 
     def _rows(self) -> str:
-        return f" ({rows_in(self.rows, self.data)})" if self.rows and self.data else ""
+        if not (self.rows and self.data):
+            return ""
+        # More rows than samples: rows that hold the same values, which a sample is any of.
+        if len(self.rows) > len(self.samples) == 1:
+            return f" (any of {rows_in(self.rows, self.data)}: they hold the same values)"
+        if len(self.rows) > len(self.samples):
+            return f" ({rows_in(self.rows, self.data)}; some hold the same values)"
+        return f" ({rows_in(self.rows, self.data)})"
 
 
 @dataclass

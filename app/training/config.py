@@ -176,7 +176,19 @@ def run_name(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
 
 
 def default_output(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
-    return os.path.join(cfg.workspace, "runs", run_name(cfg, policy, now))
+    """``<workspace>/runs/<run name>``, with ``-2``, ``-3``, ... when that folder exists: two
+    runs of the same model, data and policy started in the same second (quick runs from a
+    notebook or a script) would otherwise collide in a folder neither user chose."""
+    return unused(os.path.join(cfg.workspace, "runs", run_name(cfg, policy, now)))
+
+
+def unused(base: str) -> str:
+    """``base``, or ``base-2``, ``base-3``, ... : the first that does not exist yet."""
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}"
+    return path
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:

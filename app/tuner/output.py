@@ -11,9 +11,11 @@ from app.tuner import report
 
 
 def default_output(model: str, dataset: str, workspace: str) -> str:
-    """``<workspace>/tune/<UTC>-<model>-<dataset>``, named like train's run folders."""
-    return os.path.join(workspace, "tune",
-                        f"{config.utc_stamp()}-{config.short_name(model)}-{config.short_name(dataset)}")
+    """``<workspace>/tune/<UTC>-<model>-<dataset>``, named like train's run folders (and, like
+    them, never one that exists already)."""
+    return config.unused(os.path.join(
+        workspace, "tune",
+        f"{config.utc_stamp()}-{config.short_name(model)}-{config.short_name(dataset)}"))
 
 
 # What a tune writes into its folder, and what a training run's folder holds.

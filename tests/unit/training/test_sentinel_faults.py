@@ -204,7 +204,7 @@ def test_nan_in_a_few_samples_of_the_data(tmp_path, loop):
     assert (where["bad_rows"], where["bad_rows_total"]) == ([97, 301], 2)
     assert f["fix"].startswith("repair or drop rows 97, 301 of x_train: 2 of the 512 "
                                "training rows hold NaN or inf;"), f["fix"]
-    assert "of the epoch (rows 97, 301 of x_train)" in m["diagnosis"]
+    assert "rows 97, 301 of x_train" in m["diagnosis"].split("; fix:")[0], m["diagnosis"]
 
 
 def test_nan_in_the_data_with_several_steps_a_call(tmp_path):

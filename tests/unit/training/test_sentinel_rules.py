@@ -135,6 +135,12 @@ def test_the_samples_rows_in_the_training_data_are_named_with_them():
         "the loss (mse): non-finite for samples at positions 3, 9 of the epoch (rows 12, 40 "
         "of x_train) while every layer's output is finite")
     assert dx.rows_in([97, 301], "x_train") == "rows 97, 301 of x_train"
+    assert dx.Where("input samples", samples=[237], data="x_train", rows=[97, 301]).text() == (
+        "the input batch: the sample at position 237 of the epoch (any of rows 97, 301 of "
+        "x_train: they hold the same values) is not finite")
+    assert dx.Where("input samples", samples=[1, 2], data="x_train", rows=[5, 6, 9]).text() == (
+        "the input batch: samples at positions 1, 2 of the epoch (rows 5, 6, 9 of x_train; "
+        "some hold the same values) are not finite")
     assert dx.rows_in(list(range(200, 212)), "y_train", 60) == (
         "rows 200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211 and 48 more of y_train")
     assert dx.rows_in([5], "x_train", 3) == "rows 5 and 2 more of x_train"

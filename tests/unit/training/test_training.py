@@ -103,6 +103,29 @@ def test_default_run_folder_names_model_dataset_and_policy(tiny_config):
     assert short_name("mlp") == "mlp" and short_name("nets.small:make_net") == "small.make_net"
 
 
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tiny_config, tmp_path):
+    """Two quick runs of the same model, data and policy from a notebook can start within
+    one second: the default folder of the second must not be the first's ("already holds a
+    run")."""
+    from datetime import datetime, timezone
+
+    from app.training.config import default_output
+
+    cfg = tiny_config(output=None)
+    now = datetime(2026, 12, 5, 13, 50, 37, tzinfo=timezone.utc)
+    first = default_output(cfg, "float32", now)
+    assert first.endswith("runs/20261205T135037Z-mlp-synthetic-float32")
+    os.makedirs(first)
+    assert default_output(cfg, "float32", now) == first + "-2"
+    os.makedirs(first + "-2")
+    assert default_output(cfg, "float32", now) == first + "-3"
+    assert default_output(cfg, "mixed_bfloat16", now).endswith("-mixed_bfloat16")
+    # two real runs back to back, each in its own folder, both completed
+    runs = [train(tiny_config(output=None, epochs=1, max_train_samples=64)) for _ in range(2)]
+    assert [r["status"] for r in runs] == ["completed", "completed"]
+    assert runs[0]["config"]["output"] != runs[1]["config"]["output"]
+
+
 def test_resume_restores_epoch_and_loss_scale(tiny_config):
     cfg = tiny_config(precision="mixed_float16", loop="custom", epochs=1, max_train_samples=128,
                       max_val_samples=32, initial_loss_scale=2.0 ** 30)
