@@ -15,10 +15,12 @@ def build_parser() -> OneLineParser:
                            description="Mixed-precision TensorFlow training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
+    parser.commands = {}
     for name in COMMANDS:
         module = importlib.import_module(f"app.commands.{name}")
         sp = module.add_parser(sub)
         sp.set_defaults(_run=module.run)
+        parser.commands[sp.prog.split()[-1]] = sp
     return parser
 
 
@@ -27,7 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # before TensorFlow is imported (the commands import it lazily).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:   # named with the command's own help, which lists its flags
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args._run(args))
     except ReportedError as exc:

@@ -37,7 +37,7 @@ def assert_usage_error(proc, needle, *not_created):
     (["--global-batch", "100", "--batch-size", "32"],
      "global_batch 100 is not a multiple of the micro-batch 32 (--batch-size 32); allowed: "
      "--global-batch 96 or 128"),
-    (["--no-such-flag"], "unrecognized arguments"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag; see: tfmp train --help"),
 ])
 def test_bad_flags(tmp_path, args, needle):
     out = tmp_path / "run"
