@@ -52,14 +52,13 @@ class DataRows:
         """The rows equal to the batch's ``samples`` (positions in ``x`` and ``y``), in the
         samples' order, each once; a sample no row equals (the pipeline changed it) adds
         none.  A non-finite sample is looked for among the non-finite rows only."""
-        bad = set(self.nonfinite())
+        read = len(self.arrays[0])   # the rows the pipeline gathers from
+        bad_read = np.array([r for r in self.nonfinite() if r < read], np.int64)
         found: List[int] = []
         for i in samples:
             wanted = [np.asarray(x)[i], np.asarray(y)[i]]
             finite = all(np.isfinite(w).all() for w in wanted if _floating(w))
-            read = len(self.arrays[0])
-            candidates = (np.arange(read) if finite else
-                          np.array([r for r in sorted(bad) if r < read], np.int64))
+            candidates = np.arange(read) if finite else bad_read
             for array, sample in zip(self.arrays, wanted):
                 candidates = _equal_rows(array, sample, candidates)
             found += [int(r) for r in candidates if int(r) not in found]
@@ -92,8 +91,8 @@ def _nonfinite_rows(a: np.ndarray) -> np.ndarray:
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
-    """``a`` as unsigned integers of its width, two columns per row at least: NaN equals
-    NaN bit for bit, as the gathered sample equals its row."""
+    """``a``'s rows as unsigned integers of its width, one row per sample: compared so,
+    NaN equals NaN bit for bit, as a gathered sample equals its row."""
     a = np.ascontiguousarray(a)
     if a.dtype.kind == "f":
         a = a.view(f"u{a.dtype.itemsize}")
@@ -116,7 +115,6 @@ def _equal_rows(array: np.ndarray, sample, candidates: np.ndarray) -> np.ndarray
         candidates = candidates[(rows == wanted[block]).all(axis=1)]
         everything = False
     return candidates
-
 
 
 def unread_rows(x, y, used: Optional[int]):
