@@ -150,29 +150,25 @@ def _policy_findings(policy: str, hw) -> list:
 
 
 def _data_findings(report: dict, bundle) -> list:
-    """Every training row that holds NaN or inf, when the data are arrays (read once, in
-    slices): a batch holding one stops training at its step, wherever it falls in the
-    epoch, so they are named before a run rather than one fault at a time."""
+    """Every training row that holds NaN or inf (arrays: read once, in slices; a user's
+    tf.data dataset: found in the pass that counted it at load): a batch holding one stops
+    training at its step, wherever it falls in the epoch, so they are named before a run
+    rather than one fault at a time."""
     rows = bundle.train_rows
     if rows is None:
         return []
-    from app.numerics.diagnosis import rows_in
     from app.numerics.replay import MOST_ROWS_LISTED
 
     bad = rows.nonfinite()
-    report["data"].update(nonfinite_rows=bad[:MOST_ROWS_LISTED], nonfinite_rows_total=len(bad))
+    report["data"].update(nonfinite_rows=bad[:MOST_ROWS_LISTED],
+                          nonfinite_rows_total=rows.nonfinite_total())
     if not bad:
         return []
-    return [Finding(BLOCKER, "data", None,
-                    f"{len(bad)} of the {len(rows)} training rows {_hold(len(bad))} NaN or inf: "
-                    f"{rows_in(bad[:12], rows.holding(), len(bad))}",
+    return [Finding(BLOCKER, "data", None, f"{rows.count_text()}: {rows.list_text()}",
                     "repair or drop them: training stops at the first batch that holds one "
                     "(the numerics sentinel, exit 3)"
-                    + ("; the report's data.nonfinite_rows lists them" if len(bad) > 12 else ""))]
-
-
-def _hold(n: int) -> str:
-    return "holds" if n == 1 else "hold"
+                    + ("; the report's data.nonfinite_rows lists them"
+                       if rows.nonfinite_total() > 12 else ""))]
 
 
 def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:

@@ -18,6 +18,7 @@ from typing import List, Optional
 
 from app.numerics import limits
 from app.task import float32_layers
+from app.task.data_rows import listed, rows_in
 
 
 @dataclass
@@ -145,21 +146,9 @@ def _samples_at(samples: List[int]) -> str:
     """'the sample at position 5', or 'samples at positions 5, 9 and 3 more'."""
     if len(samples) == 1:
         return f"the sample at position {samples[0]}"
-    return "samples at positions " + _listed(samples)
+    return "samples at positions " + listed(samples)
 
 
-def rows_in(rows: List[int], data: str, total: Optional[int] = None) -> str:
-    """'row 4711 of x_train', or 'rows 97, 301 and 3 more of x_train' (``total``: how many
-    there are, when ``rows`` lists only the first of them)."""
-    if len(rows) == 1 and not (total or 0) > 1:
-        return f"row {rows[0]} of {data}"
-    return f"rows {_listed(rows, total)} of {data}"
-
-
-def _listed(items: List[int], total: Optional[int] = None, most: int = 12) -> str:
-    shown = items[:most]
-    more = max(total or 0, len(items)) - len(shown)
-    return ", ".join(str(i) for i in shown) + (f" and {more} more" if more else "")
 
 
 def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None) -> str:

@@ -277,28 +277,29 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
 
 def _name_rows(where: dx.Where, rows, x, y, in_batch: List[int], nonfinite: bool) -> str:
     """Fill ``where`` with the training data's rows the batch's samples ``in_batch`` are
-    (``rows`` a DataRows, or None: nothing to name) and, when ``nonfinite``, every row of
-    the data that holds a NaN or an inf; returns the fix's words for those rows, '' when
-    none was found."""
+    (``rows``: ``app.task.data_rows``' DataRows or DatasetElements, or None: nothing to
+    name) and, when ``nonfinite``, every row (element) of the data that holds a NaN or an
+    inf; returns the fix's words for those, '' when there are none to name."""
     if rows is None:
         return ""
     try:
         where.rows = rows.rows_of(np.asarray(x), np.asarray(y), in_batch)
     except (ValueError, IndexError, TypeError):   # a batch not shaped like the data's rows
-        return ""
-    if not where.rows:
-        return ""
-    where.data = rows.holding() if nonfinite else rows.names[0]
+        where.rows = []
     if not nonfinite:
+        where.data = rows.names[0] if where.rows else None
         return ""
     every = rows.nonfinite()
-    where.bad_rows, where.bad_rows_total = every[:MOST_ROWS_LISTED], len(every)
-    listed = ("; metrics.json's numerics.fault.where.bad_rows lists "
-              + ("them" if len(every) <= MOST_ROWS_LISTED else f"the first {MOST_ROWS_LISTED}")
-              if len(every) > 12 else "")
-    return (f"{dx.rows_in(every[:12], where.data, len(every))}: {len(every)} of the "
-            f"{len(rows)} training rows {'holds' if len(every) == 1 else 'hold'} NaN or inf"
-            f"{listed}")
+    if not every:
+        where.rows = []
+        return ""
+    where.data = rows.holding()
+    where.bad_rows, where.bad_rows_total = every[:MOST_ROWS_LISTED], rows.nonfinite_total()
+    more = where.bad_rows_total > 12
+    listed = ("; metrics.json's numerics.fault.where.bad_rows lists " + (
+        "them" if where.bad_rows_total <= len(where.bad_rows) else f"the first {len(where.bad_rows)}")
+        if more else "")
+    return f"{rows.list_text()}: {rows.count_text()}{listed}"
 
 
 def _owner(variable, calls: List[CallResult]) -> Optional[CallResult]:

@@ -1,4 +1,5 @@
-"""Which rows of the training data the samples the sentinel names came from.
+"""Which rows of the training data the samples the sentinel names came from, and which rows
+hold NaN or inf.
 
 The sentinel's replay sees the failing batch as the pipeline shuffled it, so by itself it
 can only say where in the epoch a sample sat; a user repairs data by row.  When the
@@ -8,7 +9,9 @@ arrays) their rows are found by content, after a fault only: every row of ``x_tr
 samples (the pipeline gathers rows without changing a bit, so a sample and its row are
 identical).  Nothing is kept or computed on an ordinary step, and no array is copied: these
 are the arrays the pipeline gathers from.  A pipeline that shuffles in a buffer (an image
-folder, a user's ``tf.data``) has no rows to name.
+folder, a user's ``tf.data``) has no rows to name; a user's ``tf.data`` dataset is checked
+for NaN and inf in the pass that counts it at load (``app.task.user_data``), and its
+elements that hold one are named by their place in it (``DatasetElements``).
 """
 from __future__ import annotations
 
@@ -23,7 +26,36 @@ _BLOCK = 256
 _SCAN_ELEMENTS = 1 << 24
 
 
-class DataRows:
+class _BadRows:
+    """What a data fault's report says of the data: how many rows (elements) hold NaN or
+    inf, and which."""
+    noun = "row"
+
+    def nonfinite(self) -> List[int]:
+        raise NotImplementedError
+
+    def nonfinite_total(self) -> int:
+        return len(self.nonfinite())
+
+    def holding(self) -> str:
+        raise NotImplementedError
+
+    # True when only the first rows were read (check's few steps on a tf.data dataset).
+    first_only = False
+
+    def count_text(self) -> str:
+        """'2 of the 512 training rows hold NaN or inf'."""
+        n = self.nonfinite_total()
+        return (f"{n} of the {'first ' if self.first_only else ''}{len(self)} training "
+                f"{self.noun}s {'holds' if n == 1 else 'hold'} NaN or inf")
+
+    def list_text(self, most: int = 12) -> str:
+        """'rows 97, 301 of x_train', the first ``most`` of them and how many more."""
+        return rows_in(self.nonfinite()[:most], self.holding(), self.nonfinite_total(),
+                       self.noun, most)
+
+
+class DataRows(_BadRows):
     """The training arrays as the pipeline gathers from them, in the data's own row order.
     ``unread``: (x, y) rows of the same data after those (a run or ``check`` that reads
     fewer rows than the data has), as the data holds them: scanned for NaN and inf, so the
@@ -115,6 +147,50 @@ def _equal_rows(array: np.ndarray, sample, candidates: np.ndarray) -> np.ndarray
         candidates = candidates[(rows == wanted[block]).all(axis=1)]
         everything = False
     return candidates
+
+
+class DatasetElements(_BadRows):
+    """A user's ``tf.data`` training dataset: how many elements it has, and the places in it
+    (in its own order, before the app shuffles) of the elements that hold NaN or inf, the
+    first ``len(bad)`` of ``bad_total``: found in the pass that counts it at load, so no
+    element is read again.  Its samples are not searched for (``rows_of`` finds none)."""
+    noun = "element"
+    names = ("the training dataset",)
+
+    def __init__(self, total: int, bad: List[int], bad_total: int, first_only: bool = False):
+        self.total, self.bad, self.bad_total = total, list(bad), bad_total
+        self.first_only = first_only   # the dataset was cut to its first ``total`` elements
+
+    def __len__(self) -> int:
+        return self.total
+
+    def nonfinite(self) -> List[int]:
+        return self.bad
+
+    def nonfinite_total(self) -> int:
+        return self.bad_total
+
+    def holding(self) -> str:
+        return self.names[0]
+
+    def rows_of(self, x, y, samples: List[int]) -> List[int]:
+        return []
+
+
+def rows_in(rows: List[int], data: str, total: Optional[int] = None, noun: str = "row",
+            most: int = 12) -> str:
+    """'row 4711 of x_train', or 'rows 97, 301 and 3 more of x_train' (``total``: how many
+    there are, when ``rows`` lists only the first of them)."""
+    if len(rows) == 1 and not (total or 0) > 1:
+        return f"{noun} {rows[0]} of {data}"
+    return f"{noun}s {listed(rows, total, most)} of {data}"
+
+
+def listed(items: List[int], total: Optional[int] = None, most: int = 12) -> str:
+    """'5, 9, 12', or the first ``most`` and 'and N more'."""
+    shown = items[:most]
+    more = max(total or 0, len(items)) - len(shown)
+    return ", ".join(str(i) for i in shown) + (f" and {more} more" if more else "")
 
 
 def unread_rows(x, y, used: Optional[int]):

@@ -20,12 +20,15 @@ from typing import Callable, Optional
 import numpy as np
 
 from app.task.data import DataBundle, make_dataset
-from app.task.data_rows import DataRows, unread_rows
+from app.task.data_rows import DataRows, DatasetElements, unread_rows
 from app.core.errors import UsageError
 
 EXPECTED = ("((x_train, y_train), (x_val, y_val)) NumPy arrays, or (train, val) unbatched "
             "tf.data.Dataset of (features, label)")
 SHUFFLE_BUFFER = 10_000
+# The places of the first this many elements of a tf.data training dataset that hold NaN or
+# inf are kept from the pass that counts it (the sentinel's report and check name them).
+MOST_BAD_LISTED = 1000
 
 
 def _received(obj) -> str:
@@ -153,18 +156,33 @@ def _element_parts(ds, spec, returned, which):
     return fx, fy
 
 
-def _scan(ds, want_labels: bool):
-    """One pass: (number of elements, largest label).  Labels only for integer scalars."""
+def _scan(ds, want_labels: bool, watch_finite: bool = False):
+    """One pass: (number of elements, largest label, the places of the first
+    ``MOST_BAD_LISTED`` elements that hold NaN or inf, how many do).  Labels only for
+    integer scalars; NaN and inf only when ``watch_finite`` and a part is floating."""
     import tensorflow as tf
 
+    floating = [i for i, spec in enumerate(ds.element_spec) if spec.dtype.is_floating]
+    watch = bool(watch_finite and floating)
+
     def step(state, element):
-        n, top = state
+        n, top, bad_total, bad = state
         y = element[1]
         if want_labels:
             top = tf.maximum(top, tf.cast(tf.reduce_max(y), tf.int64))
-        return n + 1, top
-    n, top = ds.reduce((tf.constant(0, tf.int64), tf.constant(-1, tf.int64)), step)
-    return int(n.numpy()), int(top.numpy())
+        if watch:
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(element[i]))
+                                    for i in floating])
+            new = tf.logical_and(tf.logical_not(finite), bad_total < MOST_BAD_LISTED)
+            slot = tf.minimum(bad_total, MOST_BAD_LISTED - 1)
+            bad = tf.tensor_scatter_nd_update(bad, [[slot]], [tf.where(new, n, bad[slot])])
+            bad_total += tf.cast(tf.logical_not(finite), tf.int64)
+        return n + 1, top, bad_total, bad
+    start = (tf.constant(0, tf.int64), tf.constant(-1, tf.int64), tf.constant(0, tf.int64),
+             tf.fill([MOST_BAD_LISTED if watch else 1], tf.constant(-1, tf.int64)))
+    n, top, bad_total, bad = ds.reduce(start, step)
+    bad_total = int(bad_total.numpy())
+    return int(n.numpy()), int(top.numpy()), [int(i) for i in bad.numpy()[:bad_total]], bad_total
 
 
 def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, input_shape,
@@ -187,8 +205,8 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
         val = val.take(max_val)
     integer_labels = fy.dtype.is_integer and fy.shape.rank == 0
     onehot = fy.dtype.is_floating and fy.shape.rank == 1 and (fy.shape[0] or 0) > 1
-    n_train, top = _scan(train, integer_labels)
-    n_val, vtop = _scan(val, integer_labels)
+    n_train, top, bad, bad_total = _scan(train, integer_labels, watch_finite=True)
+    n_val, vtop, _, _ = _scan(val, integer_labels)
     if n_train == 0:
         raise _bad(spec, returned, "the training dataset has no elements")
     if integer_labels:
@@ -220,4 +238,6 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
            .apply(tf.data.experimental.assert_cardinality(n_val))
            .batch(global_batch).prefetch(tf.data.AUTOTUNE))
     return DataBundle(train, val, shape, num_classes or classes, n_train, n_val,
-                      label_kind=kind, sample_batch=(sample[0].numpy(), sample[1].numpy()))
+                      label_kind=kind, sample_batch=(sample[0].numpy(), sample[1].numpy()),
+                      train_rows=DatasetElements(n_train, bad, bad_total,
+                                                 first_only=bool(max_train)))

@@ -188,6 +188,17 @@ def test_every_nonfinite_row_of_the_data_is_a_blocker_even_rows_check_never_trai
     clean = _check(user_models("policy_aware").build, data=((x[:800], y[:800]), (x[:8], y[:8])),
                    input_shape=None, precision="float32")
     assert clean["data"]["nonfinite_rows"] == [] and clean["verdict"] == "ready"
+    # A tf.data dataset: the elements check reads (its first batch_size * (steps + 1)).
+    import tensorflow as tf
+
+    x[5, 0] = np.inf
+    ds = tf.data.Dataset.from_tensor_slices((x.astype("float32"), y))
+    report = _check(user_models("policy_aware").build, data=(ds, ds.take(8)), input_shape=None,
+                    precision="float32")
+    data = [f for f in report["findings"] if f["check"] == "data"]
+    assert [f["what"] for f in data] == [
+        "1 of the first 24 training elements holds NaN or inf: element 5 of the training "
+        "dataset"], report["findings"]
 
 
 def test_unbatched_datasets_as_data(user_models):

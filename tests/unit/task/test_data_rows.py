@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.task.data_rows import DataRows, unread_rows
+from app.task.data_rows import DataRows, DatasetElements, unread_rows
 
 
 def _data(n=300, width=700):
@@ -65,3 +65,42 @@ def test_rows_past_the_ones_read_are_scanned_but_never_matched():
     assert unread_rows(x, y, None) is None and unread_rows(x, y, 300) is None
     assert unread_rows(x.astype("uint8"), y, 100) is None     # integers hold no NaN
     assert np.shares_memory(unread_rows(x, y, 100)[0], x)     # views, not copies
+
+
+def test_what_a_report_says_of_the_bad_rows_and_elements():
+    x, y = _data()
+    x[[17, 240]] = np.nan
+    rows = DataRows(x, y)
+    assert rows.count_text() == "2 of the 300 training rows hold NaN or inf"
+    assert rows.list_text() == "rows 17, 240 of x_train"
+    elements = DatasetElements(600, list(range(3, 1003)), 5000, first_only=True)
+    assert elements.count_text() == "5000 of the first 600 training elements hold NaN or inf"
+    assert elements.list_text(most=3) == "elements 3, 4, 5 and 4997 more of the training dataset"
+    assert DatasetElements(10, [4], 1).count_text() == "1 of the 10 training elements holds NaN or inf"
+    assert DatasetElements(10, [4], 1).list_text() == "element 4 of the training dataset"
+    assert DatasetElements(10, [4], 1).rows_of(x, y, [0]) == []
+
+
+def test_a_tf_data_dataset_s_bad_elements_are_found_in_the_pass_that_counts_it(monkeypatch):
+    import tensorflow as tf
+
+    from app.task import user_data
+
+    x, y = _data(n=40, width=4)
+    x[[3, 11, 12, 30]] = np.nan
+    y = y.astype("int32")
+    monkeypatch.setattr(user_data, "MOST_BAD_LISTED", 3)
+    bundle = user_data.from_user((tf.data.Dataset.from_tensor_slices((x, y)),
+                                  tf.data.Dataset.from_tensor_slices((x[:8], y[:8]))),
+                                 "mine:load", 8)
+    assert bundle.train_samples == 40
+    rows = bundle.train_rows
+    assert (rows.nonfinite(), rows.nonfinite_total()) == ([3, 11, 12], 4)
+    assert rows.count_text() == "4 of the 40 training elements hold NaN or inf"
+    clean = user_data.from_user((tf.data.Dataset.from_tensor_slices((x[:3], y[:3])),
+                                 tf.data.Dataset.from_tensor_slices((x[:3], y[:3]))),
+                                "mine:load", 8, max_train_samples=2)
+    assert clean.train_rows.nonfinite() == [] and clean.train_rows.first_only
+    images = user_data.from_user((tf.data.Dataset.from_tensor_slices(
+        (np.zeros((6, 2, 2, 1), "uint8"), np.zeros(6, "int32"))),) * 2, "mine:load", 2)
+    assert images.train_rows.nonfinite() == []   # integers hold no NaN: nothing scanned

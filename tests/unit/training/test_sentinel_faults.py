@@ -207,6 +207,22 @@ def test_nan_in_a_few_samples_of_the_data(tmp_path, loop):
     assert "rows 97, 301 of x_train" in m["diagnosis"].split("; fix:")[0], m["diagnosis"]
 
 
+def test_nan_in_a_tf_data_dataset_names_its_elements(tmp_path):
+    """A user's own tf.data pipeline has no rows (the app shuffles it in a buffer): its
+    elements that hold NaN, found in the pass that counts it at load, are named by their
+    place in it."""
+    x = _with_rows(_rng_x(), [97, 301], np.nan)
+    (xt, yt), (xv, yv) = _data(x)
+    data = (tf.data.Dataset.from_tensor_slices((xt, yt)), tf.data.Dataset.from_tensor_slices((xv, yv)))
+    m = _train(tmp_path, _model(_dense()), data, "custom", precision="float32")
+    f = _fault(m)
+    assert f["where"]["kind"] == "input samples" and f["verdict"] == "data"
+    assert (f["where"]["data"], f["where"]["rows"]) == ("the training dataset", [])
+    assert (f["where"]["bad_rows"], f["where"]["bad_rows_total"]) == ([97, 301], 2)
+    assert f["fix"].startswith("repair or drop elements 97, 301 of the training dataset: 2 of "
+                               "the 512 training elements hold NaN or inf;"), f["fix"]
+
+
 def test_nan_in_the_data_with_several_steps_a_call(tmp_path):
     """fit with --steps-per-execution 4: the skipped step's update, dead behind its pivot
     inside Keras' loop of steps, stops neither that loop nor the latch, and the report is
