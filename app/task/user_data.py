@@ -173,9 +173,12 @@ def _scan(ds, want_labels: bool, watch_finite: bool = False):
         if watch:
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(element[i]))
                                     for i in floating])
-            new = tf.logical_and(tf.logical_not(finite), bad_total < MOST_BAD_LISTED)
+            # The list is written only for a bad element (a cond: rewriting the whole list
+            # for every element doubled the pass's time).
             slot = tf.minimum(bad_total, MOST_BAD_LISTED - 1)
-            bad = tf.tensor_scatter_nd_update(bad, [[slot]], [tf.where(new, n, bad[slot])])
+            bad = tf.cond(tf.logical_and(tf.logical_not(finite), bad_total < MOST_BAD_LISTED),
+                          lambda: tf.tensor_scatter_nd_update(bad, [[slot]], [n]),
+                          lambda: bad)
             bad_total += tf.cast(tf.logical_not(finite), tf.int64)
         return n + 1, top, bad_total, bad
     start = (tf.constant(0, tf.int64), tf.constant(-1, tf.int64), tf.constant(0, tf.int64),
