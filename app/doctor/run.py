@@ -157,10 +157,10 @@ def _data_findings(report: dict, bundle) -> list:
     rows = bundle.train_rows
     if rows is None:
         return []
-    from app.numerics.replay import MOST_ROWS_LISTED
+    from app.task.data_rows import MOST_LISTED
 
     bad = rows.nonfinite()
-    report["data"].update(nonfinite_rows=bad[:MOST_ROWS_LISTED],
+    report["data"].update(nonfinite_rows=bad[:MOST_LISTED],
                           nonfinite_rows_total=rows.nonfinite_total())
     if not bad:
         return []

@@ -26,13 +26,13 @@ from app.numerics import diagnosis as dx
 from app.numerics import limits, rules
 from app.numerics.tap import Tap, largest_finite
 from app.precision import finite, layer_policy
+from app.task.data_rows import MOST_LISTED
 
 # Weights this many times larger than at the start, with the batch non-finite in float32
 # too, point at the optimizer (the learning rate) rather than the model.
 GROWTH_FOR_OPTIMIZER = 1e4
-# The training data's rows named after a fault: the first this many in metrics.json, and
-# the rows of at most this many samples whose loss is not finite (each a search of the data).
-MOST_ROWS_LISTED = 1000
+# The rows of at most this many samples whose loss is not finite are looked for (each a
+# search of the training data).
 MOST_ROWS_SEARCHED = 12
 
 
@@ -294,11 +294,12 @@ def _name_rows(where: dx.Where, rows, x, y, in_batch: List[int], nonfinite: bool
         where.rows = []
         return ""
     where.data = rows.holding()
-    where.bad_rows, where.bad_rows_total = every[:MOST_ROWS_LISTED], rows.nonfinite_total()
-    more = where.bad_rows_total > 12
-    listed = ("; metrics.json's numerics.fault.where.bad_rows lists " + (
-        "them" if where.bad_rows_total <= len(where.bad_rows) else f"the first {len(where.bad_rows)}")
-        if more else "")
+    where.bad_rows, where.bad_rows_total = every[:MOST_LISTED], rows.nonfinite_total()
+    listed = ""
+    if where.bad_rows_total > 12:   # the text names 12; the JSON (metrics.json, check's) more
+        listed = "; the JSON report's where.bad_rows lists " + (
+            "them" if where.bad_rows_total <= len(where.bad_rows)
+            else f"the first {len(where.bad_rows)}")
     return f"{rows.list_text()}: {rows.count_text()}{listed}"
 
 

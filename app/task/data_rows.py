@@ -19,6 +19,9 @@ from typing import List, Optional
 
 import numpy as np
 
+# Rows (elements) that hold NaN or inf kept by number in a report (metrics.json, check's
+# JSON); the text names the first 12.
+MOST_LISTED = 1000
 # Columns compared at a time while narrowing the rows that could equal a sample: one
 # block over every row costs n * 256 comparisons, and after it few rows are left.
 _BLOCK = 256

@@ -20,15 +20,12 @@ from typing import Callable, Optional
 import numpy as np
 
 from app.task.data import DataBundle, make_dataset
-from app.task.data_rows import DataRows, DatasetElements, unread_rows
+from app.task.data_rows import MOST_LISTED, DataRows, DatasetElements, unread_rows
 from app.core.errors import UsageError
 
 EXPECTED = ("((x_train, y_train), (x_val, y_val)) NumPy arrays, or (train, val) unbatched "
             "tf.data.Dataset of (features, label)")
 SHUFFLE_BUFFER = 10_000
-# The places of the first this many elements of a tf.data training dataset that hold NaN or
-# inf are kept from the pass that counts it (the sentinel's report and check name them).
-MOST_BAD_LISTED = 1000
 
 
 def _received(obj) -> str:
@@ -158,7 +155,7 @@ def _element_parts(ds, spec, returned, which):
 
 def _scan(ds, want_labels: bool, watch_finite: bool = False):
     """One pass: (number of elements, largest label, the places of the first
-    ``MOST_BAD_LISTED`` elements that hold NaN or inf, how many do).  Labels only for
+    ``MOST_LISTED`` elements that hold NaN or inf, how many do).  Labels only for
     integer scalars; NaN and inf only when ``watch_finite`` and a part is floating."""
     import tensorflow as tf
 
@@ -175,14 +172,14 @@ def _scan(ds, want_labels: bool, watch_finite: bool = False):
                                     for i in floating])
             # The list is written only for a bad element (a cond: rewriting the whole list
             # for every element doubled the pass's time).
-            slot = tf.minimum(bad_total, MOST_BAD_LISTED - 1)
-            bad = tf.cond(tf.logical_and(tf.logical_not(finite), bad_total < MOST_BAD_LISTED),
+            slot = tf.minimum(bad_total, MOST_LISTED - 1)
+            bad = tf.cond(tf.logical_and(tf.logical_not(finite), bad_total < MOST_LISTED),
                           lambda: tf.tensor_scatter_nd_update(bad, [[slot]], [n]),
                           lambda: bad)
             bad_total += tf.cast(tf.logical_not(finite), tf.int64)
         return n + 1, top, bad_total, bad
     start = (tf.constant(0, tf.int64), tf.constant(-1, tf.int64), tf.constant(0, tf.int64),
-             tf.fill([MOST_BAD_LISTED if watch else 1], tf.constant(-1, tf.int64)))
+             tf.fill([MOST_LISTED if watch else 1], tf.constant(-1, tf.int64)))
     n, top, bad_total, bad = ds.reduce(start, step)
     bad_total = int(bad_total.numpy())
     return int(n.numpy()), int(top.numpy()), [int(i) for i in bad.numpy()[:bad_total]], bad_total

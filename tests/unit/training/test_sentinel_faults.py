@@ -427,8 +427,8 @@ def test_in_a_two_worker_job_every_worker_names_the_worker_whose_batch_failed(tm
     assert f["where"]["bad_rows"] == list(range(200, 260)) and f["where"]["bad_rows_total"] == 60
     assert set(f["where"]["rows"]) <= set(range(200, 260)) and f["where"]["rows"]
     assert "rows 200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211 and 48 more of " \
-           "x_train: 60 of the 512 training rows hold NaN or inf; metrics.json's " \
-           "numerics.fault.where.bad_rows lists them" in f["fix"], f["fix"]
+           "x_train: 60 of the 512 training rows hold NaN or inf; the JSON report's " \
+           "where.bad_rows lists them" in f["fix"], f["fix"]
     for text in texts:
         assert f"error: training diverged at step {f['step']} (epoch 1) (worker 1):" in text, \
             text[-2500:]
