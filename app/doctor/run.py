@@ -157,7 +157,7 @@ def _data_findings(report: dict, bundle) -> list:
     rows = bundle.train_rows
     if rows is None:
         return []
-    from app.task.data_rows import MOST_LISTED
+    from app.task.data_rows import MOST_LISTED, SHOWN
 
     bad = rows.nonfinite()
     report["data"].update(nonfinite_rows=bad[:MOST_LISTED],
@@ -168,7 +168,7 @@ def _data_findings(report: dict, bundle) -> list:
                     "repair or drop them: training stops at the first batch that holds one "
                     "(the numerics sentinel, exit 3)"
                     + ("; the report's data.nonfinite_rows lists them"
-                       if rows.nonfinite_total() > 12 else ""))]
+                       if rows.nonfinite_total() > SHOWN else ""))]
 
 
 def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:

@@ -26,7 +26,7 @@ from app.numerics import diagnosis as dx
 from app.numerics import limits, rules
 from app.numerics.tap import Tap, largest_finite
 from app.precision import finite, layer_policy
-from app.task.data_rows import MOST_LISTED
+from app.task.data_rows import MOST_LISTED, SHOWN, nonfinite_rows
 
 # Weights this many times larger than at the start, with the batch non-finite in float32
 # too, point at the optimizer (the learning rate) rather than the model.
@@ -127,7 +127,7 @@ def nonfinite_samples(x) -> List[int]:
         if not getattr(getattr(t, "dtype", None), "is_floating", False):
             continue
         a = np.asarray(t)
-        rows = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1) if a.ndim else None
+        rows = nonfinite_rows(a) if a.ndim else None
         if rows is not None:
             bad = rows if bad is None else (bad | rows)
     return [int(i) for i in np.flatnonzero(bad)] if bad is not None else []
@@ -296,7 +296,7 @@ def _name_rows(where: dx.Where, rows, x, y, in_batch: List[int], nonfinite: bool
     where.data = rows.holding()
     where.bad_rows, where.bad_rows_total = every[:MOST_LISTED], rows.nonfinite_total()
     listed = ""
-    if where.bad_rows_total > 12:   # the text names 12; the JSON (metrics.json, check's) more
+    if where.bad_rows_total > SHOWN:   # the JSON (metrics.json, check's) keeps more
         listed = "; the JSON report's where.bad_rows lists " + (
             "them" if where.bad_rows_total <= len(where.bad_rows)
             else f"the first {len(where.bad_rows)}")

@@ -20,8 +20,9 @@ from typing import List, Optional
 import numpy as np
 
 # Rows (elements) that hold NaN or inf kept by number in a report (metrics.json, check's
-# JSON); the text names the first 12.
+# JSON), and the first of them a report's text names.
 MOST_LISTED = 1000
+SHOWN = 12
 # Columns compared at a time while narrowing the rows that could equal a sample: one
 # block over every row costs n * 256 comparisons, and after it few rows are left.
 _BLOCK = 256
@@ -52,7 +53,7 @@ class _BadRows:
         return (f"{n} of the {'first ' if self.first_only else ''}{len(self)} training "
                 f"{self.noun}s {'holds' if n == 1 else 'hold'} NaN or inf")
 
-    def list_text(self, most: int = 12) -> str:
+    def list_text(self, most: int = SHOWN) -> str:
         """'rows 97, 301 of x_train', the first ``most`` of them and how many more."""
         return rows_in(self.nonfinite()[:most], self.holding(), self.nonfinite_total(),
                        self.noun, most)
@@ -113,10 +114,15 @@ def _floating(a) -> bool:
 
 
 def _nonfinite_rows(a: np.ndarray) -> np.ndarray:
-    """Per row, does it hold a NaN or an inf; read in slices of rows, so the test's
-    temporary stays small beside a training set of gigabytes."""
+    """``nonfinite_rows`` of a floating array; no row of another holds a NaN."""
+    return nonfinite_rows(a) if _floating(a) else np.zeros(len(a), bool)
+
+
+def nonfinite_rows(a: np.ndarray) -> np.ndarray:
+    """Per row (the first axis), does it hold a NaN or an inf; read in slices of rows, so
+    the test's temporary stays small beside a training set of gigabytes."""
     bad = np.zeros(len(a), bool)
-    if not _floating(a) or not len(a):
+    if not len(a):
         return bad
     flat = a.reshape(len(a), -1)
     step = max(1, _SCAN_ELEMENTS // max(1, flat.shape[1]))
@@ -181,7 +187,7 @@ class DatasetElements(_BadRows):
 
 
 def rows_in(rows: List[int], data: str, total: Optional[int] = None, noun: str = "row",
-            most: int = 12) -> str:
+            most: int = SHOWN) -> str:
     """'row 4711 of x_train', or 'rows 97, 301 and 3 more of x_train' (``total``: how many
     there are, when ``rows`` lists only the first of them)."""
     if len(rows) == 1 and not (total or 0) > 1:
@@ -189,7 +195,7 @@ def rows_in(rows: List[int], data: str, total: Optional[int] = None, noun: str =
     return f"{noun}s {listed(rows, total, most)} of {data}"
 
 
-def listed(items: List[int], total: Optional[int] = None, most: int = 12) -> str:
+def listed(items: List[int], total: Optional[int] = None, most: int = SHOWN) -> str:
     """'5, 9, 12', or the first ``most`` and 'and N more'."""
     shown = items[:most]
     more = max(total or 0, len(items)) - len(shown)

@@ -159,6 +159,8 @@ def _scan(ds, want_labels: bool, watch_finite: bool = False):
     integer scalars; NaN and inf only when ``watch_finite`` and a part is floating."""
     import tensorflow as tf
 
+    from app.precision.finite import all_finite
+
     floating = [i for i, spec in enumerate(ds.element_spec) if spec.dtype.is_floating]
     watch = bool(watch_finite and floating)
 
@@ -168,8 +170,7 @@ def _scan(ds, want_labels: bool, watch_finite: bool = False):
         if want_labels:
             top = tf.maximum(top, tf.cast(tf.reduce_max(y), tf.int64))
         if watch:
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(element[i]))
-                                    for i in floating])
+            finite = all_finite([element[i] for i in floating])
             # The list is written only for a bad element (a cond: rewriting the whole list
             # for every element doubled the pass's time).
             slot = tf.minimum(bad_total, MOST_LISTED - 1)
