@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Sequence
 
 from app.commands import COMMANDS
@@ -29,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # before TensorFlow is imported (the commands import it lazily).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
+    _command_first(parser, sys.argv[1:] if argv is None else list(argv))
     args, unknown = parser.parse_known_args(argv)
     if unknown:   # named with the command's own help, which lists its flags
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -36,3 +38,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args))
     except ReportedError as exc:
         return report(exc)
+
+
+def _command_first(parser: OneLineParser, argv: list) -> None:
+    """A flag before the command (``tfmp --epochs 3 train``) is named as such: argparse
+    would take the flag's value for the command and say "invalid choice: '3'"."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return
+        if arg not in ("-h", "--help"):
+            parser.error(f"{arg.split('=')[0]} comes before the command; allowed: "
+                         f"tfmp COMMAND [FLAGS], the command one of {', '.join(parser.commands)}")

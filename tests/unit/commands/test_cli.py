@@ -45,6 +45,22 @@ def test_bad_flags(tmp_path, args, needle):
     assert_usage_error(proc, needle, out)
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["--epochs", "3", "train"], "--epochs"),
+    (["--precision=float32", "train"], "--precision"),
+    (["--bogus"], "--bogus"),
+])
+def test_a_flag_before_the_command_is_named_not_taken_for_the_command(capsys, argv, flag):
+    from app.cli import main
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    errors = error_lines(capsys.readouterr().err)
+    assert errors == [f"error: {flag} comes before the command; allowed: tfmp COMMAND [FLAGS], "
+                      "the command one of train, env, benchmark, notebooks, check, tune; "
+                      "see: tfmp --help"]
+
+
 def test_bad_environment_variable(tmp_path):
     out = tmp_path / "run"
     proc = run_app("train", "--output", str(out), env={"TFMP_EPOCHS": "lots"})
