@@ -4,8 +4,10 @@
     metrics = app.train(model=build, data=load, precision="auto", epochs=3)
     report = app.check(model=build, data=load)
 
-``model`` is a built-in name, a ``MODULE:FUNCTION`` spec, or a function
-``(input_shape, num_classes) -> keras.Model``; ``data`` a built-in name, a spec, a function,
+``model`` is a built-in name, a ``MODULE:FUNCTION`` spec, a function
+``(input_shape, num_classes) -> keras.Model`` (called after the policy is set: what mixed
+precision needs), or a keras.Model already built (trained in place, in the policy it was
+built under; a warning says when that is not the run's); ``data`` a built-in name, a spec, a function,
 or directly what a dataset function returns: ``((x_train, y_train), (x_val, y_val))``
 arrays or a ``(train, val)`` pair of unbatched ``tf.data`` datasets.  Every other
 ``tfmp train`` setting is a keyword (``batch_size=64``, ``loop="custom"``,

@@ -31,8 +31,7 @@ def synthetic_shape(task) -> tuple:
     """The sample shape for synthetic data: --input-shape, else a built-in's own."""
     shape = task.input_shape or task.model.preferred_input_shape(task.image_size)
     if shape is None:
-        raise UsageError(f"model {task.model.spec!r}: no input shape for synthetic data (no "
-                         "--dataset given)",
+        raise UsageError(f"model {task.model.spec!r}: no input shape for synthetic data",
                          "--input-shape D,D,... (input_shape= in app.check), e.g. 28,28,1 or "
                          "784; or --dataset SPEC to check on your data")
     return tuple(shape)

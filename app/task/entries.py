@@ -18,10 +18,13 @@ class ModelEntry:
     builtin: bool
     function: Callable          # (input_shape, num_classes) -> keras.Model
     source: Optional[str] = None
+    built_shape: Optional[tuple] = None   # a model passed already built: its input's shape
 
     def preferred_input_shape(self, image_size: int = 32) -> Optional[tuple]:
-        """Built-ins have the shape the guide trains them on; user models take the data's."""
-        return registry.builtin_input_shape(self.spec, image_size) if self.builtin else None
+        """Built-ins have the shape the guide trains them on, a model passed built its own;
+        user functions take the data's."""
+        return (registry.builtin_input_shape(self.spec, image_size) if self.builtin
+                else self.built_shape)
 
 
 @dataclass
@@ -85,11 +88,37 @@ def model_entry(model) -> ModelEntry:
     import tensorflow as tf
 
     if isinstance(model, tf.keras.Model):
-        built = model
-        return ModelEntry(f"<keras.Model {model.name!r}>", False, lambda: built, None)
+        return ModelEntry(f"python:keras.Model {model.name!r}", False,
+                          lambda: _already_built(model), None, _input_shape(model))
     if callable(model):
         return ModelEntry(object_spec(model), False, model, specs.source_file(model))
     raise UsageError(f"model is a {type(model).__name__}", MODEL_FORMS)
+
+
+def _already_built(model):
+    """A model passed built: its variables exist, outside the run's strategy, which cannot
+    place them on several devices."""
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if replicas > 1:
+        raise UsageError(f"the keras.Model {model.name!r} was passed already built: its "
+                         f"variables cannot be spread over the strategy's {replicas} replicas",
+                         "a function (input_shape, num_classes) -> keras.Model that builds it, "
+                         "which the run calls inside the strategy's scope")
+    return model
+
+
+def _input_shape(model) -> Optional[tuple]:
+    """A built model's sample shape (without the batch axis), when it has one and it is
+    known in full; else None."""
+    try:
+        shape = model.input_shape
+    except (AttributeError, ValueError, RuntimeError):
+        return None
+    if not isinstance(shape, tuple) or not shape or any(d is None for d in shape[1:]):
+        return None
+    return tuple(int(d) for d in shape[1:])
 
 
 def dataset_entry(data) -> DatasetEntry:

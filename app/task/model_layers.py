@@ -74,3 +74,35 @@ def check_model(model, spec: str) -> None:
     refusal = kernels.refusal_for_layers(kernels.support(kernels.PROBED_POLICY), layers, spec)
     if refusal is not None:
         raise refusal
+
+
+def policy_mismatch(model, policy: str, float32_paths=()) -> Optional[str]:
+    """One warning when the model's layers do not compute in the dtypes the run's ``policy``
+    gives (a layer's dtype is fixed when it is made): a model made before the policy was set
+    (returned from a global, or passed to ``app.train`` already built) computes in float32
+    under a mixed policy, and gets no speed-up; one made under mixed_float16 runs float16
+    under another policy, which has no loss scaling for it.  None when they agree (layers
+    set to float32 on purpose, beside 16-bit ones, are no mismatch; nor are those
+    ``--float32-layers`` names, ``float32_paths``)."""
+    wanted = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}.get(policy, "float32")
+    dtypes = [(path, dtype_name(getattr(layer, "compute_dtype", None)))
+              for path, layer, _ in walk(model) if not is_model(layer)
+              and not any(path == p or path.startswith(p + "/") for p in float32_paths)]
+    dtypes = [(path, d) for path, d in dtypes if d is not None]
+    if not dtypes:
+        return None
+    fix = ("build the model inside the model function, which the run calls after it sets "
+           "the policy (to app.train pass the function, not a model already built)")
+    other = [(path, d) for path, d in dtypes if d in ("float16", "bfloat16") and d != wanted]
+    if other:
+        kind = other[0][1]
+        scaled = (f", and this run has no loss scaling for {kind}: small gradients flush to 0"
+                  if kind == "float16" else "")
+        return (f"{len(other)} layer(s) of the model compute in {kind} (first: "
+                f"{other[0][0]!r}) although the policy is {policy}: they were made under "
+                f"another policy{scaled}; {fix}")
+    if wanted != "float32" and not any(d == wanted for _, d in dtypes):
+        return (f"every layer of the model computes in float32 although the policy is "
+                f"{policy}: the model was made before the policy was set, so it gets no "
+                f"speed-up; {fix}")
+    return None

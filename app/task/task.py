@@ -145,8 +145,13 @@ class Task:
         def make_metrics():
             return [losses.make_metric(m, bundle, units) for m in metric_specs]
         make_metrics()  # resolve now: a bad name is a usage error before anything is written
+        from app.precision.policy import global_policy_name
+        from app.task.model_layers import policy_mismatch
+
+        mismatch = policy_mismatch(model, global_policy_name(), float32_paths)
         return BuiltModel(model, optimizer, loss_fn, make_metrics, notes,
-                          _output_warnings(model, prediction), float32_paths)
+                          [mismatch] * bool(mismatch) + _output_warnings(model, prediction),
+                          float32_paths)
 
 
 def _before_first_call(model, float32_layers, spec: str) -> list:

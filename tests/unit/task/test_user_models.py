@@ -4,11 +4,12 @@ Python API (``app.train``); every spec error is one line, exit 2, nothing writte
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
 
-from tests.paths import UNIT, USER_MODELS
+from tests.paths import ROOT, UNIT, USER_MODELS
 from tests.unit.helpers import error_lines, run_app
 
 HERE = str(UNIT)  # user_models/ is imported from here
@@ -123,6 +124,106 @@ def test_python_api_with_functions_arrays_and_datasets(tmp_path):
     from app.core.errors import UsageError
     with pytest.raises(UsageError, match="unknown setting"):
         app.train(model=policy_aware.build, data=user_datasets.arrays(), batchsize=3)
+
+
+def test_a_model_passed_built_is_checked_on_its_own_shape_and_trained_in_place(tmp_path):
+    """``app.train(model=<a keras.Model>)``, as a notebook holds one: it was refused ("model
+    must be one of mlp, ...") and ``app.check`` asked for an input shape the model has."""
+    import numpy as np
+    import tensorflow as tf
+
+    import app
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input(shape=(784,)),
+                                 tf.keras.layers.Dense(32, activation="relu"),
+                                 tf.keras.layers.Dense(10)], name="held")
+    report = app.check(model=model, data="synthetic", precision="float32")
+    assert report["counts"]["blocker"] == 0, report
+    before = [w.copy() for w in model.get_weights()]
+    settings = dict(precision="float32", batch_size=32, max_train_samples=512,
+                    max_val_samples=128, learning_rate=3e-3, save_model=False,
+                    progress="lines", output=str(tmp_path / "run"))
+    m = app.train(model=model, data="synthetic", epochs=2, **settings)
+    assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
+    assert m["task"]["model"] == "python:keras.Model 'held'"
+    assert m["data"]["input_shape"] == [784]
+    assert not all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    m = app.train(model=model, data="synthetic", epochs=3, resume=True, **settings)
+    assert m["status"] == "completed" and len(m["epochs"]) == 3
+
+
+def test_a_model_made_before_the_policy_is_one_warning(tiny_config, capsys):
+    """A model function returning a model made at import computes in float32 under a mixed
+    policy: the run said nothing and got no speed-up."""
+    from app.training.job import train
+
+    m = train(tiny_config(model=MISC + ":made_at_import", precision="mixed_bfloat16",
+                          epochs=1, max_train_samples=64, max_val_samples=32))
+    assert m["status"] == "completed"
+    warnings = [line for line in capsys.readouterr().err.splitlines()
+                if "the policy was set" in line]
+    assert warnings == [
+        "warning: every layer of the model computes in float32 although the policy is "
+        "mixed_bfloat16: the model was made before the policy was set, so it gets no "
+        "speed-up; build the model inside the model function, which the run calls after it "
+        "sets the policy (to app.train pass the function, not a model already built)"]
+
+
+def test_policy_mismatch_names_layers_made_under_another_policy():
+    import tensorflow as tf
+
+    from app.task.model_layers import policy_mismatch
+
+    def made_under(policy):
+        tf.keras.mixed_precision.set_global_policy(policy)
+        try:
+            return tf.keras.Sequential([
+                tf.keras.Input(shape=(4,)), tf.keras.layers.Dense(3, name="hidden"),
+                tf.keras.layers.Dense(2, name="out", dtype="float32")])
+        finally:
+            tf.keras.mixed_precision.set_global_policy("float32")
+    f32, f16, bf16 = (made_under(p) for p in ("float32", "mixed_float16", "mixed_bfloat16"))
+    assert policy_mismatch(f32, "float32") is None
+    assert policy_mismatch(f16, "mixed_float16") is None     # 'out' float32 on purpose
+    assert policy_mismatch(bf16, "mixed_bfloat16") is None
+    assert policy_mismatch(f32, "mixed_float16").startswith(
+        "every layer of the model computes in float32 although the policy is mixed_float16")
+    assert policy_mismatch(f32, "mixed_bfloat16", ["hidden", "out"]) is None  # --float32-layers
+    assert policy_mismatch(f16, "float32").startswith(
+        "1 layer(s) of the model compute in float16 (first: 'hidden') although the policy is "
+        "float32: they were made under another policy, and this run has no loss scaling for "
+        "float16: small gradients flush to 0; build the model inside the model function")
+    assert policy_mismatch(f16, "mixed_bfloat16").startswith(
+        "1 layer(s) of the model compute in float16")
+    assert policy_mismatch(bf16, "mixed_float16").startswith(
+        "1 layer(s) of the model compute in bfloat16 (first: 'hidden') although the policy is "
+        "mixed_float16: they were made under another policy; build")
+
+
+def test_a_model_passed_built_is_refused_by_several_replicas(tmp_path):
+    """Its variables exist already, outside the strategy's scope."""
+    script = (
+        "import tensorflow as tf\n"
+        "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+        "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+        "import app\n"
+        "from app.core.errors import UsageError\n"
+        "model = tf.keras.Sequential([tf.keras.Input(shape=(8,)), tf.keras.layers.Dense(2)])\n"
+        "try:\n"
+        "    app.train(model=model, data='synthetic', strategy='mirrored', epochs=1,\n"
+        f"              max_train_samples=64, output={str(tmp_path / 'run')!r})\n"
+        "except UsageError as exc:\n"
+        "    print(exc)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "error: the keras.Model 'sequential' was passed already built: its variables cannot "
+        "be spread over the strategy's 2 replicas; allowed: a function (input_shape, "
+        "num_classes) -> keras.Model that builds it, which the run calls inside the "
+        "strategy's scope")
+    assert not (tmp_path / "run").exists()
 
 
 # ---- the layer mixed precision breaks ------------------------------------------------------
