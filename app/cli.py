@@ -7,6 +7,7 @@ import sys
 from typing import Sequence
 
 from app.commands import COMMANDS
+from app.core import shadowing
 from app.core.args import OneLineParser
 from app.core.errors import ReportedError, report
 
@@ -35,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:   # named with the command's own help, which lists its flags
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
+        shadowing.refuse_namesakes(shadowing.user_folder())
         return int(args._run(args))
     except ReportedError as exc:
         return report(exc)
