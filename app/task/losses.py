@@ -24,6 +24,12 @@ def make_loss(loss_spec, model, bundle, units, prediction, notes: list, explain:
     import tensorflow as tf
 
     if loss_spec is None:
+        if bundle.label_kind == "other":
+            raise UsageError(f"the labels are not class ids ({_labels_seen(bundle)}), and no "
+                             "loss fits them by default",
+                             "a loss for them: --loss mse (mae, huber, ... or MODULE:OBJECT; "
+                             "loss= in app.train, or the model compiled with one); or class "
+                             "ids 0..N-1, or one-hot rows")
         if bundle.label_kind == "onehot":
             name = "categorical_crossentropy"
         elif bundle.label_kind == "binary" and units == 1:
@@ -58,6 +64,27 @@ def make_loss(loss_spec, model, bundle, units, prediction, notes: list, explain:
     return per_example(loss)
 
 
+def default_metrics(bundle, units) -> list:
+    """Accuracy for class labels; for labels that are values, the mean absolute error when
+    the outputs match them one for one, else none."""
+    if bundle.label_kind != "other":
+        return list(DEFAULT_METRICS)
+    return ["mae"] if units is not None and units == bundle.num_classes else []
+
+
+def _labels_seen(bundle) -> str:
+    """What the first labels look like: 'labels such as 0.25, -1.5, 2'."""
+    import numpy as np
+
+    sample = getattr(bundle, "sample_batch", None)
+    if sample is None:
+        return "of a kind no loss is chosen for"
+    y = np.asarray(sample[1])
+    seen = list(dict.fromkeys(float(v) for v in y.reshape(-1)))[:3]
+    per = f", {int(np.prod(y.shape[1:]))} values a sample" if y.ndim > 1 else ""
+    return f"labels such as {', '.join(f'{v:g}' for v in seen)}{per}"
+
+
 def spec_text(spec) -> Optional[str]:
     """A loss or metric spec as text (metrics.json, messages)."""
     if spec is None or isinstance(spec, str):
@@ -88,6 +115,12 @@ def per_example(loss):
     def on_float32(y_true, y_pred):
         if y_pred.dtype != tf.float32:
             y_pred = tf.cast(y_pred, tf.float32)
+        # One value a sample, (batch,) labels against a (batch, 1) output: Keras 2's loss
+        # functions (mse, mae, ...) broadcast them to (batch, batch) and learn only the mean,
+        # with no error; Keras wraps them in a Loss that lines them up, and so does this.
+        if y_true.shape.rank is not None and y_pred.shape.rank == y_true.shape.rank + 1 \
+                and y_pred.shape[-1] == 1:
+            y_true = tf.expand_dims(y_true, -1)
         return loss(y_true, y_pred)
     on_float32.__name__ = getattr(loss, "__name__", None) or getattr(loss, "name", "loss")
     return on_float32
@@ -123,7 +156,10 @@ def make_metric(spec, bundle, units):
                        "Keras metric names (e.g. accuracy, mae, auc) or MODULE:OBJECT, "
                        "comma-separated")
     if isinstance(obj, tf.keras.metrics.Metric):
-        return type(obj).from_config(obj.get_config())
+        config = obj.get_config()
+        if isinstance(spec, str) and not specs.is_user_spec(spec):
+            config["name"] = spec   # as typed, in both Kerases ('mae', not mean_absolute_error)
+        return type(obj).from_config(config)
     if callable(obj):
         name = spec if isinstance(spec, str) and not specs.is_user_spec(spec) else \
             getattr(obj, "__name__", "metric")

@@ -137,7 +137,7 @@ class Task:
                                    explain=not self.is_builtin)
         metric_specs = (self.metrics_spec if self.metrics_spec is not None
                         else compiled_metrics if compiled_metrics is not None
-                        else list(losses.DEFAULT_METRICS))
+                        else losses.default_metrics(bundle, units))
         notes += _compiled_note(optimizer, compiled_loss, compiled_metrics)
         notes += [f"{f32.FLAG}: {', '.join(float32_paths)} compute in float32, the rest of "
                   "the model under the policy"] if float32_paths else []

@@ -68,7 +68,13 @@ def _pair(part, spec, returned, which):
         x, y = np.asarray(part[0]), np.asarray(part[1])
     except Exception:  # ragged lists and the like
         raise _bad(spec, returned, f"the {which} part cannot be made into arrays") from None
-    if x.dtype == object or y.dtype == object or x.ndim < 1 or y.ndim < 1:
+    if y.dtype.kind in "USO" and y.ndim >= 1 and len(y) and isinstance(
+            y.reshape(-1)[0], (str, bytes)):
+        raise UsageError(f"dataset spec {spec!r}: the {which} labels are strings (e.g. "
+                         f"{str(y.reshape(-1)[0])!r}), not class ids",
+                         "class ids 0..N-1 (names, ids = np.unique(y, return_inverse=True) "
+                         "maps them), one-hot rows, or values with a --loss for them")
+    if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf" or x.ndim < 1 or y.ndim < 1:
         raise _bad(spec, returned, f"the {which} part must be numeric arrays")
     if len(x) != len(y):
         raise _bad(spec, returned, f"{which}: {len(x)} samples but {len(y)} labels")
@@ -86,18 +92,23 @@ def _features(x: np.ndarray) -> np.ndarray:
 
 
 def label_kind_of(y_train: np.ndarray) -> tuple[str, int]:
-    """("sparse" | "onehot" | "binary" | "other", number of classes or 0)."""
-    if y_train.ndim == 2 and y_train.shape[1] > 1:
-        return "onehot", int(y_train.shape[1])
+    """("sparse" | "onehot" | "binary" | "other", the number of classes; for "other", values
+    no class loss fits, how many values a label holds).  One-hot rows are rows of
+    non-negative numbers that sum to 1 (soft labels too); any other table is values."""
     flat = y_train.reshape(len(y_train), -1)
-    if flat.shape[1] != 1:
-        return "other", 0
+    width = int(flat.shape[1])
+    if y_train.ndim == 2 and width > 1:
+        if flat.size and (flat.min() >= 0) and np.allclose(flat.sum(axis=1), 1.0, atol=1e-3):
+            return "onehot", width
+        return "other", width
+    if width != 1:
+        return "other", width
     if np.issubdtype(y_train.dtype, np.integer) or np.all(np.mod(flat, 1) == 0):
         low, high = (int(flat.min()), int(flat.max())) if flat.size else (0, 0)
         if low < 0:
-            return "other", 0
+            return "other", 1
         return ("binary" if high <= 1 else "sparse"), high + 1
-    return "other", 0
+    return "other", 1
 
 
 def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input_shape,
@@ -204,6 +215,10 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
         train = train.take(max_train)
     if max_val:
         val = val.take(max_val)
+    if fy.dtype == tf.string:
+        raise UsageError(f"dataset spec {spec!r}: the training labels are strings, not class ids",
+                         "class ids 0..N-1 (a tf.keras.layers.StringLookup maps them, "
+                         "num_oov_indices=0), one-hot rows, or values with a --loss for them")
     integer_labels = fy.dtype.is_integer and fy.shape.rank == 0
     onehot = fy.dtype.is_floating and fy.shape.rank == 1 and (fy.shape[0] or 0) > 1
     n_train, top, bad, bad_total = _scan(train, integer_labels, watch_finite=True)
@@ -215,7 +230,7 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
     elif onehot:
         kind, classes = "onehot", int(fy.shape[0])
     else:
-        kind, classes = "other", 0
+        kind, classes = "other", max(1, fy.shape.num_elements() or 1)
     shape = input_shape(tuple(int(d) for d in fx.shape))
 
     def prepare(x, y):

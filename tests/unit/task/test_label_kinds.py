@@ -1,0 +1,99 @@
+"""What the labels are decides the default loss, the metric and ``num_classes``: class ids,
+one-hot rows (soft labels too), or values, which no class loss fits.  Values trained with a
+cross-entropy died in the graph ("Received a label value of -7 which is outside the valid
+range"), a table of values passed for one-hot, and string labels crashed in NumPy."""
+import numpy as np
+import pytest
+
+from app.core.errors import UsageError
+from app.task.user_data import label_kind_of
+
+WEIGHTS = np.array([1.0, 2.0, -1.0, 0.5], np.float32)
+
+
+@pytest.mark.parametrize("labels, kind, classes", [
+    (np.array([0, 2, 1, 4]), "sparse", 5),
+    (np.array([0.0, 1.0, 1.0]), "binary", 2),
+    (np.eye(3)[[0, 2, 1]], "onehot", 3),
+    (np.array([[0.9, 0.05, 0.05], [0.1, 0.8, 0.1]]), "onehot", 3),      # soft labels
+    (np.array([[1.5, -2.0, 0.0], [0.3, 0.3, 0.3]]), "other", 3),        # three values a sample
+    (np.array([0.25, -1.5, 2.0]), "other", 1),
+    (np.array([-1, 1, 1]), "other", 1),
+])
+def test_label_kinds(labels, kind, classes):
+    assert label_kind_of(labels) == (kind, classes)
+
+
+def _values(n=1024, seed=0):
+    x = np.random.default_rng(seed).normal(size=(n, 4)).astype(np.float32)
+    return x, x @ WEIGHTS
+
+
+def _split(x, y, val=128):
+    return (x[:-val], y[:-val]), (x[-val:], y[-val:])
+
+
+def _dense(widths):
+    def build(input_shape, num_classes):
+        import tensorflow as tf
+
+        widths.append(num_classes)
+        return tf.keras.Sequential([tf.keras.Input(shape=input_shape),
+                                    tf.keras.layers.Dense(16, activation="relu"),
+                                    tf.keras.layers.Dense(num_classes)])
+    return build
+
+
+def test_values_without_a_loss_are_one_line_and_nothing_is_written(tmp_path):
+    import tensorflow as tf
+
+    import app
+    x, y = _values(256)
+    arrays = _split(x, y)
+    datasets = tuple(tf.data.Dataset.from_tensor_slices(part) for part in arrays)
+    for data in (arrays, datasets):
+        with pytest.raises(UsageError) as caught:
+            app.train(model=_dense([]), data=data, epochs=1, precision="float32",
+                      output=str(tmp_path / "run"))
+        assert str(caught.value).startswith(
+            "error: the labels are not class ids (labels such as ")
+        assert str(caught.value).endswith(
+            "), and no loss fits them by default; allowed: a loss for them: --loss mse (mae, "
+            "huber, ... or MODULE:OBJECT; loss= in app.train, or the model compiled with "
+            "one); or class ids 0..N-1, or one-hot rows")
+        assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_values_train_with_a_regression_loss_to_a_small_error(tmp_path, loop):
+    import app
+    x, y = _values()
+    widths = []
+    m = app.train(model=_dense(widths), data=_split(x, y), loss="mse", epochs=8,
+                  learning_rate=1e-2, batch_size=32, loop=loop, precision="float32",
+                  progress="lines", save_model=False, output=str(tmp_path / "run"))
+    assert m["status"] == "completed" and m["data"]["label_kind"] == "other"
+    assert widths == [1]                      # num_classes: the values a label holds
+    last = m["epochs"][-1]
+    assert "val_accuracy" not in last         # the default metric for values: MAE
+    # Predicting 0 is off by 1.9 on average: the model has learnt the linear map (Keras 2's
+    # mse broadcast (batch,) labels against the (batch, 1) output and stayed at 1.8).
+    assert last["val_mae"] < 0.25, m["epochs"]
+
+
+def test_string_labels_are_one_line(tmp_path):
+    import tensorflow as tf
+
+    import app
+    x, y = _values(256)
+    names = np.where(y > 0, "pos", "neg")
+    with pytest.raises(UsageError, match=r"the training labels are strings \(e\.g\. 'neg'\), "
+                                         r"not class ids; allowed: class ids 0\.\.N-1"):
+        app.train(model=_dense([]), data=_split(x, names), epochs=1,
+                  output=str(tmp_path / "run"))
+    datasets = tuple(tf.data.Dataset.from_tensor_slices(part) for part in _split(x, names))
+    with pytest.raises(UsageError, match="the training labels are strings, not class ids; "
+                                         "allowed: class ids 0..N-1 .a tf.keras.layers."
+                                         "StringLookup maps them"):
+        app.train(model=_dense([]), data=datasets, epochs=1, output=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
