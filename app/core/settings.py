@@ -94,10 +94,10 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("dataset", "what", "{datasets} or " + _SPEC_FORMS + " (default {default})",
             metavar="SPEC", passed=True, task=True),
     Setting("loss", "what", "Keras loss name or MODULE:OBJECT (default: the compiled model's, "
-            "else sparse categorical cross-entropy, from logits when the outputs are not "
-            "probabilities)", metavar="SPEC", passed=True, task=True),
+            "else the cross-entropy that fits class-id or one-hot labels, from logits when "
+            "the outputs are not probabilities; labels that are values need one, e.g. mse)", metavar="SPEC", passed=True, task=True),
     Setting("metrics", "what", "comma-separated Keras metric names or MODULE:OBJECT (default: "
-            "the compiled model's, else accuracy)", metavar="LIST", passed=True, task=True),
+            "the compiled model's, else accuracy; mae for labels that are values)", metavar="LIST", passed=True, task=True),
     Setting("input_shape", "what", "sample shape for --dataset synthetic with your own model "
             "(default 28,28,1); other data gives its own", metavar="D,D,...", passed=True,
             task=True),
@@ -105,8 +105,8 @@ SETTINGS: Tuple[Setting, ...] = (
             int, metavar="N", passed=True, task=True),
     Setting("float32_layers", "what", "run these layers of the model in float32, the rest "
             "under the policy, without editing the model: full paths (outer/inner) or plain "
-            "names; `tfmp check` names the layers and prints this flag; a --resume without "
-            "it keeps the run's own", metavar="NAME[,NAME...]", passed=True, task=True),
+            "names; `tfmp check` names the layers and prints this flag; a train --resume "
+            "without it keeps the run's own", metavar="NAME[,NAME...]", passed=True, task=True),
     Setting("image_dir", "what", "for --dataset images: folder with one subfolder per class",
             passed=True),
     Setting("image_size", "what", "images are resized to this square size ({default})", int,

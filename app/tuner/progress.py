@@ -30,10 +30,15 @@ class Progress:
 
     def finish(self, policy: str, trial) -> None:
         self.bar.advance()
+        # The verification is one short epoch of `tfmp train`: its rate counts the step's
+        # tracing, so it is no measure of speed (the trials' is) and is not shown.
+        verify = getattr(trial, "phase", "search") == "verify"
+        rate = ("" if verify or not trial.fits
+                else f", {trial.samples_per_second:,.0f} samples/s")
         self.bar.line(
             f"[tune] {policy:<15} batch {trial.batch_size:>5}: "
-            + (f"fits, peak {format_size(trial.peak_memory_bytes)}, "
-               f"{trial.samples_per_second:,.0f} samples/s" if trial.fits else
+            + ("in one epoch of tfmp train: " if verify else "")
+            + (f"fits, peak {format_size(trial.peak_memory_bytes)}{rate}" if trial.fits else
                f"does not fit: {trial.reason}")
             + (f" ({trial.seconds:.0f} s)" if trial.seconds else ""))
 

@@ -53,7 +53,7 @@ def table(doc: Mapping[str, Any]) -> str:
         per = e.get("memory_per_sample_bytes")
         rows.append((policy,
                      str(e["max_batch"]) if e["max_batch"] else "none fits",
-                     f"{per / 2**20:.2f} MiB" if per else "-",
+                     _per_sample(per),
                      str(e["best_batch"] or "-"),
                      f"{e['best_samples_per_second']:,.0f}" if e["best_samples_per_second"] else "-",
                      f"{ups[policy]:.2f}x" if ups.get(policy) else "-"))
@@ -125,3 +125,10 @@ def render_png(doc: Mapping[str, Any]) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
+
+
+def _per_sample(n) -> str:
+    """Memory a sample: MiB, or KiB for a small model (0.00 MiB said nothing)."""
+    if not n:
+        return "-"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"

@@ -50,9 +50,15 @@ def test_tuner_progress_lines_in_a_log():
                                   samples_per_second=1234.0, seconds=2.0, reason=None)
     p.start("float32", 64)
     p.finish("float32", trial)
+    verified = types.SimpleNamespace(**dict(vars(trial), phase="verify", samples_per_second=12.0))
+    p.start("float32", 64, "verify")
+    p.finish("float32", verified)
     p.say("[tune] done")
     p.close()
     assert out.getvalue().splitlines() == [
         "[tune] float32         batch    64: fits, peak 300 MiB, 1,234 samples/s (2 s)",
+        # one short epoch's rate counts the tracing: not shown beside the trials'
+        "[tune] float32         batch    64: in one epoch of tfmp train: fits, peak 300 MiB "
+        "(2 s)",
         "[tune] done"]
-    assert p.done == 1
+    assert p.done == 2

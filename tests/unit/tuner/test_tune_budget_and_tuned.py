@@ -234,6 +234,8 @@ def test_table_and_speedups():
     text = report.table(doc)
     assert "744" in text and "1.50x" in text and "2.10 MiB" in text
     assert "choice: mixed_bfloat16 at batch 256" in text
+    precisions["float32"]["memory_per_sample_bytes"] = 1536   # a small model's: not 0.00 MiB
+    assert "1.5 KiB" in report.table(doc)
 
 
 def test_children_cannot_be_hijacked_by_an_app_module_in_the_cwd(tmp_path):
