@@ -22,6 +22,8 @@ LAUNCH_BOUND_STEP_MS = 10.0
 DEFAULT_MAX_ACCURACY_GAP = 1.0  # percentage points
 # Training at this share of the input pipeline's own rate (or more) is input-bound.
 INPUT_BOUND = 0.8
+# Training this much faster than the pipeline alone: the pipeline's timing did not hold.
+PIPELINE_MISTIMED = 1.25
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,15 @@ def input_bound(summary: Mapping[str, Mapping[str, Any]], input_rate: Optional[f
     policy, best = fastest(summary)
     if not input_rate or input_rate <= 0 or best is None or best < threshold * input_rate:
         return []
+    if best > PIPELINE_MISTIMED * input_rate:
+        # No model trains faster than its data arrives: the pipeline's own epochs were too
+        # short to time (an iterator's start, the shuffle buffer's fill), not the job slow.
+        return [Diagnosis(
+            "input_rate_mistimed", "info", policy,
+            f"the input pipeline alone measured {input_rate:,.0f} samples/s, slower than "
+            f"training with {policy} ({best:,.0f}): its epochs are too short to time, so "
+            "whether the job is input-bound is not known; more training samples (or "
+            "--epochs) measure it")]
     return [Diagnosis(
         "input_bound", "warning", policy,
         f"this job is input-bound: the input pipeline alone delivers {input_rate:,.0f} "
