@@ -55,11 +55,25 @@ def from_user(returned, spec: str, global_batch: int, *, seed: int = 0,
                               max_val_samples, input_shape, num_classes)
     if isinstance(train, tf.data.Dataset) or isinstance(val, tf.data.Dataset):
         raise _bad(spec, returned, "both parts must be tf.data datasets, or both (x, y) arrays")
+    if _one_pair(train, val):
+        n = len(train)
+        raise UsageError(f"dataset spec {spec!r} returned one (x, y) pair of {n} samples: the "
+                         "validation data is missing",
+                         "((x_train, y_train), (x_val, y_val)), e.g. the last tenth held out: "
+                         f"((x[:{n - n // 10}], y[:{n - n // 10}]), (x[{n - n // 10}:], "
+                         f"y[{n - n // 10}:])) after shuffling them together")
     return _from_arrays(train, val, spec, global_batch, seed, max_train_samples,
                         max_val_samples, input_shape, num_classes)
 
 
 # ---- arrays ------------------------------------------------------------------------------------
+
+def _one_pair(train, val) -> bool:
+    """(x, y) itself where ((x_train, y_train), (x_val, y_val)) was expected: two arrays
+    (not pairs) of the same length."""
+    return (isinstance(train, np.ndarray) and isinstance(val, np.ndarray)
+            and train.ndim >= 1 and val.ndim >= 1 and len(train) == len(val))
+
 
 def _pair(part, spec, returned, which):
     if not isinstance(part, (tuple, list)) or len(part) != 2:

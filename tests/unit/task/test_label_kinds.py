@@ -97,3 +97,18 @@ def test_string_labels_are_one_line(tmp_path):
                                          "StringLookup maps them"):
         app.train(model=_dense([]), data=datasets, epochs=1, output=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+def test_one_x_y_pair_is_named_as_such(tmp_path):
+    """What Keras' fit(x, y) takes: the validation part is missing, and the line says how
+    to hold some out."""
+    import app
+    x, y = _values(600)
+    with pytest.raises(UsageError) as caught:
+        app.train(model=_dense([]), data=(x, y), loss="mse", output=str(tmp_path / "run"))
+    assert str(caught.value) == (
+        "error: dataset spec 'python:arrays' returned one (x, y) pair of 600 samples: the "
+        "validation data is missing; allowed: ((x_train, y_train), (x_val, y_val)), e.g. the "
+        "last tenth held out: ((x[:540], y[:540]), (x[540:], y[540:])) after shuffling them "
+        "together")
+    assert not (tmp_path / "run").exists()
