@@ -75,6 +75,10 @@ def test_a_container_without_gpus_and_with_cuda_visible_devices_minus_one(image)
         assert f"WARN  GPU problem [{pid}]: " in proc.stderr, proc.stderr[-3000:]
         assert f"WARN    fix [{pid}]: " in proc.stderr
     assert "No GPU is visible" not in proc.stderr
+    # Nothing mounted on /workspace: a batch job's runs would go with the container.
+    assert ("WARN  /workspace is not a mounted folder or volume: what is saved there (runs, "
+            "models, notebooks) goes with this container; mount one: docker run -v "
+            '"$PWD":/workspace ...') in proc.stderr, proc.stderr[-3000:]
 
 
 def _build_stubs(root) -> None:

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Part of entrypoint.sh (sourced, every mode): the start-up banner - image version,
-# Python/TensorFlow/JupyterLab/numpy versions, CUDA/cuDNN, the GPUs or why none is usable, /dev/shm.
+# Python/TensorFlow/JupyterLab/numpy versions, CUDA/cuDNN, the GPUs or why none is usable, /dev/shm,
+# and whether anything is mounted on the workspace.
 #
 # Environment:
 #   TFMP_QUIET  1: no banner for batch commands (serve and self-test always show it)
@@ -35,6 +36,25 @@ banner() {
   else
     info "/dev/shm: $((shm_kb / 1024)) MiB"
   fi
+  # Runs, models and notebooks are saved under the workspace: with nothing mounted there
+  # they stay in this container's own layer and go with it (a `docker run --rm` batch job
+  # loses its model the moment it ends).
+  if [[ -d $WORKSPACE ]] && ! workspace_mounted; then
+    warn "$WORKSPACE is not a mounted folder or volume: what is saved there (runs, models," \
+      "notebooks) goes with this container; mount one: docker run -v \"\$PWD\":$WORKSPACE ..." \
+      "(the compose file mounts the volume 'workspace')"
+  fi
+}
+
+# Is the workspace a mount point (a bind mount, a named or anonymous volume, a Kubernetes
+# volume)?  mountpoint(1) reads /proc/self/mountinfo; without it, a mount shows as another
+# device than the root's.
+workspace_mounted() {
+  if command -v mountpoint >/dev/null 2>&1; then
+    mountpoint -q "$WORKSPACE"
+    return
+  fi
+  [[ $(stat -c %d "$WORKSPACE" 2>/dev/null) != "$(stat -c %d / 2>/dev/null)" ]]
 }
 
 if [[ $MODE != command || ${TFMP_QUIET:-0} != 1 ]]; then banner; fi
