@@ -261,9 +261,9 @@ def tensor_core_findings(entries, rows, batch_size: int, num_classes: Optional[i
                 if path == output_dense:
                     findings.append(Finding(
                         INFO, "tensor_cores", path,
-                        f"{cls} output layer has {layer.units} units (the class count), not a "
+                        f"{cls} output layer has {layer.units} units (one an output), not a "
                         f"multiple of {m}", "nothing to do for a small output layer; for a "
-                        "large one, pad the classes to a multiple of 8"))
+                        "large one, pad the outputs (classes) to a multiple of 8"))
                 else:
                     findings.append(Finding(
                         WARNING, "tensor_cores", path,

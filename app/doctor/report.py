@@ -68,7 +68,9 @@ def to_text(report: dict) -> str:
     out.append(f"check: model {report['model']!r} under {report['policy']}, batch "
                f"{report['batch_size']}, data {report['dataset']!r} (samples of shape "
                f"{'x'.join(map(str, data.get('input_shape') or []))}, "
-               f"{data.get('num_classes')} classes)")
+               + (f"labels of {data.get('num_classes')} value(s))"
+                  if data.get("label_kind") == "other" else
+                  f"{data.get('num_classes')} classes)"))
     decision = report.get("precision") or {}
     if decision.get("requested") == "auto":
         out.append(f"precision: auto chose {report['policy']} ({decision.get('reason')})")

@@ -112,3 +112,14 @@ def test_one_x_y_pair_is_named_as_such(tmp_path):
         "last tenth held out: ((x[:540], y[:540]), (x[540:], y[540:])) after shuffling them "
         "together")
     assert not (tmp_path / "run").exists()
+
+
+def test_check_takes_values_with_a_loss_and_says_what_the_labels_are():
+    import app
+    from app.doctor.report import to_text
+    x, y = _values(256)
+    report = app.check(model=_dense([]), data=_split(x, y, 64), loss="mse",
+                       precision="float32", steps=2)
+    assert report["data"]["label_kind"] == "other" and report["data"]["num_classes"] == 1
+    assert to_text(report).splitlines()[0].endswith(
+        "(samples of shape 4, labels of 1 value(s))")
