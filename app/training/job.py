@@ -347,6 +347,12 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     skip = 0 if run.dist.multi_worker else accumulate.trained_in_epoch(run, start, step)
     if parts.accumulator is not None:
         parts.accumulator.start_at(skip)
+    if start >= run.config.epochs and not skip:
+        # Nothing is left to train: say so, not "resuming ... at epoch 10" of a 3-epoch run.
+        print(f"resuming from {parts.checkpointer.restored_path}: {start} epoch(s) trained, "
+              f"and --epochs {run.config.epochs} asks for no more, so nothing is left to "
+              f"train (--epochs {start + 1} or more trains on)", file=sys.stderr)
+        return start, skip, previous_steps
     where = f" after {skip} batch(es) of epoch {start + 1}" if skip else f" at epoch {start + 1}"
     print(f"resuming from {parts.checkpointer.restored_path}{where}", file=sys.stderr)
     return start, skip, previous_steps

@@ -158,6 +158,18 @@ def test_resume_finds_the_checkpoint_of_a_run_folder_given_as_a_relative_path(
     assert [e["epoch"] for e in again["epochs"]] == [1, 2]
 
 
+def test_resuming_a_run_that_has_its_epochs_says_nothing_is_left(tiny_config, tmp_path,
+                                                                 capsys):
+    """It said "resuming ... at epoch 3", then "done: 2 epoch(s)"."""
+    train(tiny_config(epochs=2, max_train_samples=64))
+    capsys.readouterr()
+    again = train(tiny_config(epochs=1, max_train_samples=64, resume=True))
+    assert [e["epoch"] for e in again["epochs"]] == [1, 2]
+    [said] = [line for line in capsys.readouterr().err.splitlines() if "resuming" in line]
+    assert said.endswith(": 2 epoch(s) trained, and --epochs 1 asks for no more, so nothing "
+                         "is left to train (--epochs 3 or more trains on)"), said
+
+
 KINK_MODEL = '''
 import tensorflow as tf
 
