@@ -15,7 +15,7 @@ expected and what was received.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -178,10 +178,19 @@ def _element_parts(ds, spec, returned, which):
     return fx, fy
 
 
-def _scan(ds, want_labels: bool, watch_finite: bool = False):
-    """One pass: (number of elements, largest label, the places of the first
-    ``MOST_LISTED`` elements that hold NaN or inf, how many do).  Labels only for
-    integer scalars; NaN and inf only when ``watch_finite`` and a part is floating."""
+class Scan(NamedTuple):
+    count: int            # elements
+    top: int              # the largest label, for integer ids (else -1)
+    low: int              # the smallest, for integer ids (else 0)
+    onehot: bool          # for float label rows: every row non-negative and summing to 1
+    bad: list             # the places of the first MOST_LISTED elements with NaN or inf
+    bad_total: int        # how many hold NaN or inf
+
+
+def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
+    """One pass over ``ds``: its elements; with ``labels`` "ids" the largest (integer
+    scalars), with "rows" whether every row is a one-hot (or soft) label; NaN and inf only
+    when ``watch_finite`` and a part is floating."""
     import tensorflow as tf
 
     from app.precision.finite import all_finite
@@ -190,10 +199,15 @@ def _scan(ds, want_labels: bool, watch_finite: bool = False):
     watch = bool(watch_finite and floating)
 
     def step(state, element):
-        n, top, bad_total, bad = state
+        n, top, low, rows_ok, bad_total, bad = state
         y = element[1]
-        if want_labels:
+        if labels == "ids":
             top = tf.maximum(top, tf.cast(tf.reduce_max(y), tf.int64))
+            low = tf.minimum(low, tf.cast(tf.reduce_min(y), tf.int64))
+        elif labels == "rows":
+            y = tf.cast(y, tf.float32)
+            rows_ok = tf.logical_and(rows_ok, tf.logical_and(
+                tf.reduce_min(y) >= 0.0, tf.abs(tf.reduce_sum(y) - 1.0) <= 1e-3))
         if watch:
             finite = all_finite([element[i] for i in floating])
             # The list is written only for a bad element (a cond: rewriting the whole list
@@ -203,12 +217,15 @@ def _scan(ds, want_labels: bool, watch_finite: bool = False):
                           lambda: tf.tensor_scatter_nd_update(bad, [[slot]], [n]),
                           lambda: bad)
             bad_total += tf.cast(tf.logical_not(finite), tf.int64)
-        return n + 1, top, bad_total, bad
+        return n + 1, top, low, rows_ok, bad_total, bad
     start = (tf.constant(0, tf.int64), tf.constant(-1, tf.int64), tf.constant(0, tf.int64),
+             tf.constant(True),
+             tf.constant(0, tf.int64),
              tf.fill([MOST_LISTED if watch else 1], tf.constant(-1, tf.int64)))
-    n, top, bad_total, bad = ds.reduce(start, step)
+    n, top, low, rows_ok, bad_total, bad = ds.reduce(start, step)
     bad_total = int(bad_total.numpy())
-    return int(n.numpy()), int(top.numpy()), [int(i) for i in bad.numpy()[:bad_total]], bad_total
+    return Scan(int(n.numpy()), int(top.numpy()), int(low.numpy()), bool(rows_ok.numpy()),
+                [int(i) for i in bad.numpy()[:bad_total]], bad_total)
 
 
 def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, input_shape,
@@ -234,16 +251,19 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
                          "class ids 0..N-1 (a tf.keras.layers.StringLookup maps them, "
                          "num_oov_indices=0), one-hot rows, or values with a --loss for them")
     integer_labels = fy.dtype.is_integer and fy.shape.rank == 0
-    onehot = fy.dtype.is_floating and fy.shape.rank == 1 and (fy.shape[0] or 0) > 1
-    n_train, top, bad, bad_total = _scan(train, integer_labels, watch_finite=True)
-    n_val, vtop, _, _ = _scan(val, integer_labels)
+    rows = fy.dtype.is_floating and fy.shape.rank == 1 and (fy.shape[0] or 0) > 1
+    labels = "ids" if integer_labels else "rows" if rows else None
+    scan = _scan(train, labels, watch_finite=True)
+    vscan = _scan(val, labels)
+    n_train, n_val, bad, bad_total = scan.count, vscan.count, scan.bad, scan.bad_total
     if n_train == 0:
         raise _bad(spec, returned, "the training dataset has no elements")
-    if integer_labels:
-        kind, classes = ("binary" if max(top, vtop) <= 1 else "sparse"), max(top, vtop) + 1
-    elif onehot:
+    if integer_labels and min(scan.low, vscan.low) >= 0:
+        top = max(scan.top, vscan.top)
+        kind, classes = ("binary" if top <= 1 else "sparse"), top + 1
+    elif rows and scan.onehot:
         kind, classes = "onehot", int(fy.shape[0])
-    else:
+    else:   # values: negative ids, or rows that are not one-hot, are not class labels
         kind, classes = "other", max(1, fy.shape.num_elements() or 1)
     shape = input_shape(tuple(int(d) for d in fx.shape))
 
@@ -253,9 +273,9 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
         elif x.dtype != tf.float32 and (x.dtype.is_floating or x.dtype.is_integer):
             x = tf.cast(x, tf.float32)
         x = tf.reshape(x, shape)
-        if integer_labels:
+        if kind in ("sparse", "binary"):
             y = tf.cast(y, tf.int32)
-        elif y.dtype.is_floating and y.dtype != tf.float32:
+        elif (y.dtype.is_floating or y.dtype.is_integer) and y.dtype != tf.float32:
             y = tf.cast(y, tf.float32)
         return x, y
     # The counted sizes are asserted so Keras' progress bars and the step counts know them.

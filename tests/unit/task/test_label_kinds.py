@@ -123,3 +123,22 @@ def test_check_takes_values_with_a_loss_and_says_what_the_labels_are():
     assert report["data"]["label_kind"] == "other" and report["data"]["num_classes"] == 1
     assert to_text(report).splitlines()[0].endswith(
         "(samples of shape 4, labels of 1 value(s))")
+
+
+@pytest.mark.parametrize("labels, kind, classes", [
+    (np.array([0, 3, 1, 2] * 16), "sparse", 4),
+    (np.array([-1, 1] * 32), "other", 1),                                 # not class ids
+    (np.eye(3, dtype=np.float32)[np.arange(64) % 3], "onehot", 3),
+    (np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32), "other", 3),
+])
+def test_a_tf_data_datasets_labels_are_read_in_its_counting_pass(labels, kind, classes):
+    """A dataset's rows were one-hot by their shape alone: a table of three values a
+    sample got a categorical cross-entropy."""
+    import tensorflow as tf
+
+    from app.task.user_data import from_user
+    x = np.zeros((64, 4), np.float32)
+    data = (tf.data.Dataset.from_tensor_slices((x, labels)),
+            tf.data.Dataset.from_tensor_slices((x[:16], labels[:16])))
+    bundle = from_user(data, "python:tf.data", 16)
+    assert (bundle.label_kind, bundle.num_classes) == (kind, classes)
