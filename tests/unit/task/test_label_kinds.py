@@ -81,6 +81,27 @@ def test_values_train_with_a_regression_loss_to_a_small_error(tmp_path, loop):
     assert last["val_mae"] < 0.25, m["epochs"]
 
 
+def test_a_keras_loss_name_trains_a_one_unit_output_in_the_custom_loop(tmp_path):
+    """Keras 2's loss functions took (batch,) labels against a (batch, 1) output as they
+    came: binary cross-entropy raised ("logits and labels must have the same shape") and
+    mse broadcast them and learnt only the mean (val MAE 1.81; the custom loop and check's
+    probe call the function itself, fit wraps it)."""
+    import tensorflow as tf
+
+    import app
+    x, y = _values()
+
+    def build(input_shape):
+        return tf.keras.Sequential([tf.keras.Input(shape=input_shape),
+                                    tf.keras.layers.Dense(16, activation="relu"),
+                                    tf.keras.layers.Dense(1, activation="sigmoid")])
+    m = app.train(model=build, data=_split(x, (y > 0).astype(np.int64)),
+                  loss="binary_crossentropy", epochs=4, learning_rate=1e-2, batch_size=32,
+                  loop="custom", precision="float32", progress="lines", save_model=False,
+                  output=str(tmp_path / "run"))
+    assert m["epochs"][-1]["val_accuracy"] >= 0.95, m["epochs"]
+
+
 def test_string_labels_are_one_line(tmp_path):
     import tensorflow as tf
 
