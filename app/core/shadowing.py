@@ -1,4 +1,5 @@
-"""A user's file with the name of one of Python's own modules, imported in its place.
+"""A user's file with the name of one of Python's own modules (or of TensorFlow's), imported
+in its place.
 
 ``python -m app`` puts the current folder first on ``sys.path`` (as ``python script.py``
 puts the script's), so a ``glob.py`` or ``types.py`` there is what ``import glob`` finds,
@@ -43,14 +44,20 @@ def stdlib_names() -> frozenset:
     return frozenset(names)
 
 
+# What TensorFlow itself is made of and imports first: a keras.py or numpy.py of one's own
+# (a common name for a first experiment) breaks it the same way.
+TENSORFLOWS_OWN = frozenset({"tensorflow", "keras", "numpy", "absl", "google", "h5py",
+                             "tensorboard", "ml_dtypes", "wrapt", "gast", "opt_einsum"})
+
+
 def namesakes(folder: str) -> List[Tuple[str, str]]:
     """(file, module) for each module file or package in ``folder`` whose name is one of
-    Python's own modules."""
+    Python's own modules, or of the packages TensorFlow is made of."""
     try:
         entries = sorted(os.listdir(folder))
     except OSError:
         return []
-    std = stdlib_names()
+    std = stdlib_names() | TENSORFLOWS_OWN
     out = []
     for entry in entries:
         path = os.path.join(folder, entry)
@@ -84,13 +91,14 @@ def refuse_namesakes(folder: Optional[str]) -> None:
     except Exception as exc:   # whatever the namesake made of it
         files = ", ".join(f for f, _ in found)
         raise UsageError(f"TensorFlow failed to import ({type(exc).__name__}: {exc}), with "
-                         f"{files} in {folder}, named like Python's own module(s), first on "
+                         f"{files} in {folder}, named like a module it imports, first on "
                          "the import path", allowed) from None
     taken = [(f, name) for f, name in found
              if _from(sys.modules.get(name), os.path.join(folder, f))]
     if taken:
         f, name = taken[0]
-        raise UsageError(f"{os.path.join(folder, f)} was imported in place of Python's own "
+        whose = "Python's own" if name in stdlib_names() else "TensorFlow's"
+        raise UsageError(f"{os.path.join(folder, f)} was imported in place of {whose} "
                          f"module {name!r} (the current folder comes first on the import "
                          "path)", allowed)
 

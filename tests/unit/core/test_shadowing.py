@@ -29,7 +29,9 @@ def test_namesakes_are_module_files_and_packages_only(tmp_path):
     (tmp_path / "types").mkdir()            # a folder that is no package: never imported
     (tmp_path / "mymodel.py").write_text("")
     (tmp_path / "math.txt").write_text("")
-    assert shadowing.namesakes(str(tmp_path)) == [("glob.py", "glob"), ("json", "json")]
+    (tmp_path / "keras.py").write_text("")  # a first experiment's name: TensorFlow's own
+    assert shadowing.namesakes(str(tmp_path)) == [("glob.py", "glob"), ("json", "json"),
+                                                  ("keras.py", "keras")]
     assert shadowing.namesakes(str(tmp_path / "nowhere")) == []
 
 
@@ -51,7 +53,7 @@ def test_a_file_that_breaks_tensorflows_import_is_named(tmp_path):
     assert proc.returncode == 2, proc.stderr
     [line] = error_lines(proc.stderr)
     assert line.startswith("error: TensorFlow failed to import (")
-    assert line.endswith(f"with glob.py in {tmp_path}, named like Python's own module(s), first "
+    assert line.endswith(f"with glob.py in {tmp_path}, named like a module it imports, first "
                          "on the import path; allowed: rename the file, or run from another "
                          "folder")
     assert "Traceback" not in proc.stderr
@@ -71,3 +73,12 @@ def test_a_console_script_has_no_user_folder_first(monkeypatch, tmp_path):
     assert shadowing.user_folder() is None
     monkeypatch.setattr(sys, "path", [""] + sys.path[1:])
     assert shadowing.user_folder() == os.getcwd()
+
+
+def test_a_keras_py_of_ones_own_is_named_as_tensorflows_module(tmp_path):
+    (tmp_path / "keras.py").write_text("print('my experiment')\n")
+    proc = run_app("env", cwd=str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    [line] = error_lines(proc.stderr)
+    assert "keras.py" in line and "rename the file" in line, line
+    assert "Traceback" not in proc.stderr
