@@ -22,6 +22,15 @@ from typing import Any, Callable, Optional
 from app.core.errors import UsageError
 
 
+def _no_namesakes() -> None:
+    """A notebook's folder comes first on its kernel's import path, as the current one does
+    for ``python -m app``: a glob.py there, imported by TensorFlow in its module's place,
+    would end the run at its first checkpoint (``app.core.shadowing``)."""
+    from app.core import shadowing
+
+    shadowing.refuse_namesakes(shadowing.user_folder())
+
+
 def _config(model, data, settings: dict):
     from app.training.config import TrainConfig, resolve_config
     from app.task.task import Task
@@ -55,6 +64,7 @@ def train(model: Any = "mlp", data: Any = "mnist", *, precision: Optional[str] =
     """
     from app.training.job import train as run_training
 
+    _no_namesakes()
     cfg, task = _config(model, data, dict(settings, precision=precision, loop=loop,
                                           epochs=epochs, output=output))
     return run_training(cfg, on_step=on_step, task=task)
@@ -64,4 +74,5 @@ def check(model: Any, data: Any = None, **settings) -> dict:
     """The mixed-precision doctor (``tfmp check``): the report as a dict."""
     from app.doctor.check import check as run_check
 
+    _no_namesakes()
     return run_check(model=model, data=data, **settings)

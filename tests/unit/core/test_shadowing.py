@@ -82,3 +82,23 @@ def test_a_keras_py_of_ones_own_is_named_as_tensorflows_module(tmp_path):
     [line] = error_lines(proc.stderr)
     assert "keras.py" in line and "rename the file" in line, line
     assert "Traceback" not in proc.stderr
+
+
+def test_a_notebooks_folder_is_checked_by_the_python_api(tmp_path):
+    """A kernel's import path starts with the notebook's folder, as `python -c` does."""
+    import subprocess
+
+    from tests.paths import ROOT
+    (tmp_path / "glob.py").write_text("x = 1\n")
+    script = ("import app\nfrom app.core.errors import UsageError\ntry:\n"
+              "    app.train(model='mlp', data='synthetic', epochs=1, output='run')\n"
+              "except UsageError as exc:\n    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path), text=True,
+                          capture_output=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        f"error: {tmp_path / 'glob.py'} was imported in place of Python's own module 'glob' "
+        "(the current folder comes first on the import path); allowed: rename the file, or "
+        "run from another folder")
+    assert not (tmp_path / "run").exists()
