@@ -148,9 +148,11 @@ class Task:
         from app.precision.policy import global_policy_name
         from app.task.model_layers import policy_mismatch
 
+        warnings = _output_warnings(model, prediction)
         mismatch = policy_mismatch(model, global_policy_name(), float32_paths)
-        return BuiltModel(model, optimizer, loss_fn, make_metrics, notes,
-                          [mismatch] * bool(mismatch) + _output_warnings(model, prediction),
+        if mismatch:
+            warnings.insert(0, mismatch)
+        return BuiltModel(model, optimizer, loss_fn, make_metrics, notes, warnings,
                           float32_paths)
 
 
