@@ -252,11 +252,46 @@ def _image_folder(image_dir: str, image_size: int, batch_size: int, seed: int, m
     if max_val:
         val, n_val = val.take(max_val), min(n_val, max_val)
     scale = lambda x, y: (tf.cast(x, tf.float32) / 255.0, tf.cast(y, tf.int32))  # noqa: E731
-    train = (train.map(scale, num_parallel_calls=tf.data.AUTOTUNE).cache()
-             .shuffle(max(n_train, 1), seed=seed).batch(batch_size).prefetch(tf.data.AUTOTUNE))
-    val = val.map(scale).cache().batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    files = list(getattr(train, "file_paths", [])) + list(getattr(val, "file_paths", []))
+    train = train.map(scale, num_parallel_calls=tf.data.AUTOTUNE).cache()
+    val = val.map(scale).cache()
+    for part in (train, val):
+        _decoded(part, files, image_dir)
+    train = (train.shuffle(max(n_train, 1), seed=seed).batch(batch_size)
+             .prefetch(tf.data.AUTOTUNE))
+    val = val.batch(batch_size).prefetch(tf.data.AUTOTUNE)
     return DataBundle(train, val, (image_size, image_size, 3), len(classes), n_train, n_val,
                       classes)
+
+
+def _decoded(cached, files, image_dir: str) -> None:
+    """Read ``cached`` (the decoded images, behind ``cache()``) once to its end: that fills
+    the cache the first epoch would fill, and an image that does not decode (a text file
+    named .png, a truncated GIF) stops the load here in one line naming it, not the
+    training midway with TensorFlow's "Invalid GIF data" traceback."""
+    import tensorflow as tf
+
+    try:
+        cached.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+    except tf.errors.InvalidArgumentError as exc:
+        bad = [os.path.relpath(f, image_dir) for f in files if not _decodes(f)]
+        first = (exc.message or str(exc)).strip().splitlines()[0][:160]
+        raise UsageError(
+            f"image directory {image_dir!r}: "
+            + (f"{len(bad)} file(s) cannot be decoded as images: {', '.join(bad[:12])}"
+               + (f" and {len(bad) - 12} more" if len(bad) > 12 else "") if bad else
+               f"an image cannot be decoded ({first})"),
+            "JPEG, PNG, BMP or GIF files: repair, convert or remove those") from None
+
+
+def _decodes(path: str) -> bool:
+    import tensorflow as tf
+
+    try:
+        tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        return True
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+        return False
 
 
 def load(dataset: str, input_shape, batch_size: int, data_dir: str | None = None, *,

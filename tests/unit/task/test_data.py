@@ -65,6 +65,32 @@ def test_image_folder(tmp_path):
     assert float(np.max(x)) <= 1.0
 
 
+def test_an_image_that_does_not_decode_is_named_at_load(tmp_path):
+    """A text file named .png and a truncated GIF named .jpg: the training stopped midway
+    in TensorFlow's "Invalid GIF data" traceback."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    for cls in ("cats", "dogs"):
+        os.makedirs(tmp_path / cls)
+        for i in range(6):
+            img = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)
+            tf.io.write_file(str(tmp_path / cls / f"{i}.png"), tf.io.encode_png(img))
+    (tmp_path / "cats" / "notes.png").write_text("not an image")
+    (tmp_path / "dogs" / "cut.jpg").write_bytes(b"GIF89a and then nothing")
+    with pytest.raises(UsageError) as caught:
+        data.load("images", (32, 32, 3), 4, image_dir=str(tmp_path))
+    assert str(caught.value) == (
+        f"error: image directory {str(tmp_path)!r}: 2 file(s) cannot be decoded as images: "
+        f"{os.path.join('cats', 'notes.png')}, {os.path.join('dogs', 'cut.jpg')}; allowed: "
+        "JPEG, PNG, BMP or GIF files: repair, convert or remove those")
+    (tmp_path / "cats" / "notes.png").unlink()
+    (tmp_path / "dogs" / "cut.jpg").unlink()
+    bundle = data.load("images", (32, 32, 3), 4, image_dir=str(tmp_path))
+    assert bundle.train_samples + bundle.val_samples == 12
+    assert sum(int(x.shape[0]) for x, _ in bundle.train) == bundle.train_samples
+
+
 def test_in_memory_batches_cover_every_row_once_in_a_new_order_each_epoch():
     from app.task.data import make_dataset
 
