@@ -43,10 +43,15 @@ def top2(y_true, y_pred):
     return tf.keras.metrics.sparse_top_k_categorical_accuracy(y_true, y_pred, k=2)
 
 
-# Made when the module is imported, before any run sets its policy: every layer float32.
+# Made when the module is imported, before any run sets its policy: every layer float32
+# (under float32 whatever policy the importing process holds then, so no test order
+# changes what it stands for).
+_POLICY_THEN = tf.keras.mixed_precision.global_policy()
+tf.keras.mixed_precision.set_global_policy("float32")
 MADE_AT_IMPORT = tf.keras.Sequential([tf.keras.Input(shape=(28, 28, 1)),
                                       tf.keras.layers.Flatten(),
                                       tf.keras.layers.Dense(10, name="made_early")])
+tf.keras.mixed_precision.set_global_policy(_POLICY_THEN)
 
 
 def made_at_import(input_shape, num_classes):
