@@ -12,6 +12,7 @@ a ``test.py`` that nothing imports is left alone.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -20,6 +21,7 @@ from typing import List, Optional, Tuple
 from app.core.errors import UsageError
 
 
+@functools.lru_cache(maxsize=None)
 def stdlib_names() -> frozenset:
     """The top-level names of Python's standard library (3.10+ lists them; before that, the
     standard library's folders are read)."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from app.core import catalog as registry
 from app.core.errors import UsageError
-from app.task.data_rows import DataRows, unread_rows
+from app.task.data_rows import DataRows, listed, unread_rows
 
 SYNTHETIC_TRAIN, SYNTHETIC_VAL = 2048, 512
 _ALLOWED_FIX = ("delete the file to download it again, or replace it with the standard "
@@ -278,8 +278,7 @@ def _decoded(cached, files, image_dir: str) -> None:
         first = (exc.message or str(exc)).strip().splitlines()[0][:160]
         raise UsageError(
             f"image directory {image_dir!r}: "
-            + (f"{len(bad)} file(s) cannot be decoded as images: {', '.join(bad[:12])}"
-               + (f" and {len(bad) - 12} more" if len(bad) > 12 else "") if bad else
+            + (f"{len(bad)} file(s) cannot be decoded as images: {listed(bad)}" if bad else
                f"an image cannot be decoded ({first})"),
             "JPEG, PNG, BMP or GIF files: repair, convert or remove those") from None
 

@@ -84,7 +84,9 @@ def policy_mismatch(model, policy: str, float32_paths=()) -> Optional[str]:
     under another policy, which has no loss scaling for it.  None when they agree (layers
     set to float32 on purpose, beside 16-bit ones, are no mismatch; nor are those
     ``--float32-layers`` names, ``float32_paths``)."""
-    wanted = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}.get(policy, "float32")
+    import tensorflow as tf
+
+    wanted = tf.keras.mixed_precision.Policy(policy).compute_dtype
     dtypes = [(path, dtype_name(getattr(layer, "compute_dtype", None)))
               for path, layer, _ in walk(model) if not is_model(layer)
               and not any(path == p or path.startswith(p + "/") for p in float32_paths)]
