@@ -13,10 +13,9 @@ from typing import Dict, List, Optional, Sequence
 
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding
 from app.task.float32_layers import FLAG as F32_FLAG, flag as f32_flag
-from app.task.model_layers import dtype_name, is_model
+from app.task.model_layers import SIXTEEN, dtype_name, is_model
 from app.precision.policy import TENSOR_CORE_MULTIPLE, off_tensor_core_tiles, round_to_tiles
 
-SIXTEEN = ("float16", "bfloat16")
 OUTPUT_FIX = ("make the last layer float32: dtype='float32' on it (e.g. Dense(n, "
               "activation='softmax', dtype='float32')), or add "
               "tf.keras.layers.Activation('linear', dtype='float32') after it")

@@ -8,6 +8,10 @@ from typing import List, Optional, Tuple
 from app.machine import kernels
 
 
+# The 16-bit compute dtypes of the mixed policies.
+SIXTEEN = ("float16", "bfloat16")
+
+
 def dtype_name(d) -> Optional[str]:
     """A dtype's name ('float16'), whether TensorFlow's DType or Keras 3's string; None for
     None."""
@@ -95,7 +99,7 @@ def policy_mismatch(model, policy: str, float32_paths=()) -> Optional[str]:
         return None
     fix = ("build the model inside the model function, which the run calls after it sets "
            "the policy (to app.train pass the function, not a model already built)")
-    other = [(path, d) for path, d in dtypes if d in ("float16", "bfloat16") and d != wanted]
+    other = [(path, d) for path, d in dtypes if d in SIXTEEN and d != wanted]
     if other:
         kind = other[0][1]
         scaled = (f", and this run has no loss scaling for {kind}: small gradients flush to 0"
