@@ -56,6 +56,9 @@ _GRAY_DATASETS = ("mnist", "fashion_mnist")
 _COLOUR_DATASETS = ("cifar10", "images")
 
 POLICIES: Tuple[str, ...] = ("float32", "mixed_float16", "mixed_bfloat16")
+# The compute dtypes of the mixed policies: what the layer checks, the dtype-mismatch warning
+# and the sentinel's headroom call 16-bit.
+SIXTEEN_BIT: Tuple[str, ...] = ("float16", "bfloat16")
 PRECISIONS: Tuple[str, ...] = POLICIES + ("auto",)
 BASELINE_POLICY = "float32"
 # What the dynamic LossScaleOptimizer starts with (Keras' own default too).

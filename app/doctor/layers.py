@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
+from app.core.catalog import SIXTEEN_BIT
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding
 from app.task.float32_layers import FLAG as F32_FLAG, flag as f32_flag
-from app.task.model_layers import SIXTEEN, dtype_name, is_model
+from app.task.model_layers import dtype_name, is_model
 from app.precision.policy import TENSOR_CORE_MULTIPLE, off_tensor_core_tiles, round_to_tiles
 
 OUTPUT_FIX = ("make the last layer float32: dtype='float32' on it (e.g. Dense(n, "
@@ -96,7 +97,7 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs,
 
     for path, layer, _ in layers:
         row = by_path[path]
-        if row["variable_dtype"] and any(d in SIXTEEN for d in row["variable_dtype"].split(",")):
+        if row["variable_dtype"] and any(d in SIXTEEN_BIT for d in row["variable_dtype"].split(",")):
             findings.append(Finding(
                 WARNING, "variable_dtype", path,
                 f"its variables are {row['variable_dtype']} (policy {row['policy']}): small "
@@ -107,7 +108,7 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs,
                 "variables, 16-bit math"))
     if mixed:
         findings += _float32_layers(entries, computing, by_path, policy, chosen)
-        upcasting = [p for p, l, _ in computing if by_path[p]["compute_dtype"] in SIXTEEN
+        upcasting = [p for p, l, _ in computing if by_path[p]["compute_dtype"] in SIXTEEN_BIT
                      and by_path[p]["output_dtype"] == "float32" and not _is_cast(l)]
         for path in upcasting:
             if any(other.startswith(path + "/") for other in upcasting):
@@ -121,7 +122,7 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs,
                 AWARE_FIX))
         for path, layer, _ in computing:
             row = by_path[path]
-            if row["compute_dtype"] in SIXTEEN and _is_softmax(layer) and not any(
+            if row["compute_dtype"] in SIXTEEN_BIT and _is_softmax(layer) and not any(
                     out_layer is layer for _, out_layer in model_outputs):
                 findings.append(Finding(
                     WARNING, "softmax_16bit", path,
@@ -131,7 +132,7 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs,
                     "dtype='float32') as the last layer"))
     path_of = {id(l): p for p, l, _ in entries}
     for dtype, out_layer in model_outputs:
-        if dtype in SIXTEEN:
+        if dtype in SIXTEEN_BIT:
             name = path_of.get(id(out_layer), getattr(out_layer, "name", None))
             kind = ("softmax" if out_layer is not None and _is_softmax(out_layer)
                     else "output (logits or values)")
@@ -206,7 +207,7 @@ def _float32_layers(entries, computing, by_path, policy, chosen=()) -> List[Find
                 "rebuild it under the policy and load its weights (set the policy before "
                 "creating it)"))
     last16 = max((i for i, (p, l, par) in enumerate(computing)
-                  if by_path[p]["compute_dtype"] in SIXTEEN), default=-1)
+                  if by_path[p]["compute_dtype"] in SIXTEEN_BIT), default=-1)
     for i, (path, layer, parent) in enumerate(computing):
         if by_path[path]["compute_dtype"] != "float32" or (parent is not None and
                                                            id(parent) in reported_parents):
@@ -248,7 +249,7 @@ def tensor_core_findings(entries, rows, batch_size: int, num_classes: Optional[i
     off = off_tensor_core_tiles
 
     sixteen = [(p, l) for p, l, _ in entries
-               if not is_model(l) and by_path[p]["compute_dtype"] in SIXTEEN]
+               if not is_model(l) and by_path[p]["compute_dtype"] in SIXTEEN_BIT]
     dense = [(p, l) for p, l in sixteen if hasattr(l, "units") and _kernel_shape(l)]
     output_dense = dense[-1][0] if dense and num_classes and \
         int(dense[-1][1].units) == int(num_classes) else None

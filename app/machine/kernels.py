@@ -34,7 +34,7 @@ from app.core.errors import PrecisionUnsupported, unprefixed
 # The only policy probed: float32 and float16 have CPU kernels for every kind here (TF 2.9.3,
 # oneDNN on and off, measured), and on GPUs float16 is what TensorFlow's kernels serve first.
 PROBED_POLICY = "mixed_bfloat16"
-SIXTEEN_BIT = "bfloat16"
+PROBED_DTYPE = "bfloat16"  # its compute dtype
 
 # The kinds probed, named by the Keras class that stands for them.
 KINDS: Tuple[str, ...] = (
@@ -235,7 +235,7 @@ def reconcile(policy: str, m: Machine, probe_errors: Optional[Mapping[str, str]]
     failing = {}
     for kind, error in probe_errors.items():
         failing[kind] = rule.get(kind) or Cause(
-            f"TensorFlow {m.tensorflow} has no {SIXTEEN_BIT} kernel for {{what}} here (a tiny "
+            f"TensorFlow {m.tensorflow} has no {PROBED_DTYPE} kernel for {{what}} here (a tiny "
             f"{kind} failed forward or backward: {error})")
     return Support(policy, failing, True, dict(probe_errors), dnn)
 

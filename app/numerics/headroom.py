@@ -17,6 +17,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 import tensorflow as tf
 
+from app.core.catalog import SIXTEEN_BIT
 from app.numerics import limits
 from app.numerics.tap import Tap, largest_finite
 from app.precision import finite
@@ -80,7 +81,7 @@ class Headroom:
         """Record one probe; returns the warnings it gives (each layer warns once)."""
         warnings = []
         for path, (dtype, largest, finite) in measured.items():
-            if dtype not in limits.SIXTEEN_BIT and dtype not in limits.LARGEST:
+            if dtype not in SIXTEEN_BIT and dtype not in limits.LARGEST:
                 continue
             bits = limits.headroom_bits(largest if finite else math.inf, dtype or "float32")
             rec = self.layers.setdefault(path, {"dtype": dtype, "least_bits": None,

@@ -12,7 +12,6 @@ LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
 # constant below it, an epsilon of 1e-12 say, is 0 once cast.
 SMALLEST = {"float16": 5.960464477539063e-08, "bfloat16": 9.183549615799121e-41,
             "float32": 1.401298464324817e-45}
-SIXTEEN_BIT = ("float16", "bfloat16")
 # Under this many bits of headroom (within 4x of the limit) the sentinel warns, once a layer.
 WARN_BITS = 2.0
 

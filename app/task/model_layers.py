@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+from app.core.catalog import SIXTEEN_BIT
 from app.machine import kernels
-
-
-# The 16-bit compute dtypes of the mixed policies.
-SIXTEEN = ("float16", "bfloat16")
 
 
 def dtype_name(d) -> Optional[str]:
@@ -62,7 +59,7 @@ def sixteen_bit_layers(model) -> List[Tuple[str, str, Optional[str]]]:
     out = []
     for path, layer, _parent in walk(model):
         dtype = getattr(layer, "compute_dtype", None)
-        if dtype_name(dtype) == kernels.SIXTEEN_BIT and \
+        if dtype_name(dtype) == kernels.PROBED_DTYPE and \
                 not isinstance(layer, tf.keras.Model):
             out.append((path, type(layer).__name__, kernels.kind_of(layer)))
     return out
@@ -99,7 +96,7 @@ def policy_mismatch(model, policy: str, float32_paths=()) -> Optional[str]:
         return None
     fix = ("build the model inside the model function, which the run calls after it sets "
            "the policy (to app.train pass the function, not a model already built)")
-    other = [(path, d) for path, d in dtypes if d in SIXTEEN and d != wanted]
+    other = [(path, d) for path, d in dtypes if d in SIXTEEN_BIT and d != wanted]
     if other:
         kind = other[0][1]
         scaled = (f", and this run has no loss scaling for {kind}: small gradients flush to 0"
