@@ -19,7 +19,8 @@
 #   self-test [ARGS]    the image's own pytest on the shipped tests (GPU tests run
 #                       when a GPU is visible); ARGS go to pytest
 #   anything else       run as user tf, exit status passed through
-#                       (e.g. `tfmp train ...`, `bash -lc '...'`)
+#                       (e.g. `tfmp train ...`, `bash -lc '...'`); a tfmp command
+#                       alone (`train ...`) is `tfmp train ...`
 #
 # This file is the core: it fits the user (UID/GID, home), then sources the parts
 # by phase, each folder in name order:
@@ -86,6 +87,10 @@ readonly PARTS_DIR=/usr/local/lib/tfmp/start
 # this one, or a read-only mount, puts files there).
 readonly HOOKS_DIR=/usr/local/bin
 readonly RUN_HOOKS=/usr/local/bin/run-hooks.sh
+# tfmp's commands (app/commands/__init__.py's COMMANDS; tests/unit/docker checks the two
+# agree): `docker run IMAGE train ...` is `tfmp train ...`, as a training container's
+# command is in SageMaker's convention.
+readonly TFMP_COMMANDS=(train env benchmark notebooks check tune)
 # Start-up secrets and internal variables: never passed to user processes.
 readonly PRIVATE_VARS=(JUPYTER_TOKEN SSH_PASSWORD PUBLIC_KEY TFMP_JUPYTER_TOKEN_PATH)
 
@@ -506,8 +511,28 @@ main() {
       shift
       self_test "$@"
       ;;
-    *) exec "${USER_CMD[@]}" "$@" ;;
+    *)
+      batch_command "$@"
+      exec "${USER_CMD[@]}" "${BATCH_CMD[@]}"
+      ;;
   esac
+}
+
+# Sets BATCH_CMD, the command line a batch job runs: a tfmp command's name alone (`train`)
+# becomes `tfmp train`, unless a program of that name is on PATH.  A program that is nowhere
+# is one line and status 127, as a shell says it, not env's "No such file or directory".
+batch_command() {
+  BATCH_CMD=("$@")
+  command -v -- "$1" >/dev/null 2>&1 && return 0
+  local name
+  for name in "${TFMP_COMMANDS[@]}"; do
+    if [[ $1 == "$name" ]]; then
+      BATCH_CMD=(tfmp "$@")
+      return 0
+    fi
+  done
+  log FATAL "no program named '$1' in the image (nothing on PATH, not a tfmp command); allowed: tfmp COMMAND or the command alone (${TFMP_COMMANDS[*]}), serve, self-test, or a program on PATH (python, bash -lc '...')"
+  exit 127
 }
 
 main "$@"

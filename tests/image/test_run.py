@@ -92,6 +92,20 @@ def test_batch_tfmp_command_runs_the_package_beside_a_users_app_py(image, tmp_pa
     assert "XLA on GPU:    can compile (libdevice /usr/local/cuda" in format_text(report)
 
 
+def test_a_tfmp_command_alone_runs_tfmp_and_an_unknown_program_is_one_line(image):
+    """`docker run IMAGE tune ...` is `tfmp tune ...` (it used to end in env's "'tune': No
+    such file or directory"); a program that is nowhere is one line and status 127."""
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", command=["tune", "--help"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("usage: tfmp tune"), proc.stdout[:500]
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", command=["trian", "--epochs", "1"])
+    assert proc.returncode == 127, proc.stdout + proc.stderr
+    fatal = [line for line in proc.stderr.splitlines() if "FATAL" in line]
+    assert len(fatal) == 1 and "no program named 'trian'" in fatal[0] \
+        and "tfmp COMMAND" in fatal[0], proc.stderr
+    assert "No such file" not in proc.stderr, proc.stderr
+
+
 def test_batch_app_usage_error_is_exit_2(image):
     proc = docker_run(image, "-e", "TFMP_QUIET=1",
                       command=["python", "-m", "app", "train", "--precision", "fp8"])

@@ -209,3 +209,14 @@ def test_serve_parts_carry_no_mode_guard():
     """The phase is the folder (docker/start/always, docker/start/serve), not a guard."""
     for path in (REPO / "docker/start").rglob("*.sh"):
         assert "$MODE == serve ]] || return" not in path.read_text(), path
+
+
+def test_the_entrypoint_knows_every_tfmp_command():
+    """`docker run IMAGE train ...` runs `tfmp train ...`: the entrypoint's list of the
+    commands it passes to tfmp is the package's own."""
+    from app.commands import COMMANDS
+
+    listed = re.search(r"^readonly TFMP_COMMANDS=\(([^)]*)\)", (REPO / "entrypoint.sh").read_text(),
+                       re.M)
+    assert listed, "entrypoint.sh has no TFMP_COMMANDS"
+    assert sorted(listed.group(1).split()) == sorted(COMMANDS)
