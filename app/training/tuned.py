@@ -167,8 +167,9 @@ def optimization_note(configured_batch: int, batch_size: int, mode: str,
         return (f"batch {batch_size} is {ratio:.2g}x the {configured_batch} the learning rate "
                 f"was set for: --scale-lr linear makes it {new_learning_rate:g} "
                 f"(from {learning_rate:g})")
+    steps = "fewer, larger" if ratio > 1 else "more, smaller"
     return (f"batch {batch_size} is {ratio:.2g}x the {configured_batch} the learning rate was "
-            f"set for: fewer, larger steps per epoch change the optimisation; consider "
+            f"set for: {steps} steps per epoch change the optimisation; consider "
             f"--scale-lr linear (learning rate {learning_rate * ratio:g})")
 
 

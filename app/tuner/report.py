@@ -22,7 +22,7 @@ COLOURS = {"float32": "#4c72b0", "mixed_float16": "#dd8452", "mixed_bfloat16": "
 
 def precision_entry(result: search.SearchResult, verify_trials: List[search.Trial]) -> dict:
     """One policy's block of tune.json."""
-    best = search.best_batch(result.trials)
+    best = result.best()
     per_sample = search.memory_per_sample(result.trials)
     return {
         "max_batch": result.max_batch,
@@ -32,6 +32,7 @@ def precision_entry(result: search.SearchResult, verify_trials: List[search.Tria
         "memory_per_sample_bytes": round(per_sample) if per_sample is not None else None,
         "stopped": result.stopped,
         "cap": result.cap,
+        "train_samples": result.train_samples,
         "trials": [t.to_dict() for t in result.trials + verify_trials],
     }
 

@@ -12,7 +12,9 @@ Rules (issue 16, and what other tuners' users complained about):
   two are 8 apart;
 * "fits" means the trial ran *and* its peak stayed within ``budget x (1 - margin)``;
 * every size reported was run: ``max_batch`` is always a trial that fitted;
-* a time budget ends the search with the best size found so far.
+* a time budget ends the search with the best size found so far;
+* the training set bounds the batch to a tenth of it (``updates_limit``), so that an epoch
+  is at least ``MIN_UPDATES_PER_EPOCH`` updates.
 
 Narrowing the bracket: peak memory grows almost linearly with the batch (the activations),
 so the next size is where the memory line crosses the limit (rounded down to a multiple of
@@ -37,6 +39,11 @@ DEFAULT_CAP = 4096
 # smallest of them is the best batch (less memory, the optimisation closer to what the model
 # was tuned for, and a 2-3 % difference is below one trial's measurement noise).
 SPEED_TIE = 0.03
+# The fewest updates an epoch a chosen batch leaves.  A batch that is most of a small
+# training set trains in a handful of updates however fast each step is: 1,200 samples of
+# 64 features, 10 classes, 5 epochs, batch 1,200 (what the search chose when only the set's
+# size bounded it) reached val accuracy 0.23, batch 128 (9 updates an epoch) 0.99.
+MIN_UPDATES_PER_EPOCH = 10
 
 
 @dataclass
@@ -76,6 +83,7 @@ class SearchResult:
     max_batch: Optional[int] = None
     stopped: str = "boundary"        # boundary | cap | data | time
     cap: int = DEFAULT_CAP
+    train_samples: Optional[int] = None   # the training set's size, once a trial loaded it
 
     @property
     def fitting(self) -> List[Trial]:
@@ -84,10 +92,21 @@ class SearchResult:
     def smallest_tried(self) -> Optional[Trial]:
         return min(self.trials, key=lambda t: t.batch_size) if self.trials else None
 
+    def best(self) -> Optional[Trial]:
+        """``best_batch`` of the sizes within the cap (a first trial may have run above the
+        limit the training set then set)."""
+        return best_batch([t for t in self.trials if t.batch_size <= self.cap])
+
 
 def round_down(n: float) -> int:
     """The largest multiple of STEP not above ``n`` (at least 0)."""
     return max(0, int(math.floor(n / STEP)) * STEP)
+
+
+def updates_limit(train_samples: int) -> int:
+    """The largest batch (a multiple of STEP, at least STEP) that leaves an epoch of
+    ``train_samples`` at least MIN_UPDATES_PER_EPOCH updates."""
+    return max(STEP, round_down(train_samples / MIN_UPDATES_PER_EPOCH))
 
 
 def memory_limit(budget_bytes: int, margin: float) -> int:
@@ -163,8 +182,9 @@ def find_max_batch(run_trial: Callable[[int], Outcome], *, budget_bytes: int, ma
 
     def probe(batch: int) -> Trial:
         outcome = run_trial(batch)
-        if outcome.data_limit is not None and round_down(outcome.data_limit) < result.cap:
-            result.cap = max(STEP, round_down(outcome.data_limit))
+        if outcome.data_limit is not None:
+            result.train_samples = outcome.data_limit
+            result.cap = min(result.cap, updates_limit(outcome.data_limit))
         trial = judge(batch, outcome, limit)
         result.trials.append(trial)
         seen[batch] = trial
@@ -176,12 +196,9 @@ def find_max_batch(run_trial: Callable[[int], Outcome], *, budget_bytes: int, ma
     batch = min(round_down(start) or STEP, result.cap)
     while not out_of_time():
         trial = probe(batch)
-        if not trial.fits and batch > result.cap:
-            # The training set, not memory, ruled this size out (its size was unknown
+        if batch > result.cap:
+            # The training set, not memory, rules this size out (its size was unknown
             # until a trial loaded it): go on at the data's own limit.
-            if lo is not None and lo.batch_size >= result.cap:
-                result.stopped = "data"
-                break
             batch = result.cap
             continue
         if trial.fits:
@@ -236,9 +253,16 @@ def choose(best: Dict[str, Optional[Trial]]) -> Optional[tuple]:
     return max(candidates, key=lambda pt: pt[1].samples_per_second)
 
 
+# Peaks closer than this tell no slope: on a CPU the same size's peak resident memory varies
+# by a few tens of MiB from run to run (docs/tune.md).
+PEAK_NOISE_BYTES = 32 * 2**20
+
+
 def memory_per_sample(trials: List[Trial]) -> Optional[float]:
     """Bytes of peak memory each extra sample costs: the least-squares slope of peak against
-    batch over the trials that fitted (the fixed part, runtime and weights, drops out)."""
+    batch over the trials that fitted (the fixed part, runtime and weights, drops out).
+    None when the line grows less than PEAK_NOISE_BYTES over the sizes tried: a small model's
+    samples cost less than the noise (a tune measured -5.9 KiB a sample)."""
     points = [(t.batch_size, t.peak_memory_bytes) for t in trials
               if t.fits and t.peak_memory_bytes is not None]
     if len({b for b, _ in points}) < 2:
@@ -247,7 +271,9 @@ def memory_per_sample(trials: List[Trial]) -> Optional[float]:
     mb = sum(b for b, _ in points) / n
     mp = sum(p for _, p in points) / n
     var = sum((b - mb) ** 2 for b, _ in points)
-    return sum((b - mb) * (p - mp) for b, p in points) / var
+    slope = sum((b - mb) * (p - mp) for b, p in points) / var
+    span = max(b for b, _ in points) - min(b for b, _ in points)
+    return slope if slope * span >= PEAK_NOISE_BYTES else None
 
 
 def max_trials(cap: int, start: int = DEFAULT_START) -> int:

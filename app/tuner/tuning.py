@@ -294,7 +294,9 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
         elif r.stopped == "cap":
             notes.append(f"{policy}: the cap {r.cap} fits; a larger --max-batch may fit too")
         elif r.stopped == "data":
-            notes.append(f"{policy}: the training set limits the batch to {r.cap}")
+            notes.append(f"{policy}: the training set ({r.train_samples:,} samples) limits the "
+                         f"batch to {r.cap}, so that an epoch is at least "
+                         f"{search.MIN_UPDATES_PER_EPOCH} updates")
     if not results:
         raise next(iter(left_out.values()))
     if all(r.max_batch is None for r in results.values()):
@@ -311,7 +313,7 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
     for p, r in results.items():
         if r.max_batch is None:
             notes.append(f"{p}: no size fitted")
-    best = {p: search.best_batch(r.trials) for p, r in results.items()}
+    best = {p: r.best() for p, r in results.items()}
     out = _Outcome(results)
     if global_batch is not None:
         policy, chosen = plan_mod.measure(results, runner, bar, limit, global_batch,

@@ -34,7 +34,7 @@ def test_tune_under_a_container_memory_limit(image, tmp_path):
     shutil.copy(HEAVY, tmp_path / "heavy.py")
     os.chown(tmp_path / "heavy.py", HOST_UID, HOST_GID)
     tune = ["tfmp", "tune", "--model", "./heavy.py:build", "--dataset", "synthetic",
-            "--input-shape", "64,64,3", "--max-train-samples", "256",
+            "--input-shape", "64,64,3",   # generated data: no training set bounds the batch
             "--precision", "float32,mixed_bfloat16", "--margin", "0", "--steps", "1",
             "--global-batch", str(GLOBAL_BATCH), "--output", "/workspace/tune"]
     # ...then the choice trained in the same container, under the same limit.

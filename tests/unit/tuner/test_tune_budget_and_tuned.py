@@ -214,6 +214,8 @@ def test_linear_learning_rate_scaling():
     assert tuned.optimization_note(128, 128, "none", 1e-3, 1e-3) is None
     assert "--scale-lr linear" in tuned.optimization_note(128, 512, "none", 1e-3, 1e-3)
     assert "0.004" in tuned.optimization_note(128, 512, "linear", 1e-3, 4e-3)
+    assert "fewer, larger steps" in tuned.optimization_note(128, 512, "none", 1e-3, 1e-3)
+    assert "more, smaller steps" in tuned.optimization_note(128, 120, "none", 1e-3, 1e-3)
 
 
 # ---- the report ------------------------------------------------------------------------

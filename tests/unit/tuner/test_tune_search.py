@@ -156,13 +156,37 @@ def test_time_budget_during_bracketing_keeps_the_last_fit():
     assert r.max_batch <= 296
 
 
-def test_the_training_set_lowers_the_cap():
-    def small_data(batch):
-        if batch > 100:
-            return Outcome(False, None, None, "the training set has only 100 samples", 1.0, 100)
-        return Outcome(True, int((100 + batch) * MIB), 1.0, "", 1.0, 100)
-    r = search.find_max_batch(small_data, budget_bytes=10_000 * MIB, margin=0.1)
-    assert r.max_batch == 96 and r.stopped == "data"
+def _small_data(samples):
+    """Every size fits, faster the larger it is; the trial reports the set's size."""
+    def trial(batch):
+        if batch > samples:
+            return Outcome(False, None, None, f"the training set has only {samples} samples",
+                           1.0, samples)
+        return Outcome(True, int((100 + batch) * MIB), 10.0 * batch, "", 1.0, samples)
+    return trial
+
+
+def test_the_training_set_caps_the_batch_at_a_tenth_of_it():
+    """An epoch of at least MIN_UPDATES_PER_EPOCH updates: 1,000 samples cap the search at
+    96, though every larger size fits and is faster."""
+    r = search.find_max_batch(_small_data(1000), budget_bytes=10_000 * MIB, margin=0.1)
+    assert search.MIN_UPDATES_PER_EPOCH == 10
+    assert (r.max_batch, r.stopped, r.cap, r.train_samples) == (96, "data", 96, 1000)
+    assert [t.batch_size for t in r.trials] == [16, 32, 64, 96]
+    assert r.best().batch_size == 96
+
+
+def test_a_first_trial_above_the_training_sets_limit_is_not_chosen():
+    """100 samples: the first trial (16) ran before the set's size was known; the search goes
+    on at 8, and 8 is the best batch though 16 measured faster."""
+    r = search.find_max_batch(_small_data(100), budget_bytes=10_000 * MIB, margin=0.1)
+    assert [t.batch_size for t in r.trials] == [16, 8]
+    assert (r.max_batch, r.stopped, r.best().batch_size) == (8, "data", 8)
+    assert search.best_batch(r.trials).batch_size == 16   # what the cap keeps out
+
+
+def test_updates_limit_rounds_down_to_the_tile_and_keeps_one():
+    assert [search.updates_limit(n) for n in (0, 79, 80, 1200, 60000)] == [8, 8, 8, 120, 6000]
 
 
 def test_best_batch_is_the_fastest_and_ties_go_to_the_smaller():
@@ -187,6 +211,15 @@ def test_choice_is_the_fastest_precision_at_its_own_best_batch():
 def test_memory_per_sample_is_the_slope_without_the_fixed_part():
     trials = [Trial(b, True, int((650 + 2.1 * b) * MIB), 1.0, "fits") for b in (8, 16, 32, 64)]
     assert search.memory_per_sample(trials) == pytest.approx(2.1 * MIB)
+
+
+def test_memory_per_sample_within_the_noise_is_unknown_not_negative():
+    """A small model: its peaks differ by run-to-run noise, whose slope was -5.9 KiB."""
+    peaks = {16: 340, 32: 339, 64: 341, 128: 339, 120: 338}
+    trials = [Trial(b, True, int(p * MIB), 1.0, "fits") for b, p in peaks.items()]
+    assert search.memory_per_sample(trials) is None
+    trials = [Trial(b, True, int((300 + 0.5 * b) * MIB), 1.0, "fits") for b in (16, 128)]
+    assert search.memory_per_sample(trials) == pytest.approx(0.5 * MIB)   # 56 MiB of growth
 
 
 def test_a_killed_size_above_is_not_read_as_its_peak():
