@@ -42,8 +42,12 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
     losses, skipped, at_floor, run_start, fault = [], 0, 0, 0, None
     previous_skipped = False
     for i, (x, y) in enumerate(batches, start=1):
-        scale = float(loss_scale.current_loss_scale(optimizer))
-        loss, grads = step(x, y, tf.constant(scale))
+        # The scale from the optimizer's own scaling call (1 x the scale): Keras 2's
+        # LossScaleOptimizer then knows the loss was scaled, where it warned "You forgot to
+        # call LossScaleOptimizer.get_scaled_loss()" at every apply of `check --steps`.
+        scaled_one = loss_scale.scale_loss(optimizer, tf.constant(1.0))
+        scale = float(scaled_one)
+        loss, grads = step(x, y, scaled_one)
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         kind = _faulty(loss, [g for g, _ in pairs], optimizer)
         if kind is not None:
