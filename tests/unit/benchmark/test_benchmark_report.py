@@ -97,6 +97,8 @@ def test_files_fields_and_order(tmp_path):
     assert doc["skipped"][0]["policy"] == "mixed_float16" and "no GPU" in doc["skipped"][0]["reason"]
     assert "mixed_float16: no GPU" in printed
     assert "| mixed_bfloat16 |" in printed and "1.20x" in printed
+    # s/epoch to three significant digits (0.833 s showed as 0.83, a 0.0345 s epoch as 0.03)
+    assert "| float32 | 1.00 |" in printed and "| mixed_bfloat16 | 0.833 |" in printed, printed
     assert "Peak RSS of the CPU process (MiB)" in printed
     assert open(os.path.join(out, "benchmark.md")).read().strip() in printed
 
