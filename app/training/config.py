@@ -102,12 +102,15 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
     batch size, a ``tuned`` tune.json; then the default.  ``use_tuned`` False (the
     benchmark, which gives its runs every value explicitly) ignores --tuned/TFMP_TUNED."""
     values: dict[str, Any] = {}
+    from_variables: dict[str, str] = {}   # field -> the TFMP_ variable it came from
     for name in TrainConfig.__dataclass_fields__:
         if name == "tuning" or (not use_tuned and name in TUNED_FIELDS):
             continue
         value = flags.get(name)
         if value is None and name in settings.BY_NAME:
             value = env_value(name, environ)
+            if value is not None:
+                from_variables[name] = env_name(name)
         if value is not None:
             values[name] = value
     if "float32_layers" in values:   # "a, b" or a list -> "a,b" (UsageError for a bad one)
@@ -116,7 +119,7 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
         values["float32_layers"] = float32_layers.text(
             float32_layers.parse(values["float32_layers"]))
     cfg = TrainConfig(**values)
-    validate(cfg)
+    validate(cfg, from_variables)
     if cfg.tuned:
         cfg = _with_tune(cfg, values)
     if cfg.data_dir is None:
@@ -207,20 +210,28 @@ def _spec_or_one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
                          f"{', '.join(allowed)}, MODULE:FUNCTION or path/to/file.py:FUNCTION")
 
 
-def validate(cfg: TrainConfig) -> None:
-    _one_of("precision", cfg.precision, PRECISIONS)
-    _spec_or_one_of("model", cfg.model, MODELS)
-    _spec_or_one_of("dataset", cfg.dataset, DATASETS)
-    _one_of("loop", cfg.loop, LOOPS)
-    _one_of("strategy", cfg.strategy, STRATEGIES)
-    _one_of("scale_lr", cfg.scale_lr, SCALE_LR)
-    _one_of("tf32", cfg.tf32, settings.BY_NAME["tf32"].choices)
+def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) -> None:
+    """Every cheap check of ``cfg``: one UsageError, naming the setting as the user gave it,
+    the TFMP_ variable for a value ``from_variables`` says came from one (a bad
+    TFMP_PRECISION in .env was called "precision", which no flag of theirs said)."""
+    named = dict(from_variables or {})
+
+    def said(name: str) -> str:
+        return named.get(name, name)
+
+    _one_of(said("precision"), cfg.precision, PRECISIONS)
+    _spec_or_one_of(said("model"), cfg.model, MODELS)
+    _spec_or_one_of(said("dataset"), cfg.dataset, DATASETS)
+    _one_of(said("loop"), cfg.loop, LOOPS)
+    _one_of(said("strategy"), cfg.strategy, STRATEGIES)
+    _one_of(said("scale_lr"), cfg.scale_lr, SCALE_LR)
+    _one_of(said("tf32"), cfg.tf32, settings.BY_NAME["tf32"].choices)
     if cfg.profile_steps is not None:
         try:
             settings.parse_step_range(cfg.profile_steps)
         except ValueError:
-            raise UsageError(f"profile_steps must be a range of steps. Received: "
-                             f"profile_steps={cfg.profile_steps!r}",
+            raise UsageError(f"{said('profile_steps')} must be a range of steps. Received: "
+                             f"{said('profile_steps')}={cfg.profile_steps!r}",
                              settings.STEP_RANGE_FORM) from None
     if cfg.scale_lr != "none" and not cfg.tuned:
         raise UsageError(f"scale_lr {cfg.scale_lr!r} applies with --tuned only",
@@ -229,26 +240,28 @@ def validate(cfg: TrainConfig) -> None:
                  "image_size", "numerics_every"):
         v = getattr(cfg, name)
         if not isinstance(v, int) or v < 1:
-            raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
+            raise UsageError(f"{said(name)} must be at least 1. Received: {said(name)}={v!r}",
                              "an integer >= 1")
     check_accumulation(cfg)
     for name in ("max_train_samples", "max_val_samples"):
         v = getattr(cfg, name)
         if v is not None and v < 1:
-            raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
+            raise UsageError(f"{said(name)} must be at least 1. Received: {said(name)}={v!r}",
                              "an integer >= 1, or leave it unset for all samples")
     if not cfg.learning_rate > 0:
-        raise UsageError(f"learning_rate must be positive. Received: learning_rate={cfg.learning_rate!r}",
+        raise UsageError(f"{said('learning_rate')} must be positive. Received: "
+                         f"{said('learning_rate')}={cfg.learning_rate!r}",
                          "a number > 0")
     if not (math.isfinite(cfg.initial_loss_scale) and cfg.initial_loss_scale > 0):
-        raise UsageError("initial_loss_scale must be a finite number > 0. Received: "
-                         f"initial_loss_scale={cfg.initial_loss_scale!r}",
+        raise UsageError(f"{said('initial_loss_scale')} must be a finite number > 0. Received: "
+                         f"{said('initial_loss_scale')}={cfg.initial_loss_scale!r}",
                          f"a number > 0, e.g. {registry.DEFAULT_INITIAL_LOSS_SCALE:g} (2**15)")
     if cfg.dataset == "images" and not cfg.image_dir:
         raise UsageError("dataset 'images' needs --image-dir",
                          "a folder with one subfolder of images per class")
     if cfg.num_classes is not None and (not isinstance(cfg.num_classes, int) or cfg.num_classes < 1):
-        raise UsageError(f"num_classes must be at least 1. Received: num_classes={cfg.num_classes!r}",
+        raise UsageError(f"{said('num_classes')} must be at least 1. Received: "
+                         f"{said('num_classes')}={cfg.num_classes!r}",
                          "an integer >= 1, or leave it unset to count the labels")
     if cfg.float32_layers is not None:
         from app.task import float32_layers

@@ -31,6 +31,26 @@ def test_bad_environment_value_names_the_variable():
     assert "TFMP_EPOCHS" in str(info.value)
 
 
+@pytest.mark.parametrize("variable, value, needle", [
+    ("TFMP_PRECISION", "fp16", "TFMP_PRECISION must be one of float32, mixed_float16"),
+    ("TFMP_LOOP", "gradient", "TFMP_LOOP must be one of fit, custom"),
+    ("TFMP_MODEL", "vgg", "TFMP_MODEL must be one of mlp, cnn, resnet"),
+    ("TFMP_EPOCHS", "0", "TFMP_EPOCHS must be at least 1. Received: TFMP_EPOCHS=0"),
+    ("TFMP_LEARNING_RATE", "-1", "TFMP_LEARNING_RATE must be positive"),
+])
+def test_a_bad_value_from_a_variable_names_the_variable(variable, value, needle):
+    """A bad value in .env or -e is named as the user set it: the variable, not the
+    setting's field (TFMP_PRECISION=fp16 said "precision must be one of ...")."""
+    with pytest.raises(UsageError) as info:
+        resolve_config({}, environ={variable: value})
+    assert needle in str(info.value)
+    # The same value given as a flag is named as the setting.
+    field = variable[len("TFMP_"):].lower()
+    with pytest.raises(UsageError) as info:
+        resolve_config({field: type(getattr(TrainConfig(), field))(value)}, environ={})
+    assert str(info.value).startswith(f"error: {field} must"), str(info.value)
+
+
 @pytest.mark.parametrize("flags, needle", [
     ({"precision": "fp8"}, "precision must be one of"),
     ({"model": "vgg"}, "model must be one of mlp, cnn, resnet"),
