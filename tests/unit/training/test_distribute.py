@@ -108,7 +108,7 @@ def test_logical_cpus_testing_aid():
 
 @pytest.mark.parametrize("args, env, says", [
     (["--strategy", "nccl"], {}, "strategy must be one of"),
-    ([], {"TFMP_STRATEGY": "many"}, "strategy must be one of"),
+    ([], {"TFMP_STRATEGY": "many"}, "TFMP_STRATEGY must be one of"),
     ([], {"TF_CONFIG": "{oops"}, "TF_CONFIG is not valid"),
     (["--strategy", "multi-worker"], {"TF_CONFIG": '{"cluster": {"ps": ["a:1"]}}'},
      "TF_CONFIG is not valid"),
