@@ -16,6 +16,7 @@
 #                       start-singleuser.py, start-singleuser.sh, jupyterhub-singleuser:
 #                       KubeSpawner's default) are the same as `serve`; `start.sh CMD`
 #                       is CMD
+#   -h | --help | help  what follows, and exit
 #   self-test [ARGS]    the image's own pytest on the shipped tests (GPU tests run
 #                       when a GPU is visible); ARGS go to pytest
 #   anything else       run as user tf, exit status passed through
@@ -469,6 +470,12 @@ main() {
     shift
     (($#)) || set -- bash
   fi
+  case ${1:-} in
+    -h | --help | help)
+      usage
+      exit 0
+      ;;
+  esac
   SERVE_ARGS=()
   case ${1:-serve} in
     serve | start-notebook.py | start-notebook.sh | start-singleuser.py | start-singleuser.sh | jupyterhub-singleuser)
@@ -516,6 +523,19 @@ main() {
       exec "${USER_CMD[@]}" "${BATCH_CMD[@]}"
       ;;
   esac
+}
+
+# `docker run IMAGE --help`: the container's commands (docs/image.md has the rest).
+usage() {
+  cat <<EOF
+usage: docker run [DOCKER OPTIONS] IMAGE [COMMAND [ARGS]]
+  (none) | serve [JUPYTER OPTIONS]  sshd and Jupyter on 8888 (what docker compose up runs)
+  tfmp COMMAND [FLAGS]              a batch job as the user tf; COMMAND: ${TFMP_COMMANDS[*]}
+  COMMAND [FLAGS]                   the same without tfmp (docker run IMAGE train --epochs 5)
+  self-test [PYTEST ARGS]           the image's own tests (GPU tests when a GPU is visible)
+  PROGRAM [ARGS]                    any program on PATH as the user tf (python, bash -lc CMD)
+A command's flags: tfmp COMMAND --help.
+EOF
 }
 
 # Sets BATCH_CMD, the command line a batch job runs: a tfmp command's name alone (`train`)

@@ -104,6 +104,12 @@ def test_a_tfmp_command_alone_runs_tfmp_and_an_unknown_program_is_one_line(image
     assert len(fatal) == 1 and "no program named 'trian'" in fatal[0] \
         and "tfmp COMMAND" in fatal[0], proc.stderr
     assert "No such file" not in proc.stderr, proc.stderr
+    # --help as the command: the container's commands, nothing started.
+    proc = docker_run(image, command=["--help"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("usage: docker run") and "self-test" in proc.stdout, proc.stdout
+    assert "train env benchmark notebooks check tune" in proc.stdout, proc.stdout
+    assert "[entrypoint]" not in proc.stderr, proc.stderr
 
 
 def test_batch_app_usage_error_is_exit_2(image):
