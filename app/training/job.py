@@ -277,6 +277,10 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         if (run.config.accumulate or 1) > 1:
             print(f"accumulate: {run.config.accumulate} micro-batches of {run.dist.global_batch} "
                   f"per update, global batch {run.config.global_batch}", flush=True)
+        whole = _batch_holds_the_set(run.dist.global_batch * (run.config.accumulate or 1),
+                                     run.bundle.train_samples)
+        if whole:
+            print(f"note: {whole}", file=sys.stderr, flush=True)
         jit_note = xla_toolchain.cpu_note(run.config.jit, run.hardware.gpus)
         if jit_note:
             print(f"note: {jit_note}", file=sys.stderr, flush=True)
@@ -303,6 +307,17 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
             recorder.open()
             _train_and_save(run, parts, recorder, monitor, loop, start, skip)
     return metrics
+
+
+
+def _batch_holds_the_set(per_update: int, train_samples) -> str | None:
+    """The note for an update batch as large as the training set: one update an epoch,
+    which trains little per epoch however fast (tune never chooses such a batch)."""
+    if not train_samples or per_update < train_samples:
+        return None
+    return (f"the global batch of {per_update:,} holds the whole training set "
+            f"({train_samples:,} samples): one update an epoch; a smaller --batch-size makes "
+            "more (tfmp tune leaves at least 10)")
 
 
 def _loop(run: Prepared) -> str:

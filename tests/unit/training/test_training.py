@@ -228,3 +228,16 @@ def test_a_run_that_finishes_between_the_check_and_the_lock_is_not_overwritten(t
         training.train(cfg)
     with open(os.path.join(cfg.output, "metrics.json"), encoding="utf-8") as fh:
         assert fh.read() == theirs
+
+
+def test_a_batch_holding_the_whole_training_set_is_noted(tiny_config, capsys):
+    """One update an epoch is said in one note; a batch that leaves several says nothing."""
+    run = train(tiny_config(epochs=1, batch_size=64, max_train_samples=64, max_val_samples=32))
+    assert run["status"] == "completed" and run["epochs"][0]["steps"] == 1
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if "whole training set" in ln]
+    assert notes == ["note: the global batch of 64 holds the whole training set (64 samples): "
+                     "one update an epoch; a smaller --batch-size makes more (tfmp tune leaves "
+                     "at least 10)"], notes
+    train(tiny_config(epochs=1, batch_size=32, max_train_samples=64, max_val_samples=32,
+                      output=None))
+    assert "whole training set" not in capsys.readouterr().err
