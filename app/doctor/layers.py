@@ -97,7 +97,8 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs,
 
     for path, layer, _ in layers:
         row = by_path[path]
-        if row["variable_dtype"] and any(d in SIXTEEN_BIT for d in row["variable_dtype"].split(",")):
+        if row["variable_dtype"] and any(d in SIXTEEN_BIT
+                                         for d in row["variable_dtype"].split(",")):
             findings.append(Finding(
                 WARNING, "variable_dtype", path,
                 f"its variables are {row['variable_dtype']} (policy {row['policy']}): small "
