@@ -88,8 +88,8 @@ readonly PARTS_DIR=/usr/local/lib/tfmp/start
 # this one, or a read-only mount, puts files there).
 readonly HOOKS_DIR=/usr/local/bin
 readonly RUN_HOOKS=/usr/local/bin/run-hooks.sh
-# tfmp's commands (app/commands/__init__.py's COMMANDS; tests/unit/docker checks the two
-# agree): `docker run IMAGE train ...` is `tfmp train ...`, as a training container's
+# tfmp's commands (app/commands/__init__.py's COMMANDS; tests/image/test_static.py checks
+# the two agree): `docker run IMAGE train ...` is `tfmp train ...`, as a training container's
 # command is in SageMaker's convention.
 readonly TFMP_COMMANDS=(train env benchmark notebooks check tune)
 # Start-up secrets and internal variables: never passed to user processes.

@@ -36,6 +36,7 @@ from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
 from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen,
                                  default_data_dir, default_output, validate)
+from app.core.catalog import MIN_UPDATES_PER_EPOCH
 from app.core.errors import (MixedPrecisionClash, NumericsFault, PrecisionUnsupported,
                              TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
                              unprefixed)
@@ -309,7 +310,6 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     return metrics
 
 
-
 def _batch_holds_the_set(per_update: int, train_samples) -> str | None:
     """The note for an update batch as large as the training set: one update an epoch,
     which trains little per epoch however fast (tune never chooses such a batch)."""
@@ -317,7 +317,7 @@ def _batch_holds_the_set(per_update: int, train_samples) -> str | None:
         return None
     return (f"the global batch of {per_update:,} holds the whole training set "
             f"({train_samples:,} samples): one update an epoch; a smaller --batch-size makes "
-            "more (tfmp tune leaves at least 10)")
+            f"more (tfmp tune leaves at least {MIN_UPDATES_PER_EPOCH})")
 
 
 def _loop(run: Prepared) -> str:

@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
 
+from app.core.catalog import MIN_UPDATES_PER_EPOCH
+
 STEP = 8                 # every batch size is a multiple of this
 # 16, not 8: a trial costs a process start; 8 is tried only when 16 does not fit.
 DEFAULT_START = 16
@@ -39,11 +41,6 @@ DEFAULT_CAP = 4096
 # smallest of them is the best batch (less memory, the optimisation closer to what the model
 # was tuned for, and a 2-3 % difference is below one trial's measurement noise).
 SPEED_TIE = 0.03
-# The fewest updates an epoch a chosen batch leaves.  A batch that is most of a small
-# training set trains in a handful of updates however fast each step is: 1,200 samples of
-# 64 features, 10 classes, 5 epochs, batch 1,200 (what the search chose when only the set's
-# size bounded it) reached val accuracy 0.23, batch 128 (9 updates an epoch) 0.99.
-MIN_UPDATES_PER_EPOCH = 10
 
 
 @dataclass
