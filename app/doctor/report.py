@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from app.core.exit_codes import EXIT_FAILED, EXIT_OK
+from app.task.data import several_inputs, shape_text
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 SEVERITIES = (BLOCKER, WARNING, INFO)
@@ -65,9 +66,11 @@ def _num(v) -> str:
 def to_text(report: dict) -> str:
     out = []
     data = report.get("data") or {}
+    shape = data.get("input_shape") or []
     out.append(f"check: model {report['model']!r} under {report['policy']}, batch "
-               f"{report['batch_size']}, data {report['dataset']!r} (samples of shape "
-               f"{'x'.join(map(str, data.get('input_shape') or []))}, "
+               f"{report['batch_size']}, data {report['dataset']!r} ("
+               f"{'inputs' if several_inputs(shape) else 'samples of shape'} "
+               f"{shape_text(shape)}, "
                + (f"labels of {data.get('num_classes')} value(s))"
                   if data.get("label_kind") == "other" else
                   f"{data.get('num_classes')} classes)"))

@@ -8,6 +8,7 @@ from typing import Optional
 from app.doctor import compare as compare_mod
 from app.doctor import layers as layers_mod
 from app.task import float32_layers, model_layers
+from app.task.data import several_inputs, shape_json
 from app.doctor import probe as probe_mod
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding, counts, sort_findings, verdict
 from app.core.errors import PrecisionUnsupported, UsageError, UserCodeError
@@ -64,10 +65,10 @@ def _batches(bundle, steps: int):
     """steps + 1 full batches: the first for the probe and the before/after loss, the rest
     for the training steps (repeated when the data has fewer)."""
     out, size = [], None
-    for x, y in bundle.train:
+    for x, y in bundle.train:   # x: a tensor, or a dict of them (several inputs)
         if size is None:
-            size = int(x.shape[0])
-        if int(x.shape[0]) != size:
+            size = int(y.shape[0])
+        if int(y.shape[0]) != size:
             continue  # a smaller last batch would recompile the step
         out.append((x, y))
         if len(out) == steps + 1:
@@ -123,7 +124,7 @@ def _new_report(task, bundle, decision, hw, batch_size, steps) -> dict:
         "precision": decision.to_dict(), "policy": decision.policy,
         "batch_size": batch_size, "steps": steps,
         "float32_layers": list(task.float32_layers),   # as given; the full paths once built
-        "data": {"input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes,
+        "data": {"input_shape": shape_json(bundle.input_shape), "num_classes": bundle.num_classes,
                  "label_kind": bundle.label_kind},
         "environment": {"tensorflow": tf.__version__,
                         "keras": str(getattr(tf.keras, "__version__", "?")),
@@ -214,7 +215,8 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     rows = layers_mod.table(entries, captured)
     report["layers"] = rows
     outputs = probe_mod.model_outputs(model, prediction, captured, entries)
-    input_channels = int(bundle.input_shape[-1]) if len(bundle.input_shape) >= 3 else None
+    input_channels = (int(bundle.input_shape[-1]) if not several_inputs(bundle.input_shape)
+                      and len(bundle.input_shape) >= 3 else None)
     findings += layers_mod.dtype_findings(model, entries, rows, policy, outputs,
                                           chosen=built.float32_layers)
     if mixed:
@@ -317,7 +319,7 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
         raise UserCodeError(task.model.spec, f"training {len(train)} step(s) under {policy}",
                             exc) from exc
     if ran["fault"] is not None:   # the sentinel's rules stopped the policy's steps
-        return _stopped(task, built, model, ran, policy, len(train), int(x_eval.shape[0]),
+        return _stopped(task, built, model, ran, policy, len(train), int(y_eval.shape[0]),
                         findings, start_weights_max, bundle.train_rows)
     watched = {"ran": True, "steps": len(train), "compared": False,
                "policy_start": ran["start"], "policy_end": ran["end"],

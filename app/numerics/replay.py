@@ -283,11 +283,12 @@ def _name_rows(where: dx.Where, rows, x, y, in_batch: List[int], nonfinite: bool
     if rows is None:
         return ""
     try:
-        where.rows = rows.rows_of(np.asarray(x), np.asarray(y), in_batch)
+        where.rows = rows.rows_of(tf.nest.map_structure(np.asarray, x), np.asarray(y),
+                                  in_batch)
     except (ValueError, IndexError, TypeError):   # a batch not shaped like the data's rows
         where.rows = []
     if not nonfinite:
-        where.data = rows.names[0] if where.rows else None
+        where.data = rows.data_name if where.rows else None
         return ""
     every = rows.nonfinite()
     if not every:

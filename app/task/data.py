@@ -44,6 +44,31 @@ class DataBundle:
     train_rows: object | None = None
 
 
+def shape_json(shape):
+    """A bundle's ``input_shape`` for JSON: ``[28, 28, 1]``, or for a model of several inputs
+    ``{"a": [8], "b": [4]}`` (a dict of features) or ``[[8], [4]]`` (a tuple)."""
+    if isinstance(shape, dict):
+        return {k: list(v) for k, v in shape.items()}
+    if several_inputs(shape):
+        return [list(v) for v in shape]
+    return list(shape)
+
+
+def shape_text(shape) -> str:
+    """``28x28x1``, or ``a 8, b 4`` for several inputs."""
+    if isinstance(shape, dict):
+        return ", ".join(f"{k} {'x'.join(map(str, v)) or 'scalar'}" for k, v in shape.items())
+    if several_inputs(shape):
+        return ", ".join("x".join(map(str, v)) or "scalar" for v in shape)
+    return "x".join(map(str, shape))
+
+
+def several_inputs(shape) -> bool:
+    """Is ``input_shape`` a structure of shapes (a model of several inputs)?"""
+    return isinstance(shape, dict) or (isinstance(shape, (tuple, list)) and bool(shape)
+                                       and all(isinstance(v, (tuple, list)) for v in shape))
+
+
 # ---- reading standard files --------------------------------------------------------------
 
 def _corrupt(path: str, why: str) -> UsageError:
@@ -187,8 +212,8 @@ def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0, flat_label
     every run and on every worker of a multi-worker job (sharding by batch needs that)."""
     import tensorflow as tf
 
-    n = len(x)
-    xt = tf.constant(x)
+    n = len(y)
+    xt = tf.nest.map_structure(tf.constant, x)   # one array, or a dict of them (several inputs)
     # Built-ins: integer class ids.  User data arrives prepared (one-hot rows, float targets).
     yt = tf.constant(np.asarray(y).astype(np.int32).reshape(-1) if flat_labels else y)
     with tf.device("/cpu:0"):   # read by the input pipeline, which runs on the CPU
@@ -217,7 +242,8 @@ def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0, flat_label
     # (every epoch), and a captured constant is the whole array, copied each time.  With
     # the rewrites off that copy is gone too (they have nothing to gain on this pipeline).
     ds = tf.data.Dataset.zip((indices, tf.data.Dataset.from_tensors((xt, yt)).repeat()))
-    ds = ds.map(lambda i, xy: (tf.gather(xy[0], i), tf.gather(xy[1], i)),
+    ds = ds.map(lambda i, xy: (tf.nest.map_structure(lambda a: tf.gather(a, i), xy[0]),
+                               tf.gather(xy[1], i)),
                 num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.experimental_optimization.apply_default_optimizations = False

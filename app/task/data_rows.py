@@ -66,9 +66,12 @@ class DataRows(_BadRows):
     rows named are all of the data's, never searched for a sample."""
 
     def __init__(self, x, y, names=("x_train", "y_train"), unread=None):
-        self.arrays = [np.asarray(x), np.asarray(y)]
-        self.unread = [np.asarray(a) for a in unread] if unread is not None else None
-        self.names = names
+        # x: one array, or a dict of them (a model of several inputs), each named apart.
+        self.arrays = [np.asarray(a) for a in _parts(x)] + [np.asarray(y)]
+        self.unread = ([np.asarray(a) for a in _parts(unread[0])] + [np.asarray(unread[1])]
+                       if unread is not None else None)
+        self.names = tuple(_part_names(x, names[0])) + (names[1],)
+        self.data_name = names[0]   # the features as a whole, for rows named by sample
         self._bad: Optional[List[np.ndarray]] = None
 
     def __len__(self) -> int:
@@ -76,8 +79,8 @@ class DataRows(_BadRows):
 
     def nonfinite(self) -> List[int]:
         """Every row with a NaN or an inf in its features or its label, in order."""
-        bad = self._nonfinite_by_array()
-        return [int(i) for i in np.flatnonzero(bad[0] | bad[1])]
+        return [int(i) for i in np.flatnonzero(np.logical_or.reduce(
+            self._nonfinite_by_array()))]
 
     def holding(self) -> str:
         """Which arrays hold the non-finite rows: 'x_train', 'y_train' or both."""
@@ -92,7 +95,7 @@ class DataRows(_BadRows):
         bad_read = np.array([r for r in self.nonfinite() if r < read], np.int64)
         found: List[int] = []
         for i in samples:
-            wanted = [np.asarray(x)[i], np.asarray(y)[i]]
+            wanted = [np.asarray(a)[i] for a in _parts(x)] + [np.asarray(y)[i]]
             finite = all(np.isfinite(w).all() for w in wanted if _floating(w))
             candidates = np.arange(read) if finite else bad_read
             for array, sample in zip(self.arrays, wanted):
@@ -107,6 +110,16 @@ class DataRows(_BadRows):
                 self._bad = [np.concatenate([b, _nonfinite_rows(a)])
                              for b, a in zip(self._bad, self.unread)]
         return self._bad
+
+
+def _parts(x) -> list:
+    """The arrays of ``x``: itself, or a dict's values in key order (as tf.nest orders them)."""
+    return [x[k] for k in sorted(x)] if isinstance(x, dict) else [x]
+
+
+def _part_names(x, name: str) -> list:
+    """'x_train', or "x_train['ids']" for each array of a dict."""
+    return [f"{name}[{k!r}]" for k in sorted(x)] if isinstance(x, dict) else [name]
 
 
 def _floating(a) -> bool:
@@ -165,6 +178,7 @@ class DatasetElements(_BadRows):
     element is read again.  Its samples are not searched for (``rows_of`` finds none)."""
     noun = "element"
     names = ("the training dataset",)
+    data_name = names[0]
 
     def __init__(self, total: int, bad: List[int], bad_total: int, first_only: bool = False):
         self.total, self.bad, self.bad_total = total, list(bad), bad_total
@@ -205,7 +219,10 @@ def listed(items: List[int], total: Optional[int] = None, most: int = SHOWN) -> 
 def unread_rows(x, y, used: Optional[int]):
     """The rows of the data's ``x`` and ``y`` past the first ``used`` (the rows a run reads),
     when there are any and either array can hold a NaN (a floating one): views, no copy."""
-    x, y = np.asarray(x), np.asarray(y)
-    if used is None or used >= len(x) or not (_floating(x) or _floating(y)):
+    y = np.asarray(y)
+    if used is None or used >= len(y) or not any(
+            _floating(a) for a in _parts(x) + [y]):
         return None
-    return x[used:], y[used:]
+    if isinstance(x, dict):
+        return {k: np.asarray(a)[used:] for k, a in x.items()}, y[used:]
+    return np.asarray(x)[used:], y[used:]

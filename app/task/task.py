@@ -32,6 +32,7 @@ from app.task.entries import (DatasetEntry, ModelEntry, dataset_entry, model_ent
                               parse_metrics, resolve_dataset, resolve_model)
 from app.core.errors import UsageError, UserCodeError
 from app.task.user_code import parse_input_shape  # noqa: F401  (re-exported)
+from app.task.data import several_inputs
 
 
 @dataclass
@@ -127,6 +128,8 @@ class Task:
         model, float32_paths = _before_first_call(model, self.float32_layers, self.model.spec)
         # One forward pass on a few samples: it builds a subclassed model, and its output
         # gives the unit count, the dtype and whether the outputs are probabilities.
+        if sample_batch is not None:
+            _check_inputs_fit(model, sample_batch[0], self.model.spec, self.dataset.spec)
         prediction = (_forward(model, sample_batch[0], self.model.spec)
                       if sample_batch is not None else None)
         units = _output_units(model, prediction)
@@ -196,9 +199,18 @@ def _call_model(entry, bundle):
     """The model function's keras.Model for the data's shape and class count."""
     import tensorflow as tf
 
-    model = specs.call_user(entry.function, entry.spec, "model",
-                            {"input_shape": tuple(bundle.input_shape),
-                             "num_classes": int(bundle.num_classes)})
+    several = several_inputs(bundle.input_shape)
+    try:
+        model = specs.call_user(entry.function, entry.spec, "model",
+                                {"input_shape": (bundle.input_shape if several
+                                                 else tuple(bundle.input_shape)),
+                                 "num_classes": int(bundle.num_classes)})
+    except UserCodeError as exc:
+        if several:   # a function written for one input, given the shapes of several
+            exc.during += (f" with input_shape={bundle.input_shape!r}, the shapes of the "
+                           "dataset's several inputs")
+            exc.args = (exc.line(),)
+        raise
     if not isinstance(model, tf.keras.Model):
         raise UsageError(f"model spec {entry.spec!r} returned "
                          f"{type(model).__module__}.{type(model).__name__}, not a keras.Model",
@@ -221,9 +233,35 @@ def _check_output_fits(units, bundle, model_spec: str, dataset_spec: str):
                          "or labels 0..units-1")
 
 
-def _forward(model, x, spec):
+def _check_inputs_fit(model, x, model_spec: str, dataset_spec: str):
+    """A graph model (functional, Sequential) takes as many inputs as the data's features
+    give: say so in one line rather than in Keras' error from inside the model."""
+    import tensorflow as tf
+
     try:
-        return model(x[:2], training=False)
+        inputs = model.inputs   # Keras 3: AttributeError on a subclassed model; Keras 2: None
+    except AttributeError:
+        inputs = None
+    if not inputs:   # a subclassed model: its call() decides
+        return
+    given = tf.nest.flatten(x)
+    if len(inputs) == len(given):
+        return
+    names = [str(getattr(t, "name", "?")).split(":")[0] for t in inputs]
+    data = (f"a dict of {len(given)} ({', '.join(map(repr, sorted(x)))})" if isinstance(x, dict)
+            else "one tensor" if len(given) == 1 else f"{len(given)} tensors")
+    raise UsageError(f"model {model_spec!r} takes {len(inputs)} input(s) "
+                     f"({', '.join(map(repr, names))}); dataset {dataset_spec!r} gives "
+                     f"features as {data}",
+                     "features as one tensor for a model of one input, or a dict of tensors "
+                     "keyed by the model's input names (docs/your-model.md)")
+
+
+def _forward(model, x, spec):
+    import tensorflow as tf
+
+    try:
+        return model(tf.nest.map_structure(lambda t: t[:2], x), training=False)
     except Exception as exc:
         raise UserCodeError(spec, "running the model on one batch", exc) from exc
 

@@ -76,8 +76,11 @@ def _one_pair(train, val) -> bool:
 
 
 def _pair(part, spec, returned, which):
+    """(x, y) arrays of one part; x one array, or a dict of them (one per model input)."""
     if not isinstance(part, (tuple, list)) or len(part) != 2:
         raise _bad(spec, returned, f"the {which} part must be (x, y)")
+    if isinstance(part[0], dict):
+        return _inputs_pair(part, spec, returned, which)
     try:
         x, y = np.asarray(part[0]), np.asarray(part[1])
     except Exception:  # ragged lists and the like
@@ -97,12 +100,42 @@ def _pair(part, spec, returned, which):
     return x, y
 
 
+def _inputs_pair(part, spec, returned, which):
+    """(dict of arrays, y): every input checked as one x is, the same rows in each."""
+    inputs = part[0]
+    if not inputs or not all(isinstance(k, str) for k in inputs):
+        raise _bad(spec, returned, f"the {which} features are a dict: it needs string keys "
+                                   "(the model's input names) and at least one array")
+    pairs = {k: _pair((v, part[1]), spec, returned, f"{which} input {k!r}")
+             for k, v in inputs.items()}
+    return {k: x for k, (x, _) in pairs.items()}, next(iter(pairs.values()))[1]
+
+
 def _features(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.uint8:
         return x.astype(np.float32) / 255.0
     if not np.issubdtype(x.dtype, np.number):
         raise TypeError(x.dtype)
     return x.astype(np.float32, copy=False)
+
+
+def _input(x: np.ndarray) -> np.ndarray:
+    """One of several inputs: uint8 scaled as one x is, other floats float32, integers kept."""
+    if x.dtype == np.uint8 or x.dtype.kind == "f":
+        return _features(x)
+    return x
+
+
+def _rows(x, n: Optional[int]):
+    """The first ``n`` rows of ``x`` (an array or a dict of them), all when ``n`` is None."""
+    return {k: v[:n] for k, v in x.items()} if isinstance(x, dict) else x[:n]
+
+
+def _inputs_side_by_side(xtr, xva):
+    """(name, training array, validation array) for each input."""
+    if isinstance(xtr, dict):
+        return [(f" of input {k!r}", xtr[k], xva[k]) for k in xtr]
+    return [("", xtr, xva)]
 
 
 def label_kind_of(y_train: np.ndarray) -> tuple[str, int]:
@@ -130,17 +163,30 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
     returned = (train, val)
     xtr, ytr = _pair(train, spec, returned, "training")
     xva, yva = _pair(val, spec, returned, "validation")
-    if xtr.shape[1:] != xva.shape[1:]:
-        raise _bad(spec, returned, f"training samples have shape {xtr.shape[1:]}, validation "
-                                   f"samples {xva.shape[1:]}")
+    several = isinstance(xtr, dict)
+    if several and (not isinstance(xva, dict) or set(xtr) != set(xva)):
+        raise _bad(spec, returned, f"the training inputs are {sorted(xtr)}, the validation "
+                                   f"inputs {sorted(xva) if isinstance(xva, dict) else 'one array'}")
+    if not several and isinstance(xva, dict):
+        raise _bad(spec, returned, f"the training features are one array, the validation "
+                                   f"features a dict {sorted(xva)}")
+    for name, a, b in _inputs_side_by_side(xtr, xva):
+        if a.shape[1:] != b.shape[1:]:
+            raise _bad(spec, returned, f"training samples{name} have shape {a.shape[1:]}, "
+                                       f"validation samples {b.shape[1:]}")
     unread = unread_rows(xtr, ytr, max_train)
-    xtr, ytr, xva, yva = xtr[:max_train], ytr[:max_train], xva[:max_val], yva[:max_val]
-    try:
-        xtr, xva = _features(xtr), _features(xva)
-    except TypeError:
-        raise _bad(spec, returned, f"features of dtype {xtr.dtype} are not numeric") from None
-    shape = input_shape(tuple(xtr.shape[1:]))
-    xtr, xva = xtr.reshape((len(xtr),) + shape), xva.reshape((len(xva),) + shape)
+    xtr, xva = _rows(xtr, max_train), _rows(xva, max_val)
+    ytr, yva = ytr[:max_train], yva[:max_val]
+    if several:   # several inputs go as they are (integer ids stay integers), floats float32
+        xtr, xva = ({k: _input(v) for k, v in x.items()} for x in (xtr, xva))
+        shape = {k: tuple(v.shape[1:]) for k, v in xtr.items()}
+    else:
+        try:
+            xtr, xva = _features(xtr), _features(xva)
+        except TypeError:
+            raise _bad(spec, returned, f"features of dtype {xtr.dtype} are not numeric") from None
+        shape = input_shape(tuple(xtr.shape[1:]))
+        xtr, xva = xtr.reshape((len(xtr),) + shape), xva.reshape((len(xva),) + shape)
     kind, classes = label_kind_of(ytr)
     if kind in ("sparse", "binary"):
         val_kind, val_classes = label_kind_of(yva)
@@ -156,26 +202,53 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
     classes = num_classes or classes
     return DataBundle(make_dataset(xtr, ytr, global_batch, True, seed, flat_labels=False),
                       make_dataset(xva, yva, global_batch, False, flat_labels=False),
-                      shape, classes, len(xtr), len(xva), label_kind=kind,
-                      sample_batch=(xtr[:8], ytr[:8]),
+                      shape, classes, len(ytr), len(yva), label_kind=kind,
+                      sample_batch=(_rows(xtr, 8), ytr[:8]),
                       train_rows=DataRows(xtr, ytr, unread=unread))
 
 
 # ---- tf.data -----------------------------------------------------------------------------------
 
 def _element_parts(ds, spec, returned, which):
+    """The (features, label) specs of ``ds``'s elements.  The features are one tensor, or a
+    dict (or tuple) of them for a model of several inputs, as Keras takes them."""
     import tensorflow as tf
 
     es = ds.element_spec
-    if not isinstance(es, tuple) or len(es) != 2 or not all(
-            isinstance(s, tf.TensorSpec) for s in es):
+    if not isinstance(es, tuple) or len(es) != 2 or not isinstance(es[1], tf.TensorSpec) \
+            or not _tensor_structure(es[0]):
         raise _bad(spec, returned, f"the {which} dataset's elements are {es}; expected "
-                                   "(features, label) tensors")
+                                   "(features, label): features one tensor or a dict of "
+                                   "tensors (one per model input), the label one tensor")
     fx, fy = es
-    if fx.shape.rank and fx.shape[0] is None:
+    first = tf.nest.flatten(fx)[0]
+    if first.shape.rank and first.shape[0] is None:
         raise _bad(spec, returned, f"the {which} dataset looks batched (element shape "
-                                   f"{fx.shape}); return it unbatched, the app batches it")
+                                   f"{first.shape}); return it unbatched, the app batches it")
     return fx, fy
+
+
+def _tensor_structure(spec) -> bool:
+    """A tensor's spec, or a dict (string keys), tuple or list of them (not nested further:
+    one tensor per model input)."""
+    import tensorflow as tf
+
+    if isinstance(spec, tf.TensorSpec):
+        return True
+    if isinstance(spec, dict):
+        return bool(spec) and all(isinstance(k, str) and isinstance(v, tf.TensorSpec)
+                                  for k, v in spec.items())
+    return isinstance(spec, (tuple, list)) and bool(spec) and all(
+        isinstance(v, tf.TensorSpec) for v in spec)
+
+
+def _named_parts(features):
+    """(name, part) for each feature: ``''`` for one tensor, `` 'a'`` for a dict's."""
+    if isinstance(features, dict):
+        return [(f" {k!r}", v) for k, v in features.items()]
+    if isinstance(features, (tuple, list)):
+        return [(f" [{i}]", v) for i, v in enumerate(features)]
+    return [("", features)]
 
 
 class Scan(NamedTuple):
@@ -195,12 +268,14 @@ def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
 
     from app.precision.finite import all_finite
 
-    floating = [i for i, spec in enumerate(ds.element_spec) if spec.dtype.is_floating]
+    floating = [i for i, spec in enumerate(tf.nest.flatten(ds.element_spec))
+                if spec.dtype.is_floating]
     watch = bool(watch_finite and floating)
 
     def step(state, element):
         n, top, low, rows_ok, bad_total, bad = state
         y = element[1]
+        element = tf.nest.flatten(element)
         if labels == "ids":
             top = tf.maximum(top, tf.cast(tf.reduce_max(y), tf.int64))
             low = tf.minimum(low, tf.cast(tf.reduce_min(y), tf.int64))
@@ -235,9 +310,10 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
     returned = (train, val)
     fx, fy = _element_parts(train, spec, returned, "training")
     _element_parts(val, spec, returned, "validation")
-    if not fx.shape.is_fully_defined():
-        raise _bad(spec, returned, f"training features have shape {fx.shape}; every sample "
-                                   "needs the same, fully known shape")
+    for name, part in _named_parts(fx):
+        if not part.shape.is_fully_defined():
+            raise _bad(spec, returned, f"training features{name} have shape {part.shape}; "
+                                       "every sample needs the same, fully known shape")
     for ds, which in ((train, "training"), (val, "validation")):
         if int(ds.cardinality().numpy()) == tf.data.INFINITE_CARDINALITY:
             raise _bad(spec, returned, f"the {which} dataset is infinite (repeat()); an "
@@ -265,14 +341,27 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
         kind, classes = "onehot", int(fy.shape[0])
     else:   # values: negative ids, or rows that are not one-hot, are not class labels
         kind, classes = "other", max(1, fy.shape.num_elements() or 1)
-    shape = input_shape(tuple(int(d) for d in fx.shape))
+    several = not isinstance(fx, tf.TensorSpec)
+    # One tensor may be reshaped for a built-in model; several inputs go as they are.
+    shape = (tf.nest.map_structure(lambda s: tuple(int(d) for d in s.shape), fx) if several
+             else input_shape(tuple(int(d) for d in fx.shape)))
 
-    def prepare(x, y):
+    def feature(x, shape):
         if x.dtype == tf.uint8:
             x = tf.cast(x, tf.float32) / 255.0
-        elif x.dtype != tf.float32 and (x.dtype.is_floating or x.dtype.is_integer):
+        elif x.dtype != tf.float32 and (x.dtype.is_floating or (
+                x.dtype.is_integer and not several)):
+            # One input: numbers as float32.  Of several, integers stay what they are (the
+            # ids an Embedding or a lookup layer takes; float32 would round ids past 2**24).
             x = tf.cast(x, tf.float32)
-        x = tf.reshape(x, shape)
+        return tf.reshape(x, shape)
+
+    shapes = ([tuple(int(d) for d in s.shape) for s in tf.nest.flatten(fx)] if several
+              else [shape])
+
+    def prepare(x, y):
+        x = tf.nest.pack_sequence_as(x, [feature(t, s) for t, s in
+                                         zip(tf.nest.flatten(x), shapes)])
         if kind in ("sparse", "binary"):
             y = tf.cast(y, tf.int32)
         elif (y.dtype.is_floating or y.dtype.is_integer) and y.dtype != tf.float32:
@@ -288,6 +377,7 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
            .apply(tf.data.experimental.assert_cardinality(n_val))
            .batch(global_batch).prefetch(tf.data.AUTOTUNE))
     return DataBundle(train, val, shape, num_classes or classes, n_train, n_val,
-                      label_kind=kind, sample_batch=(sample[0].numpy(), sample[1].numpy()),
+                      label_kind=kind, sample_batch=tf.nest.map_structure(
+                          lambda t: t.numpy(), tuple(sample)),
                       train_rows=DatasetElements(n_train, bad, bad_total,
                                                  first_only=bool(max_train)))

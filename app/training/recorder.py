@@ -13,6 +13,7 @@ import tensorflow as tf
 from app.precision import loss_scale
 from app.core.files import finite_or_none, fmt, utc_now_iso, write_json_atomic
 from app.machine.memory import peak_memory
+from app.task.data import shape_json
 
 StepCallback = Callable[[dict], None]
 
@@ -96,7 +97,7 @@ def new_metrics(run, env: dict, loop: str) -> dict:
                          "accumulate": run.config.accumulate or 1,
                          "global_batch": run.config.global_batch or run.dist.global_batch},
         "data": {"train_samples": bundle.train_samples, "val_samples": bundle.val_samples,
-                 "input_shape": list(bundle.input_shape), "num_classes": bundle.num_classes,
+                 "input_shape": shape_json(bundle.input_shape), "num_classes": bundle.num_classes,
                  "label_kind": bundle.label_kind},
         "epochs": [],
         "steps": [],          # every --log-every steps: loss, grad_norm, loss_scale

@@ -35,7 +35,8 @@ class SentinelWatch:
         self.pool = pool
         self.entries = model_layers.walk(model)
         self.probe = HeadroomProbe(model, self.entries) if probe_batch is not None else None
-        self.probe_x = None if probe_batch is None else tf.convert_to_tensor(probe_batch[0])
+        self.probe_x = None if probe_batch is None else tf.nest.map_structure(
+            tf.convert_to_tensor, probe_batch[0])
         self.headroom = Headroom()
         self.warnings: list = []
         self.last_probe = 0

@@ -1,0 +1,134 @@
+"""A model of several inputs (numbers and token ids) trained on its dict features as a user
+has them: a dict of arrays, tf.data of dict or tuple features; check, the sentinel's naming
+of a faulty input's rows, and the one-line refusals of data that does not fit."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from app.core.errors import UsageError
+from app.task.data_rows import DataRows
+from tests.paths import USER_MODELS
+from tests.unit.helpers import error_lines, run_app
+
+SEVERAL = os.path.join(str(USER_MODELS), "several_inputs.py")
+TARGET = 0.9
+QUICK = ["--batch-size", "32", "--progress", "lines", "--offline", "--no-save-model",
+         "--log-every", "4"]
+
+
+def _several():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("several_inputs", SEVERAL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_a_dict_of_arrays_trains_a_two_input_model_in_both_loops(tiny_config, loop):
+    from app.training.job import train
+
+    m = train(tiny_config(model=f"{SEVERAL}:build", dataset=f"{SEVERAL}:arrays", loop=loop,
+                          epochs=4, learning_rate=1e-2))
+    assert m["status"] == "completed"
+    assert m["data"]["input_shape"] == {"ids": [3], "num": [8]}
+    assert (m["data"]["train_samples"], m["data"]["num_classes"]) == (512, 4)
+    assert m["epochs"][-1]["val_accuracy"] >= TARGET
+
+
+@pytest.mark.parametrize("form, build", [("datasets", "build"), ("tuple_datasets", "build_ordered")])
+def test_tf_data_of_dict_or_tuple_features_trains(tiny_config, form, build):
+    from app.training.job import train
+
+    m = train(tiny_config(model=f"{SEVERAL}:{build}", dataset=f"{SEVERAL}:{form}",
+                          loop="custom", epochs=4, learning_rate=1e-2))
+    assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= TARGET
+    shape = m["data"]["input_shape"]
+    assert shape == ({"ids": [3], "num": [8]} if form == "datasets" else [[8], [3]])
+
+
+def test_inputs_keep_their_kind_ids_integers_numbers_float32():
+    from app.task.user_data import from_user
+
+    several = _several()
+    (xtr, ytr), val = several.arrays()
+    xtr["pixels"] = np.full((len(ytr), 2, 2), 255, np.uint8)
+    val[0]["pixels"] = np.zeros((len(val[1]), 2, 2), np.uint8)
+    bundle = from_user(((xtr, ytr), val), "t:arrays", 32)
+    x, _ = bundle.sample_batch
+    assert x["ids"].dtype == np.int64 and x["num"].dtype == np.float32
+    assert x["pixels"].dtype == np.float32 and x["pixels"].max() == 1.0   # uint8 scaled
+    assert bundle.input_shape == {"num": (8,), "ids": (3,), "pixels": (2, 2)}
+    batch_x, batch_y = next(iter(bundle.train))
+    assert sorted(batch_x) == ["ids", "num", "pixels"] and batch_y.shape[0] == 32
+    assert batch_x["ids"].dtype.name == "int64"
+
+
+def test_data_that_does_not_fit_is_one_line():
+    from app.task.user_data import from_user
+
+    several = _several()
+    with pytest.raises(UsageError, match="training inputs are \\['ids', 'num'\\], the "
+                                          "validation inputs \\['num', 'tokens'\\]"):
+        from_user(several.mismatched_keys(), "t:keys", 32)
+    (xtr, ytr), val = several.arrays()
+    xtr["ids"] = xtr["ids"][:-1]
+    with pytest.raises(UsageError, match="input 'ids': 511 samples but 512 labels"):
+        from_user(((xtr, ytr), val), "t:rows", 32)
+    (xtr, ytr), val = several.arrays()
+    val[0]["num"] = val[0]["num"][:, :4]
+    with pytest.raises(UsageError, match="training samples of input 'num' have shape \\(8,\\), "
+                                          "validation samples \\(4,\\)"):
+        from_user(((xtr, ytr), val), "t:shape", 32)
+    with pytest.raises(UsageError, match="string keys"):
+        from_user((({1: xtr["num"]}, ytr), ({1: val[0]["num"]}, val[1])), "t:int", 32)
+
+
+def test_a_model_whose_inputs_differ_from_the_data_is_one_line(tmp_path):
+    arrays = os.path.join(str(USER_MODELS), "datasets.py") + ":arrays"
+    proc = run_app("train", "--model", f"{SEVERAL}:fixed", "--dataset", arrays,
+                   "--epochs", "1", *QUICK, "--output", str(tmp_path / "run"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert error_lines(proc.stderr) == [
+        f"error: model '{SEVERAL}:fixed' takes 2 input(s) ('ids', 'num'); dataset "
+        f"'{arrays}' gives features as one tensor; allowed: features as one tensor for a "
+        "model of one input, or a dict of tensors keyed by the model's input names "
+        "(docs/your-model.md)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_nan_in_one_input_names_its_rows(tmp_path):
+    out = tmp_path / "run"
+    proc = run_app("train", "--model", f"{SEVERAL}:build", "--dataset",
+                   f"{SEVERAL}:nan_arrays", "--precision", "float32", "--epochs", "1",
+                   *QUICK, "--output", str(out))
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    f = json.loads((out / "metrics.json").read_text())["numerics"]["fault"]
+    assert f["where"]["kind"] == "input samples" and f["verdict"] == "data"
+    assert f["where"]["data"] == "x_train['num']"
+    assert (f["where"]["bad_rows"], f["where"]["bad_rows_total"]) == ([100, 300], 2)
+    assert set(f["where"]["rows"]) <= {100, 300} and f["where"]["rows"]
+    assert "fix: repair or drop rows 100, 300 of x_train['num']" in proc.stderr
+
+
+def test_check_reads_the_inputs_and_blocks_on_nothing(tmp_path):
+    proc = run_app("check", "--model", f"{SEVERAL}:build", "--dataset", f"{SEVERAL}:datasets",
+                   "--precision", "float32", "--steps", "3", "--json", str(tmp_path / "c.json"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(inputs num 8, ids 3, 4 classes)" in proc.stdout
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["data"]["input_shape"] == {"ids": [3], "num": [8]}
+    assert report["verdict"] != "blocked", report["findings"]
+
+
+def test_data_rows_of_a_dict_name_each_input():
+    x = {"num": np.zeros((6, 2), np.float32), "ids": np.arange(12).reshape(6, 2)}
+    x["num"][4, 1] = np.inf
+    rows = DataRows(x, np.arange(6))
+    assert rows.nonfinite() == [4] and rows.holding() == "x_train['num']"
+    assert rows.data_name == "x_train" and len(rows) == 6
+    batch = {k: v[[4, 2]] for k, v in x.items()}
+    assert rows.rows_of(batch, np.array([4, 2]), [0, 1]) == [4, 2]
