@@ -15,7 +15,8 @@ from app.core.catalog import SIXTEEN_BIT
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding
 from app.task.float32_layers import FLAG as F32_FLAG, flag as f32_flag
 from app.task.model_layers import dtype_name, is_model
-from app.precision.policy import TENSOR_CORE_MULTIPLE, off_tensor_core_tiles, round_to_tiles
+from app.precision.policy import (TENSOR_CORE_MULTIPLE, off_tensor_core_tiles, pad_to_tiles,
+                                  round_to_tiles)
 
 OUTPUT_FIX = ("make the last layer float32: dtype='float32' on it (e.g. Dense(n, "
               "activation='softmax', dtype='float32')), or add "
@@ -42,7 +43,8 @@ def _functional_output_dtype(layer) -> Optional[str]:
 
 
 def _own_weights(layer) -> list:
-    return list(getattr(layer, "weights", []) or [])
+    """The layer's variables (not Keras 2's vocabulary handlers, which have no dtype)."""
+    return [w for w in getattr(layer, "weights", []) or [] if getattr(w, "dtype", None)]
 
 
 def _has_kernel(layer) -> bool:
@@ -303,7 +305,7 @@ def tensor_core_findings(entries, rows, batch_size: int, num_classes: Optional[i
                 findings.append(Finding(
                     INFO, "tensor_cores", path,
                     f"{cls} vocabulary size {layer.input_dim} is not a multiple of {m}",
-                    f"pad it to {round_to_tiles(layer.input_dim)} if the embedding matrix is also "
+                    f"pad it to {pad_to_tiles(layer.input_dim)} if the embedding matrix is also "
                     "used as the output projection"))
     if off(batch_size):
         findings.append(Finding(

@@ -51,7 +51,7 @@ class HeadroomProbe:
             for c in calls:
                 rows.append(tf.stack([largest_finite(c.outputs),
                                       tf.cast(finite.all_finite(c.outputs), tf.float32)]))
-            weights = [w for w in model.weights if tf.as_dtype(w.dtype).is_floating]
+            weights = finite.floating_variables(model.weights)
             weights_ok = finite.all_finite(weights) if weights else tf.constant(True)
             return (tf.stack(rows) if rows else tf.zeros([0, 2])), weights_ok
         probe.get_concrete_function(x)   # traced now, with the tap on; the tap is gone after

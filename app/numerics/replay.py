@@ -136,7 +136,7 @@ def nonfinite_samples(x) -> List[int]:
 def nonfinite_weights(variables) -> List[str]:
     """The names of the variables that hold a NaN or inf: one check (one sync) for all of
     them, the names only when it fails."""
-    variables = [v for v in variables if tf.as_dtype(v.dtype).is_floating]
+    variables = finite.floating_variables(variables)
     checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables]
     if not checks or bool(tf.reduce_all(tf.stack(checks))):
         return []
@@ -225,7 +225,8 @@ def state_kept(model):
     counters) as it was before the replay: the passes run with ``training=True`` and would
     move it, with a non-finite batch into NaN, and the state that failed is the user's to
     examine (``app.train``) after the report."""
-    kept = [(v, tf.identity(v)) for v in model.non_trainable_variables]
+    kept = [(v, tf.identity(v)) for v in model.non_trainable_variables
+            if getattr(v, "dtype", None) is not None]   # not Keras 2's vocabulary handlers
     try:
         yield
     finally:

@@ -32,6 +32,14 @@ _MAX_TERMS = 2 ** 22
 _MIN_ELEMENTS = 1 << 16
 
 
+def floating_variables(weights) -> list:
+    """The floating-point variables among a model's ``weights``.  Keras 2's lookup layers
+    (StringLookup, TextVectorization) list a vocabulary handler there that is no variable
+    and has no dtype; integer variables cannot hold a NaN."""
+    return [w for w in weights if getattr(w, "dtype", None) is not None
+            and tf.as_dtype(w.dtype).is_floating]
+
+
 def all_finite(grads) -> tf.Tensor:
     """Every element of every gradient finite (None left out): an element-wise test, for
     the replay and the probes, which need to know which tensor holds the fault."""

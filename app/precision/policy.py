@@ -37,6 +37,13 @@ def round_to_tiles(n: int) -> int:
     return max(m, int(round(int(n) / m)) * m)
 
 
+def pad_to_tiles(n: int) -> int:
+    """The next multiple of the tile at or above ``n``: what a size that can only grow (a
+    vocabulary padded with unused rows) is padded to."""
+    m = TENSOR_CORE_MULTIPLE
+    return max(m, -(-int(n) // m) * m)
+
+
 @dataclass(frozen=True)
 class PrecisionDecision:
     policy: str

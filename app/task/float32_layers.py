@@ -161,7 +161,8 @@ def _sixteen_bit(layer) -> List[str]:
     was built (Keras 2's Normalization, as in EfficientNet; or dtype='float16')."""
     from app.task.model_layers import dtype_name
 
-    return sorted({dtype_name(w.dtype) for w in layer.weights} & {"float16", "bfloat16"})
+    return sorted({dtype_name(w.dtype) for w in layer.weights if getattr(w, "dtype", None)}
+                  & {"float16", "bfloat16"})
 
 
 def _rebuilt(model, sixteen: Sequence[Tuple[str, Any]], spec: str):

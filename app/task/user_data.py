@@ -91,8 +91,10 @@ def _pair(part, spec, returned, which):
                          f"{str(y.reshape(-1)[0])!r}), not class ids",
                          "class ids 0..N-1 (names, ids = np.unique(y, return_inverse=True) "
                          "maps them), one-hot rows, or values with a --loss for them")
-    if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf" or x.ndim < 1 or y.ndim < 1:
-        raise _bad(spec, returned, f"the {which} part must be numeric arrays")
+    x = _text(x)
+    if x.dtype.kind not in "biufUS" or y.dtype.kind not in "biuf" or x.ndim < 1 or y.ndim < 1:
+        raise _bad(spec, returned, f"the {which} part must be numeric arrays (features may "
+                                   "be text, for a model that reads strings)")
     if len(x) != len(y):
         raise _bad(spec, returned, f"{which}: {len(x)} samples but {len(y)} labels")
     if len(x) == 0:
@@ -111,7 +113,20 @@ def _inputs_pair(part, spec, returned, which):
     return {k: x for k, (x, _) in pairs.items()}, next(iter(pairs.values()))[1]
 
 
+def _text(x: np.ndarray) -> np.ndarray:
+    """An object array of Python strings (what pandas gives) as a string array; text features
+    go to the model as they are (a TextVectorization or StringLookup layer reads them)."""
+    if x.dtype.kind == "O" and x.size and isinstance(x.reshape(-1)[0], (str, bytes)):
+        try:
+            return x.astype(type(x.reshape(-1)[0]))
+        except (TypeError, ValueError):   # mixed with numbers or None
+            return x
+    return x
+
+
 def _features(x: np.ndarray) -> np.ndarray:
+    if x.dtype.kind in "US":   # text
+        return x
     if x.dtype == np.uint8:
         return x.astype(np.float32) / 255.0
     if not np.issubdtype(x.dtype, np.number):

@@ -132,3 +132,37 @@ def test_data_rows_of_a_dict_name_each_input():
     assert rows.data_name == "x_train" and len(rows) == 6
     batch = {k: v[[4, 2]] for k, v in x.items()}
     assert rows.rows_of(batch, np.array([4, 2]), [0, 1]) == [4, 2]
+
+
+# ---- text in: strings the model vectorizes itself -------------------------------------------
+
+TEXT = os.path.join(str(USER_MODELS), "text.py")
+
+
+@pytest.mark.parametrize("loop, form", [("fit", "arrays"), ("custom", "datasets")])
+def test_a_text_model_trains_on_strings(tiny_config, loop, form):
+    """Keras 2's TextVectorization lists a vocabulary handler among the model's weights: the
+    sentinel's end-of-epoch check of the weights crashed on it (no dtype)."""
+    from app.training.job import train
+
+    m = train(tiny_config(model=f"{TEXT}:build", dataset=f"{TEXT}:{form}", loop=loop,
+                          epochs=6, learning_rate=2e-2))
+    assert m["status"] == "completed" and m["data"]["input_shape"] == []
+    assert m["epochs"][-1]["val_accuracy"] >= TARGET
+
+
+def test_check_reads_a_text_model_and_pads_its_vocabulary_up(tmp_path):
+    proc = run_app("check", "--model", f"{TEXT}:build", "--dataset", f"{TEXT}:arrays",
+                   "--precision", "mixed_float16", "--steps", "2", "--json",
+                   str(tmp_path / "c.json"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    findings = json.loads((tmp_path / "c.json").read_text())["findings"]
+    vocabulary = [f for f in findings if "vocabulary size 20" in f["what"]]
+    assert vocabulary and "pad it to 24" in vocabulary[0]["fix"], findings   # up, never down
+
+
+def test_pad_to_tiles_rounds_up():
+    from app.precision.policy import pad_to_tiles, round_to_tiles
+
+    assert [pad_to_tiles(n) for n in (1, 8, 20, 50, 57)] == [8, 8, 24, 56, 64]
+    assert round_to_tiles(50) == 48   # the nearest, for widths
