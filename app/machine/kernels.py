@@ -26,6 +26,7 @@ works, exit 2.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -40,7 +41,7 @@ PROBED_DTYPE = "bfloat16"  # its compute dtype
 KINDS: Tuple[str, ...] = (
     "Dense", "Embedding", "Conv1D", "Conv2D", "Conv2DTranspose", "Conv3D", "DepthwiseConv2D",
     "SeparableConv2D", "AveragePooling2D", "MaxPooling2D", "BatchNormalization",
-    "LayerNormalization",
+    "LayerNormalization", "LSTM", "GRU",
 )
 # Keras classes (matched by name along a layer's class hierarchy, so a user's subclass of
 # Conv2D is a Conv2D) and the kind whose kernels they run.
@@ -65,6 +66,12 @@ AVX512_CORE = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 EIGEN_BF16_KINDS = ("Dense", "Embedding", "MaxPooling2D")
 # TF 2.9 with oneDNN: no bfloat16 gradient on any CPU.
 NO_BF16_GRADIENT = ("Conv3D", "DepthwiseConv2D", "SeparableConv2D")
+# Keras 2.9's LSTM and GRU, traced (a training step is), build cuDNN's fused RNN op beside
+# the generic loop and pick one when the step runs; that op takes float16, float32 or
+# float64, so a bfloat16 layer fails as it is traced, with oneDNN or without.  Eager calls
+# work, so the probe traces these kinds.  A layer that cannot use cuDNN (recurrent_dropout,
+# an activation other than tanh, unroll) builds only the generic loop, which runs.
+CUDNN_RNN = ("LSTM", "GRU")
 
 WORKS = "a CPU with AVX-512 (VNNI or BF16) or AMX, or a GPU from Ampere on"
 ALLOWED = f"--precision float32, or mixed_bfloat16 on {WORKS}"
@@ -112,6 +119,13 @@ class Cause:
         return self.why.replace("{what}", what)
 
 
+CUDNN_RNN_CAUSE = Cause(
+    "Keras 2.9's {what} builds cuDNN's fused RNN op beside its generic loop when traced, and "
+    "that op takes float16, float32 or float64, not bfloat16 (on any CPU or GPU)",
+    "--precision float32, or mixed_float16 on a GPU, or an LSTM or GRU that cannot use cuDNN "
+    "(recurrent_dropout > 0, unroll=True, or an activation other than tanh)")
+
+
 def onednn(m: Machine) -> Tuple[bool, str]:
     """Whether TensorFlow 2.9 runs oneDNN here, and why, in words."""
     env = (m.onednn_env or "").strip().lower()
@@ -151,7 +165,7 @@ def expected_failures(policy: str, m: Machine) -> Optional[Dict[str, Cause]]:
         cause = Cause("TensorFlow 2.9 has no bfloat16 gradient kernel for {what} on a CPU "
                       "(with oneDNN or without)",
                       "--precision float32, or mixed_bfloat16 on a GPU from Ampere on")
-        return {k: cause for k in NO_BF16_GRADIENT}
+        return {**{k: cause for k in NO_BF16_GRADIENT}, **_cudnn_rnn()}
     if m.onednn_env is not None and m.avx512:
         tail, allowed = (f"and {why_onednn}",
                          "--precision float32, or mixed_bfloat16 without TF_ENABLE_ONEDNN_OPTS=0")
@@ -166,11 +180,20 @@ def expected_failures(policy: str, m: Machine) -> Optional[Dict[str, Cause]]:
     cause = Cause("TensorFlow 2.9 has bfloat16 CPU kernels for {what} only in oneDNN, "
                   "which it turns on only on CPUs with AVX-512 (VNNI or BF16) or AMX, "
                   + tail, allowed)
-    return {k: cause for k in KINDS if k not in EIGEN_BF16_KINDS}
+    return {**{k: cause for k in KINDS if k not in EIGEN_BF16_KINDS + CUDNN_RNN},
+            **_cudnn_rnn()}
+
+
+def _cudnn_rnn() -> Dict[str, Cause]:
+    return {k: CUDNN_RNN_CAUSE for k in CUDNN_RNN}
 
 
 def kind_of(layer) -> Optional[str]:
-    """The kind whose kernels ``layer`` runs (along its class hierarchy), or None."""
+    """The kind whose kernels ``layer`` runs (along its class hierarchy), or None.  An LSTM
+    or GRU that Keras 2 will not run on cuDNN (``_could_use_gpu_kernel`` false) builds only
+    its generic loop: of no probed kind."""
+    if getattr(layer, "_could_use_gpu_kernel", True) is False:
+        return None
     for cls in type(layer).__mro__:
         kind = CLASS_KINDS.get(cls.__name__)
         if kind:
@@ -336,6 +359,9 @@ def _probe_layer(kind: str, policy: str):
         "MaxPooling2D": lambda: (L.MaxPooling2D(2, **kw), img),
         "BatchNormalization": lambda: (L.BatchNormalization(**kw), img),
         "LayerNormalization": lambda: (L.LayerNormalization(**kw), (1, 3)),
+        "LSTM": lambda: (L.LSTM(2, kernel_initializer=one, recurrent_initializer=one, **kw),
+                         seq),
+        "GRU": lambda: (L.GRU(2, kernel_initializer=one, recurrent_initializer=one, **kw), seq),
     }
     return made[kind]()
 
@@ -343,7 +369,42 @@ def _probe_layer(kind: str, policy: str):
 def _first_line(exc: BaseException) -> str:
     from app.precision.dtype_clash import first_line
 
-    return f"{type(exc).__name__}: {first_line(exc)}"[:240]
+    return f"{type(exc).__name__}: {no_kernel_line(exc) or first_line(exc)}"[:240]
+
+
+# An op whose type constraint leaves the dtype out, as TensorFlow says it when the op is
+# made (a traced call): "Value passed to parameter 'input' has DataType bfloat16 not in list
+# of allowed values: float16, float32, float64".
+_NO_KERNEL = re.compile(rf"DataType {PROBED_DTYPE} not in list of allowed values")
+# Keras 2's context around it: 'Exception encountered when calling layer "lstm" (type LSTM).'
+_CALLED_LAYER = re.compile(r'calling layer "([^"]+)" \(type (\w+)\)')
+
+
+def no_kernel_line(exc: BaseException) -> Optional[str]:
+    """The line of ``exc`` saying an op takes no bfloat16, else None."""
+    for line in str(exc).splitlines():
+        if _NO_KERNEL.search(line):
+            return line.strip()[:200]
+    return None
+
+
+def refusal_from_error(exc: BaseException, model: str) -> Optional[PrecisionUnsupported]:
+    """A model's build function failed under mixed_bfloat16 because an op it made takes no
+    bfloat16 (Keras 2's LSTM and GRU as they are traced): the refusal naming the layer, its
+    cause and what works, instead of "your code raised"; None for any other error."""
+    line = no_kernel_line(exc)
+    if line is None:
+        return None
+    called = _CALLED_LAYER.search(str(exc))
+    name, cls = called.groups() if called else ("?", "?")
+    kind = CLASS_KINDS.get(cls)
+    sup = support(PROBED_POLICY)
+    if kind is not None and not sup.runs(kind):
+        return refusal_for_layers(sup, [(name, cls, kind)], model)
+    where = f"layer {name!r} ({cls})" if called else "a layer"
+    return PrecisionUnsupported(PROBED_POLICY, f"{PROBED_POLICY}{REFUSAL}{where} of model "
+                                f"{model!r} here: one of its ops takes no {PROBED_DTYPE} "
+                                f"({line})", ALLOWED, [kind] if kind else [])
 
 
 def probe(policy: str, kinds: Sequence[str] = KINDS) -> Dict[str, str]:
@@ -356,18 +417,25 @@ def probe(policy: str, kinds: Sequence[str] = KINDS) -> Dict[str, str]:
         try:
             layer, shape = _probe_layer(kind, policy)
             x = tf.constant([[1, 2]]) if shape is None else tf.ones(shape)
-            with tf.GradientTape() as tape:
-                if shape is not None:
-                    tape.watch(x)
-                y = layer(x, training=True)
-                loss = tf.reduce_sum(tf.cast(y, tf.float32))
-            sources = list(layer.trainable_variables) + ([x] if shape is not None else [])
-            for g in tape.gradient(loss, sources):
+            layer(x)   # built eagerly: a traced call cannot make the variables
+            step = tf.function(_forward_backward) if kind in CUDNN_RNN else _forward_backward
+            for g in step(layer, x, shape is not None):
                 if g is not None:
                     tf.convert_to_tensor(g).numpy()   # run it: errors surface here
         except Exception as exc:   # what TensorFlow raises differs by kind and version
             failed[kind] = _first_line(exc)
     return failed
+
+
+def _forward_backward(layer, x, watch: bool):
+    """The gradients of the layer's summed output for its weights (and its input)."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        if watch:
+            tape.watch(x)
+        loss = tf.reduce_sum(tf.cast(layer(x, training=True), tf.float32))
+    return tape.gradient(loss, list(layer.trainable_variables) + ([x] if watch else []))
 
 
 _CACHE: Dict[str, Support] = {}

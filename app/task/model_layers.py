@@ -77,6 +77,16 @@ def check_model(model, spec: str) -> None:
         raise refusal
 
 
+def refusal_from_build_error(exc: BaseException, spec: str):
+    """The kernels refusal for a build function that failed under mixed_bfloat16 because a
+    layer it called makes an op that takes no bfloat16, else None."""
+    from app.precision.policy import global_policy_name
+
+    if global_policy_name() != kernels.PROBED_POLICY:
+        return None
+    return kernels.refusal_from_error(exc, spec)
+
+
 def policy_mismatch(model, policy: str, float32_paths=()) -> Optional[str]:
     """One warning when the model's layers do not compute in the dtypes the run's ``policy``
     gives (a layer's dtype is fixed when it is made): a model made before the policy was set

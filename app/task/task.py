@@ -120,6 +120,13 @@ class Task:
                          num_classes=self.num_classes)
 
     # --- model -------------------------------------------------------------------------------
+    def check_runnable(self, bundle) -> None:
+        """Build the model under the policy now set and check its layers' kernels (raises
+        ``PrecisionUnsupported``), nothing more: how ``auto`` tries bfloat16 on a user's
+        model.  The model is not run and is dropped."""
+        model = _call_model(self.model, bundle)
+        _before_first_call(model, self.float32_layers, self.model.spec)
+
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
         model = _call_model(self.model, bundle)
@@ -206,6 +213,11 @@ def _call_model(entry, bundle):
                                                  else tuple(bundle.input_shape)),
                                  "num_classes": int(bundle.num_classes)})
     except UserCodeError as exc:
+        from app.task.model_layers import refusal_from_build_error
+
+        refusal = refusal_from_build_error(exc.original, entry.spec)
+        if refusal is not None:   # a layer whose ops take no bfloat16, made as it was called
+            raise refusal from None
         if several:   # a function written for one input, given the shapes of several
             exc.during += (f" with input_shape={bundle.input_shape!r}, the shapes of the "
                            "dataset's several inputs")

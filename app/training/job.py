@@ -125,8 +125,40 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                             image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
                             max_val_samples=cfg.max_val_samples, seed=cfg.seed,
                             offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
+    chosen = _runnable_model(decision, task, bundle)
+    if chosen is not decision:
+        decision = chosen
+        output = cfg.output or default_output(cfg, decision.policy)   # named for the policy
     return Prepared(dataclasses.replace(cfg, output=output, resume=resume), hw, decision, task,
                     bundle, dist, previous)
+
+
+def _runnable_model(decision: prec.PrecisionDecision, task: Task, bundle
+                    ) -> prec.PrecisionDecision:
+    """``auto`` never picks a policy it would refuse: a user's model whose layer kinds it
+    cannot know before it is built (``_runnable`` checks the built-ins') is built once under
+    mixed_bfloat16 when some kind fails here, its layers checked, and thrown away; refused,
+    auto falls back to float32 and says why.  Keras' state is cleared after, so the model
+    built for training gets the layer names ``check`` and ``--float32-layers`` use."""
+    from app.core import catalog as registry
+    from app.machine import kernels
+
+    if decision.requested != "auto" or decision.policy != kernels.PROBED_POLICY or \
+            task.model.builtin or not kernels.support(decision.policy).failing:
+        return decision
+    before = prec.global_policy_name()
+    prec.apply_policy(decision.policy)
+    try:
+        task.check_runnable(bundle)
+    except PrecisionUnsupported as exc:
+        return prec.PrecisionDecision(registry.BASELINE_POLICY,
+                                      f"{decision.reason}, but {exc.what}", requested="auto")
+    except (UsageError, UserCodeError):
+        pass   # the build for training reports it, under the policy it runs
+    finally:
+        prec.apply_policy(before)
+        tf.keras.backend.clear_session()
+    return decision
 
 
 def check_holds_no_run(output: str) -> None:

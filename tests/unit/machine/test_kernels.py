@@ -35,9 +35,51 @@ def test_tf29_on_an_avx512_bf16_cpu_runs_convolutions_but_not_every_gradient():
     assert kernels.onednn(m) == (True, "on by default: the CPU has AVX512_VNNI, AVX512_BF16, "
                                        "AMX_TILE, AMX_INT8, AMX_BF16")
     fails = kernels.expected_failures(BF16, m)
-    assert set(fails) == {"Conv3D", "DepthwiseConv2D", "SeparableConv2D"}
+    assert set(fails) == {"Conv3D", "DepthwiseConv2D", "SeparableConv2D", "LSTM", "GRU"}
     assert "gradient" in fails["DepthwiseConv2D"].text("DepthwiseConv2D")
     assert "Ampere" in fails["DepthwiseConv2D"].allowed
+
+
+@pytest.mark.parametrize("flags", [AMD_EPYC_ZEN3, INTEL_SPR, INTEL_SKYLAKE])
+def test_tf29s_lstm_and_gru_fail_for_their_cudnn_op_on_any_cpu(flags):
+    """Keras 2.9 traces cuDNN's RNN op beside the generic loop; the op takes no bfloat16,
+    whatever oneDNN does (measured in the image: eager calls work, traced ones fail)."""
+    fails = kernels.expected_failures(BF16, Machine("2.9.3", flags))
+    for kind in ("LSTM", "GRU"):
+        assert fails[kind] is kernels.CUDNN_RNN_CAUSE
+        assert f"Keras 2.9's {kind} builds cuDNN's fused RNN op" in fails[kind].text(kind)
+    assert "recurrent_dropout" in fails["LSTM"].allowed
+
+
+def test_a_build_that_fails_for_a_bfloat16_op_is_the_refusal_naming_the_layer(monkeypatch):
+    m = Machine("2.9.3", INTEL_SPR)
+    monkeypatch.setitem(kernels._CACHE, BF16, kernels.reconcile(
+        BF16, m, {k: "TypeError: in user code:" for k in kernels.expected_failures(BF16, m)}))
+    keras2 = TypeError('Exception encountered when calling layer "forward_gru" (type GRU).\n\n'
+                       "Value passed to parameter 'input' has DataType bfloat16 not in list of "
+                       "allowed values: float16, float32, float64")
+    line = kernels.refusal_from_error(keras2, "seq.py:build").line()
+    assert line.startswith("error: mixed_bfloat16 cannot run layer 'forward_gru' (GRU) of model "
+                           "'seq.py:build' here: Keras 2.9's GRU builds cuDNN's fused RNN op")
+    # a layer of no known kind: the op's own words
+    odd = TypeError('Exception encountered when calling layer "mine" (type Mine).\n'
+                    "Value passed to parameter 'x' has DataType bfloat16 not in list of "
+                    "allowed values: float32")
+    assert kernels.refusal_from_error(odd, "m:b").line().startswith(
+        "error: mixed_bfloat16 cannot run layer 'mine' (Mine) of model 'm:b' here: one of its "
+        "ops takes no bfloat16 (Value passed to parameter 'x' has DataType bfloat16")
+    assert kernels.refusal_from_error(ValueError("shapes differ"), "m:b") is None
+
+
+def test_an_rnn_that_cannot_use_cudnn_is_of_no_probed_kind():
+    import tensorflow as tf
+
+    assert kernels.kind_of(tf.keras.layers.LSTM(2)) == "LSTM"
+    assert kernels.kind_of(tf.keras.layers.GRU(2)) == "GRU"
+    generic = tf.keras.layers.LSTM(2, recurrent_dropout=0.1)
+    # Keras 2 says whether it may take cuDNN's path; Keras 3 has no such attribute
+    expected = None if hasattr(generic, "_could_use_gpu_kernel") else "LSTM"
+    assert kernels.kind_of(generic) == expected
 
 
 @pytest.mark.parametrize("env, flags, expect", [
@@ -218,6 +260,64 @@ def test_a_users_model_is_refused_after_its_build_not_blamed(no_bf16_convs, tiny
                                                              "layer 'conv2d")
     assert "(also BatchNormalization, LayerNormalization)" in line
     assert line.endswith("allowed: " + kernels.ALLOWED)
+
+
+@pytest.fixture
+def no_bf16_lstm(monkeypatch):
+    """This process' probe result replaced by TF 2.9's on a CPU with AVX512_BF16: every kind
+    runs but three convolutions' gradients and the LSTM and GRU."""
+    m = Machine("2.9.3", INTEL_SPR)
+    monkeypatch.setitem(kernels._CACHE, BF16, kernels.reconcile(
+        BF16, m, {k: "TypeError: in user code:" for k in kernels.expected_failures(BF16, m)}))
+
+
+def test_auto_tries_bfloat16_on_a_users_model_and_falls_back_for_an_lstm(no_bf16_lstm,
+                                                                         tiny_config, tmp_path):
+    """auto never picks a policy it would refuse: the model is built once under bfloat16,
+    checked, dropped; the run folder is named for float32, and the names of the layers the
+    run builds are the first ones (Keras' counters cleared)."""
+    import os
+
+    import tensorflow as tf
+
+    from app.machine.hardware import HardwareInfo
+    from app.training.job import prepare
+    from tests.paths import USER_MODELS
+
+    recurrent = os.path.join(USER_MODELS, "recurrent.py")
+    spr = HardwareInfo(cpu_flags=INTEL_SPR)
+    run = prepare(tiny_config(model=f"{recurrent}:build", dataset=f"{recurrent}:arrays",
+                              precision="auto", output=None), hardware=spr)
+    assert run.decision.policy == "float32"
+    assert ("so bfloat16 math is native, but mixed_bfloat16 cannot run layer 'lstm' (LSTM) of "
+            f"model '{recurrent}:build' here: Keras 2.9's LSTM builds cuDNN's fused RNN op"
+            ) in run.decision.reason
+    assert run.output.endswith("-float32") and not os.path.exists(run.output)
+    assert tf.keras.mixed_precision.global_policy().name == "float32"
+    assert tf.keras.layers.LSTM(2).name == "lstm"
+    # the generic loop runs in bfloat16: auto keeps it; so does a model of Dense layers
+    for build in ("build_generic",) if hasattr(tf.keras.layers.LSTM(2, recurrent_dropout=0.1),
+                                               "_could_use_gpu_kernel") else ():
+        kept = prepare(tiny_config(model=f"{recurrent}:{build}", dataset=f"{recurrent}:arrays",
+                                   precision="auto"), hardware=spr)
+        assert kept.decision.policy == BF16
+    assert prepare(tiny_config(model=os.path.join(USER_MODELS, "policy_aware.py") + ":build",
+                               precision="auto", input_shape="8,8,1"),
+                   hardware=spr).decision.policy == BF16
+
+
+def test_an_lstm_asked_for_in_bfloat16_is_refused_in_one_line(no_bf16_lstm, tiny_config):
+    import os
+
+    from app.training.job import train
+    from tests.paths import USER_MODELS
+
+    recurrent = os.path.join(USER_MODELS, "recurrent.py")
+    with pytest.raises(PrecisionUnsupported) as err:
+        train(tiny_config(model=f"{recurrent}:build", dataset=f"{recurrent}:arrays",
+                          precision=BF16))
+    assert err.value.line().startswith(
+        f"error: mixed_bfloat16 cannot run layer 'lstm' (LSTM) of model '{recurrent}:build' here")
 
 
 def test_check_reports_it_as_a_blocker(no_bf16_convs):
