@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.core.errors import UsageError
-from app.task.data_rows import DataRows
+from app.task.data_rows import DataRows, unread_rows
 from tests.paths import USER_MODELS
 from tests.unit.helpers import error_lines, run_app
 
@@ -132,6 +132,11 @@ def test_data_rows_of_a_dict_name_each_input():
     assert rows.data_name == "x_train" and len(rows) == 6
     batch = {k: v[[4, 2]] for k, v in x.items()}
     assert rows.rows_of(batch, np.array([4, 2]), [0, 1]) == [4, 2]
+    # a run that reads the first 3 rows still names the NaN in row 4, past them
+    read = {k: v[:3] for k, v in x.items()}
+    cut = DataRows(read, np.arange(3), unread=unread_rows(x, np.arange(6), 3))
+    assert cut.nonfinite() == [4] and len(cut) == 6
+    assert unread_rows({"ids": x["ids"]}, np.arange(6), 3) is None   # integers hold no NaN
 
 
 # ---- text in: strings the model vectorizes itself -------------------------------------------
