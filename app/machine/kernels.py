@@ -372,39 +372,67 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {no_kernel_line(exc) or first_line(exc)}"[:240]
 
 
-# An op whose type constraint leaves the dtype out, as TensorFlow says it when the op is
-# made (a traced call): "Value passed to parameter 'input' has DataType bfloat16 not in list
-# of allowed values: float16, float32, float64".
-_NO_KERNEL = re.compile(rf"DataType {PROBED_DTYPE} not in list of allowed values")
-# Keras 2's context around it: 'Exception encountered when calling layer "lstm" (type LSTM).'
-_CALLED_LAYER = re.compile(r'calling layer "([^"]+)" \(type (\w+)\)')
+# How TensorFlow says an op has no bfloat16 kernel: when the op is made (a traced call),
+# "Value passed to parameter 'input' has DataType bfloat16 not in list of allowed values:
+# float16, float32, float64"; when it runs, "Could not find device for node: {{node Lgamma}}
+# = Lgamma[T=DT_BFLOAT16]" or "No OpKernel was registered to support Op 'Lgamma' ...
+# [T=DT_BFLOAT16]".
+_NO_KERNEL = (
+    re.compile(rf"DataType {PROBED_DTYPE} not in list of allowed values"),
+    re.compile(r"Could not find device for node: \{\{node [^}]*\}\} = (\w+)\[[^\]]*"
+               r"DT_BFLOAT16"),
+    re.compile(r"No OpKernel was registered to support Op '(\w+)'.*DT_BFLOAT16"),
+)
+# The layer around it: Keras 2 'Exception encountered when calling layer "lstm" (type
+# LSTM).', Keras 3 'Exception encountered when calling LogGamma.call().'
+_CALLED_LAYER = (re.compile(r'calling layer "([^"]+)" \(type (\w+)\)'),
+                 re.compile(r"calling ()(\w+)\.call\(\)"))
 
 
 def no_kernel_line(exc: BaseException) -> Optional[str]:
     """The line of ``exc`` saying an op takes no bfloat16, else None."""
     for line in str(exc).splitlines():
-        if _NO_KERNEL.search(line):
+        if any(p.search(line) for p in _NO_KERNEL):
             return line.strip()[:200]
     return None
 
 
-def refusal_from_error(exc: BaseException, model: str) -> Optional[PrecisionUnsupported]:
-    """A model's build function failed under mixed_bfloat16 because an op it made takes no
-    bfloat16 (Keras 2's LSTM and GRU as they are traced): the refusal naming the layer, its
-    cause and what works, instead of "your code raised"; None for any other error."""
+def _no_kernel_op(line: str) -> Optional[str]:
+    for p in _NO_KERNEL[1:]:
+        found = p.search(line)
+        if found:
+            return found.group(1)
+    return None
+
+
+def refusal_from_error(exc: BaseException, model: str, paths: Optional[Mapping[str, str]] = None
+                       ) -> Optional[PrecisionUnsupported]:
+    """A model failed under mixed_bfloat16, as its build function made it or on its first
+    batch, because an op takes no bfloat16 (Keras 2's LSTM and GRU as they are traced, an op
+    of a custom layer with no bfloat16 kernel): the refusal naming the layer, the cause and
+    what works, instead of "your code raised"; None for any other error.  ``paths``: a
+    layer's path by its class name, for an error that names only the class (Keras 3)."""
     line = no_kernel_line(exc)
     if line is None:
         return None
-    called = _CALLED_LAYER.search(str(exc))
-    name, cls = called.groups() if called else ("?", "?")
+    text = str(exc)
+    called = next((m for m in (p.search(text) for p in _CALLED_LAYER) if m), None)
+    name, cls = called.groups() if called else ("", "")
+    name = name or (paths or {}).get(cls, "")
     kind = CLASS_KINDS.get(cls)
     sup = support(PROBED_POLICY)
     if kind is not None and not sup.runs(kind):
         return refusal_for_layers(sup, [(name, cls, kind)], model)
-    where = f"layer {name!r} ({cls})" if called else "a layer"
+    where = (f"layer {name!r} ({cls})" if name else f"a layer of class {cls}" if cls
+             else "a layer")
+    op = _no_kernel_op(line)
+    why = (f"TensorFlow has no {PROBED_DTYPE} kernel for its op {op} here" if op
+           else f"one of its ops takes no {PROBED_DTYPE} ({line})")
+    in_float32 = (f"--float32-layers {name} (that layer in float32, the rest in bfloat16)"
+                  if name else "that layer with dtype='float32'")
     return PrecisionUnsupported(PROBED_POLICY, f"{PROBED_POLICY}{REFUSAL}{where} of model "
-                                f"{model!r} here: one of its ops takes no {PROBED_DTYPE} "
-                                f"({line})", ALLOWED, [kind] if kind else [])
+                                f"{model!r}: {why}", f"--precision float32, or {in_float32}",
+                                [kind] if kind else [])
 
 
 def probe(policy: str, kinds: Sequence[str] = KINDS) -> Dict[str, str]:

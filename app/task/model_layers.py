@@ -77,14 +77,18 @@ def check_model(model, spec: str) -> None:
         raise refusal
 
 
-def refusal_from_build_error(exc: BaseException, spec: str):
-    """The kernels refusal for a build function that failed under mixed_bfloat16 because a
-    layer it called makes an op that takes no bfloat16, else None."""
+def refusal_from_build_error(exc: BaseException, spec: str, model=None):
+    """The kernels refusal for a model that failed under mixed_bfloat16, as its build
+    function called a layer or on its first batch, because an op takes no bfloat16, else
+    None.  ``model``, when there is one, names a layer the error gives only the class of."""
     from app.precision.policy import global_policy_name
 
     if global_policy_name() != kernels.PROBED_POLICY:
         return None
-    return kernels.refusal_from_error(exc, spec)
+    paths: dict = {}
+    for path, layer, _parent in (walk(model) if model is not None else ()):
+        paths.setdefault(type(layer).__name__, path)
+    return kernels.refusal_from_error(exc, spec, paths)
 
 
 def policy_mismatch(model, policy: str, float32_paths=()) -> Optional[str]:

@@ -121,11 +121,13 @@ class Task:
 
     # --- model -------------------------------------------------------------------------------
     def check_runnable(self, bundle) -> None:
-        """Build the model under the policy now set and check its layers' kernels (raises
-        ``PrecisionUnsupported``), nothing more: how ``auto`` tries bfloat16 on a user's
-        model.  The model is not run and is dropped."""
+        """Build the model under the policy now set, check its layers' kinds and run it on
+        two samples (raises ``PrecisionUnsupported``), nothing more: how ``auto`` tries
+        bfloat16 on a user's model.  The model is dropped."""
         model = _call_model(self.model, bundle)
-        _before_first_call(model, self.float32_layers, self.model.spec)
+        model, _ = _before_first_call(model, self.float32_layers, self.model.spec)
+        if bundle.sample_batch is not None:   # ops of custom layers: their kernels run
+            _forward(model, bundle.sample_batch[0], self.model.spec)
 
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
@@ -272,9 +274,14 @@ def _check_inputs_fit(model, x, model_spec: str, dataset_spec: str):
 def _forward(model, x, spec):
     import tensorflow as tf
 
+    from app.task.model_layers import refusal_from_build_error
+
     try:
         return model(tf.nest.map_structure(lambda t: t[:2], x), training=False)
     except Exception as exc:
+        refusal = refusal_from_build_error(exc, spec, model)
+        if refusal is not None:   # an op with no bfloat16 kernel, not the user's bug
+            raise refusal from None
         raise UserCodeError(spec, "running the model on one batch", exc) from exc
 
 

@@ -135,16 +135,17 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
 
 def _runnable_model(decision: prec.PrecisionDecision, task: Task, bundle
                     ) -> prec.PrecisionDecision:
-    """``auto`` never picks a policy it would refuse: a user's model whose layer kinds it
-    cannot know before it is built (``_runnable`` checks the built-ins') is built once under
-    mixed_bfloat16 when some kind fails here, its layers checked, and thrown away; refused,
-    auto falls back to float32 and says why.  Keras' state is cleared after, so the model
-    built for training gets the layer names ``check`` and ``--float32-layers`` use."""
+    """``auto`` never picks a policy it would refuse: a user's model, whose layers it cannot
+    know before it is built (``_runnable`` checks the built-ins'), is built once under
+    mixed_bfloat16, its layers checked, run on two samples (a custom layer's op may have no
+    bfloat16 kernel) and thrown away; refused, auto falls back to float32 and says why.
+    Keras' state is cleared after, so the model built for training gets the layer names
+    ``check`` and ``--float32-layers`` use."""
     from app.core import catalog as registry
     from app.machine import kernels
 
     if decision.requested != "auto" or decision.policy != kernels.PROBED_POLICY or \
-            task.model.builtin or not kernels.support(decision.policy).failing:
+            task.model.builtin:
         return decision
     before = prec.global_policy_name()
     prec.apply_policy(decision.policy)

@@ -65,9 +65,18 @@ def test_a_build_that_fails_for_a_bfloat16_op_is_the_refusal_naming_the_layer(mo
     odd = TypeError('Exception encountered when calling layer "mine" (type Mine).\n'
                     "Value passed to parameter 'x' has DataType bfloat16 not in list of "
                     "allowed values: float32")
-    assert kernels.refusal_from_error(odd, "m:b").line().startswith(
-        "error: mixed_bfloat16 cannot run layer 'mine' (Mine) of model 'm:b' here: one of its "
+    line = kernels.refusal_from_error(odd, "m:b").line()
+    assert line.startswith(
+        "error: mixed_bfloat16 cannot run layer 'mine' (Mine) of model 'm:b': one of its "
         "ops takes no bfloat16 (Value passed to parameter 'x' has DataType bfloat16")
+    assert line.endswith("allowed: --precision float32, or --float32-layers mine (that layer "
+                         "in float32, the rest in bfloat16)")
+    # Keras 3 names only the class: the model's layer of that class is named
+    keras3 = RuntimeError("Exception encountered when calling LogGamma.call().\n\nCould not "
+                          "find device for node: {{node Lgamma}} = Lgamma[T=DT_BFLOAT16]")
+    assert "layer 'block/lg' (LogGamma) of model 'm:b': TensorFlow has no bfloat16 kernel for " \
+        "its op Lgamma here" in kernels.refusal_from_error(keras3, "m:b",
+                                                           {"LogGamma": "block/lg"}).line()
     assert kernels.refusal_from_error(ValueError("shapes differ"), "m:b") is None
 
 
@@ -318,6 +327,35 @@ def test_an_lstm_asked_for_in_bfloat16_is_refused_in_one_line(no_bf16_lstm, tiny
                           precision=BF16))
     assert err.value.line().startswith(
         f"error: mixed_bfloat16 cannot run layer 'lstm' (LSTM) of model '{recurrent}:build' here")
+
+
+def test_an_op_without_a_bfloat16_kernel_is_a_refusal_and_float32_layers_is_its_fix(
+        tiny_config, tmp_path):
+    """A custom layer's op with no bfloat16 kernel failed on the first batch as "your code
+    raised NotFoundError"; auto picked bfloat16 for it and blamed the user."""
+    import os
+
+    from app.machine.hardware import HardwareInfo
+    from app.training.job import prepare, train
+    from tests.paths import USER_MODELS
+
+    spec = os.path.join(USER_MODELS, "no_bf16_op.py") + ":build"
+    cfg = dict(model=spec, input_shape="8", epochs=1)
+    with pytest.raises(PrecisionUnsupported) as err:
+        train(tiny_config(precision=BF16, **cfg))
+    assert err.value.line() == (
+        f"error: mixed_bfloat16 cannot run layer 'log_gamma' (LogGamma) of model '{spec}': "
+        "TensorFlow has no bfloat16 kernel for its op Lgamma here; allowed: --precision "
+        "float32, or --float32-layers log_gamma (that layer in float32, the rest in bfloat16)")
+    m = train(tiny_config(precision=BF16, float32_layers="log_gamma",
+                          output=str(tmp_path / "fixed"), **cfg))
+    assert m["status"] == "completed" and m["precision"]["policy"] == BF16
+    auto = prepare(tiny_config(precision="auto", **cfg),
+                   hardware=HardwareInfo(cpu_flags=INTEL_SPR))
+    assert auto.decision.policy == "float32"
+    assert auto.decision.reason.endswith("but mixed_bfloat16 cannot run layer 'log_gamma' "
+                                         f"(LogGamma) of model '{spec}': TensorFlow has no "
+                                         "bfloat16 kernel for its op Lgamma here")
 
 
 def test_check_reports_it_as_a_blocker(no_bf16_convs):
