@@ -141,6 +141,7 @@ class Task:
             _check_inputs_fit(model, sample_batch[0], self.model.spec, self.dataset.spec)
         prediction = (_forward(model, sample_batch[0], self.model.spec)
                       if sample_batch is not None else None)
+        _check_one_output(prediction, self.model.spec)
         units = _output_units(model, prediction)
         _check_output_fits(units, bundle, self.model.spec, self.dataset.spec)
         notes: list = []
@@ -269,6 +270,25 @@ def _check_inputs_fit(model, x, model_spec: str, dataset_spec: str):
                      f"features as {data}",
                      "features as one tensor for a model of one input, or a dict of tensors "
                      "keyed by the model's input names (docs/your-model.md)")
+
+
+def _check_one_output(prediction, spec: str) -> None:
+    """The loss, the metrics and the sentinel take the model's output as one tensor against
+    one label: a dict or list of outputs (a model of several heads) is one line."""
+    import tensorflow as tf
+
+    if prediction is None or tf.is_tensor(prediction):
+        return
+    if isinstance(prediction, dict):
+        got = f"a dict of {len(prediction)} output(s) ({', '.join(map(repr, prediction))})"
+    elif isinstance(prediction, (list, tuple)):
+        got = f"a {type(prediction).__name__} of {len(prediction)} output(s)"
+    else:
+        got = type(prediction).__name__
+    raise UsageError(f"model {spec!r} returns {got}; tfmp trains a model of one output "
+                     "against one label",
+                     "a model whose output is one tensor: return outputs['name'] (or the "
+                     "one head to train) from the model function")
 
 
 def _forward(model, x, spec):

@@ -171,3 +171,20 @@ def test_pad_to_tiles_rounds_up():
 
     assert [pad_to_tiles(n) for n in (1, 8, 20, 50, 57)] == [8, 8, 24, 56, 64]
     assert round_to_tiles(50) == 48   # the nearest, for widths
+
+
+def test_a_model_of_several_outputs_is_one_line(tmp_path):
+    """It died in a traceback from the app's own loss set-up (a dict taken for a tensor)."""
+    arrays = os.path.join(str(USER_MODELS), "datasets.py") + ":arrays"
+    for command in ("train", "check"):
+        out = ["--output", str(tmp_path / "run")] if command == "train" else []
+        proc = run_app(command, "--model", f"{SEVERAL}:heads", "--dataset", arrays,
+                       "--precision", "float32", *out)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert error_lines(proc.stderr) == [
+            f"error: model '{SEVERAL}:heads' returns a dict of 2 output(s) ('classes', "
+            "'score'); tfmp trains a model of one output against one label; allowed: a model "
+            "whose output is one tensor: return outputs['name'] (or the one head to train) "
+            "from the model function"], proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()

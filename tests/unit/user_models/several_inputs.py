@@ -75,3 +75,11 @@ def build_ordered(input_shape, num_classes):
 def fixed(num_classes):
     """The dict model with its shapes written in, whatever data it is given."""
     return build({"num": (NUM,), "ids": (IDS,)}, num_classes)
+
+
+def heads(input_shape, num_classes):
+    """Two heads in a dict: a model of several outputs, which tfmp does not train."""
+    inputs = tf.keras.Input(input_shape)
+    h = tf.keras.layers.Dense(16, activation="relu")(tf.keras.layers.Flatten()(inputs))
+    return tf.keras.Model(inputs, {"classes": tf.keras.layers.Dense(num_classes)(h),
+                                   "score": tf.keras.layers.Dense(1)(h)})
