@@ -12,7 +12,7 @@ import gzip
 import os
 import pickle
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,6 +42,8 @@ class DataBundle:
     # The training arrays the pipeline gathers from (app.task.data_rows.DataRows), so the
     # sentinel can name a faulty sample's row; None for a pipeline that shuffles in a buffer
     train_rows: object | None = None
+    # What the run should say of the data (a user's dataset that came batched)
+    notes: list = field(default_factory=list)
 
 
 def shape_json(shape):

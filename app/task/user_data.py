@@ -235,12 +235,16 @@ def _element_parts(ds, spec, returned, which):
         raise _bad(spec, returned, f"the {which} dataset's elements are {es}; expected "
                                    "(features, label): features one tensor or a dict of "
                                    "tensors (one per model input), the label one tensor")
-    fx, fy = es
-    first = tf.nest.flatten(fx)[0]
-    if first.shape.rank and first.shape[0] is None:
-        raise _bad(spec, returned, f"the {which} dataset looks batched (element shape "
-                                   f"{first.shape}); return it unbatched, the app batches it")
-    return fx, fy
+    return es
+
+
+def _batched(ds) -> bool:
+    """Every part's first dimension unknown: batches, as Keras' own loaders give them
+    (``image_dataset_from_directory`` and the like).  An unbatched dataset of sequences of
+    varying length has scalar labels, so it does not look so."""
+    import tensorflow as tf
+
+    return all(s.shape.rank and s.shape[0] is None for s in tf.nest.flatten(ds.element_spec))
 
 
 def _tensor_structure(spec) -> bool:
@@ -323,8 +327,18 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
     import tensorflow as tf
 
     returned = (train, val)
-    fx, fy = _element_parts(train, spec, returned, "training")
+    notes = []
+    _element_parts(train, spec, returned, "training")
     _element_parts(val, spec, returned, "validation")
+    if _batched(train) or _batched(val):
+        # The app batches at the global batch (the replicas, --accumulate and tune decide
+        # it): the user's batches are taken apart first, their samples kept in order.
+        first = tf.nest.flatten(train.element_spec)[0]
+        train, val = (ds.unbatch() if _batched(ds) else ds for ds in (train, val))
+        notes.append(f"dataset {spec!r} came batched (elements of shape {first.shape}): "
+                     "its batches are taken apart and the samples batched again at the "
+                     "run's global batch")
+    fx, fy = train.element_spec
     for name, part in _named_parts(fx):
         if not part.shape.is_fully_defined():
             raise _bad(spec, returned, f"training features{name} have shape {part.shape}; "
@@ -395,4 +409,4 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
                       label_kind=kind, sample_batch=tf.nest.map_structure(
                           lambda t: t.numpy(), tuple(sample)),
                       train_rows=DatasetElements(n_train, bad, bad_total,
-                                                 first_only=bool(max_train)))
+                                                 first_only=bool(max_train)), notes=notes)

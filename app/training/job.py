@@ -235,7 +235,7 @@ def build_parts(run: Prepared, stop: StopFlag | None = None) -> TrainingParts:
             opt = loss_scale.wrap_optimizer(opt, run.decision.policy,
                                             initial_scale=cfg.initial_loss_scale)
         loss_scale.build_optimizer(opt, built.model.trainable_variables)
-    for note in built.notes:
+    for note in run.bundle.notes + built.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
     for warning in built.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
