@@ -43,8 +43,9 @@ def _functional_output_dtype(layer) -> Optional[str]:
 
 
 def _own_weights(layer) -> list:
-    """The layer's variables (not Keras 2's vocabulary handlers, which have no dtype)."""
-    return [w for w in getattr(layer, "weights", []) or [] if getattr(w, "dtype", None)]
+    from app.precision.finite import variables_of
+
+    return variables_of(getattr(layer, "weights", []) or [])
 
 
 def _has_kernel(layer) -> bool:

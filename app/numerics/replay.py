@@ -225,8 +225,7 @@ def state_kept(model):
     counters) as it was before the replay: the passes run with ``training=True`` and would
     move it, with a non-finite batch into NaN, and the state that failed is the user's to
     examine (``app.train``) after the report."""
-    kept = [(v, tf.identity(v)) for v in model.non_trainable_variables
-            if getattr(v, "dtype", None) is not None]   # not Keras 2's vocabulary handlers
+    kept = [(v, tf.identity(v)) for v in finite.variables_of(model.non_trainable_variables)]
     try:
         yield
     finally:

@@ -32,12 +32,16 @@ _MAX_TERMS = 2 ** 22
 _MIN_ELEMENTS = 1 << 16
 
 
-def floating_variables(weights) -> list:
-    """The floating-point variables among a model's ``weights``.  Keras 2's lookup layers
+def variables_of(weights) -> list:
+    """The variables among a model's (or a layer's) ``weights``: Keras 2's lookup layers
     (StringLookup, TextVectorization) list a vocabulary handler there that is no variable
-    and has no dtype; integer variables cannot hold a NaN."""
-    return [w for w in weights if getattr(w, "dtype", None) is not None
-            and tf.as_dtype(w.dtype).is_floating]
+    and has no dtype."""
+    return [w for w in weights if getattr(w, "dtype", None) is not None]
+
+
+def floating_variables(weights) -> list:
+    """The floating-point variables among ``weights`` (integer ones cannot hold a NaN)."""
+    return [w for w in variables_of(weights) if tf.as_dtype(w.dtype).is_floating]
 
 
 def all_finite(grads) -> tf.Tensor:

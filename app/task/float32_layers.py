@@ -159,9 +159,10 @@ def apply(model, names: Sequence[str], spec: str) -> Tuple[Any, List[str]]:
 def _sixteen_bit(layer) -> List[str]:
     """The 16-bit dtypes of ``layer``'s variables: made in its compute dtype when the model
     was built (Keras 2's Normalization, as in EfficientNet; or dtype='float16')."""
+    from app.precision.finite import variables_of
     from app.task.model_layers import dtype_name
 
-    return sorted({dtype_name(w.dtype) for w in layer.weights if getattr(w, "dtype", None)}
+    return sorted({dtype_name(w.dtype) for w in variables_of(layer.weights)}
                   & {"float16", "bfloat16"})
 
 

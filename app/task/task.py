@@ -222,9 +222,9 @@ def _call_model(entry, bundle):
         if refusal is not None:   # a layer whose ops take no bfloat16, made as it was called
             raise refusal from None
         if several:   # a function written for one input, given the shapes of several
-            exc.during += (f" with input_shape={bundle.input_shape!r}, the shapes of the "
-                           "dataset's several inputs")
-            exc.args = (exc.line(),)
+            raise UserCodeError(entry.spec, f"{exc.during} with input_shape="
+                                f"{bundle.input_shape!r}, the shapes of the dataset's several "
+                                "inputs", exc.original) from exc.original
         raise
     if not isinstance(model, tf.keras.Model):
         raise UsageError(f"model spec {entry.spec!r} returned "

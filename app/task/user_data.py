@@ -372,8 +372,10 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
         kind, classes = "other", max(1, fy.shape.num_elements() or 1)
     several = not isinstance(fx, tf.TensorSpec)
     # One tensor may be reshaped for a built-in model; several inputs go as they are.
-    shape = (tf.nest.map_structure(lambda s: tuple(int(d) for d in s.shape), fx) if several
-             else input_shape(tuple(int(d) for d in fx.shape)))
+    shapes = [tuple(int(d) for d in s.shape) for s in tf.nest.flatten(fx)]
+    if not several:
+        shapes = [input_shape(shapes[0])]
+    shape = tf.nest.pack_sequence_as(fx, shapes) if several else shapes[0]
 
     def feature(x, shape):
         if x.dtype == tf.uint8:
@@ -384,9 +386,6 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
             # ids an Embedding or a lookup layer takes; float32 would round ids past 2**24).
             x = tf.cast(x, tf.float32)
         return tf.reshape(x, shape)
-
-    shapes = ([tuple(int(d) for d in s.shape) for s in tf.nest.flatten(fx)] if several
-              else [shape])
 
     def prepare(x, y):
         x = tf.nest.pack_sequence_as(x, [feature(t, s) for t, s in

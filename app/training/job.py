@@ -141,7 +141,6 @@ def _runnable_model(decision: prec.PrecisionDecision, task: Task, bundle
     bfloat16 kernel) and thrown away; refused, auto falls back to float32 and says why.
     Keras' state is cleared after, so the model built for training gets the layer names
     ``check`` and ``--float32-layers`` use."""
-    from app.core import catalog as registry
     from app.machine import kernels
 
     if decision.requested != "auto" or decision.policy != kernels.PROBED_POLICY or \
@@ -152,8 +151,7 @@ def _runnable_model(decision: prec.PrecisionDecision, task: Task, bundle
     try:
         task.check_runnable(bundle)
     except PrecisionUnsupported as exc:
-        return prec.PrecisionDecision(registry.BASELINE_POLICY,
-                                      f"{decision.reason}, but {exc.what}", requested="auto")
+        return _fall_back(decision, exc.what)
     except (UsageError, UserCodeError):
         pass   # the build for training reports it, under the policy it runs
     finally:
@@ -187,8 +185,7 @@ def _runnable(decision: prec.PrecisionDecision, model: str, hw) -> prec.Precisio
         sup = kernels.support(decision.policy, hw)
         if sup.failing and (sup.everything or (sup.onednn is not None and not sup.onednn[0])):
             cause = next(iter(sup.failing.values())).text("convolutions")
-            return prec.PrecisionDecision(registry.BASELINE_POLICY,
-                                          f"{decision.reason}, but {cause}", requested="auto")
+            return _fall_back(decision, cause)
     kinds = registry.layer_kinds(model)
     if kinds is None:
         return decision
@@ -197,9 +194,16 @@ def _runnable(decision: prec.PrecisionDecision, model: str, hw) -> prec.Precisio
     except PrecisionUnsupported as exc:
         if not auto:
             raise
-        return prec.PrecisionDecision(registry.BASELINE_POLICY,
-                                      f"{decision.reason}, but {exc.what}", requested="auto")
+        return _fall_back(decision, exc.what)
     return decision
+
+
+def _fall_back(decision: prec.PrecisionDecision, why: str) -> prec.PrecisionDecision:
+    """``auto``'s choice given up for float32, with the reason it could not be kept."""
+    from app.core import catalog as registry
+
+    return prec.PrecisionDecision(registry.BASELINE_POLICY, f"{decision.reason}, but {why}",
+                                  requested="auto")
 
 
 # ---- 2. build: model, optimizer, step statistics, checkpointer -------------------------------
