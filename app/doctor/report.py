@@ -6,6 +6,7 @@ from typing import Optional
 
 from app.core.exit_codes import EXIT_FAILED, EXIT_OK
 from app.task.data import several_inputs, shape_text
+from app.task.float32_layers import FLAG as F32_FLAG
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 SEVERITIES = (BLOCKER, WARNING, INFO)
@@ -77,6 +78,9 @@ def to_text(report: dict) -> str:
     decision = report.get("precision") or {}
     if decision.get("requested") == "auto":
         out.append(f"precision: auto chose {report['policy']} ({decision.get('reason')})")
+    # The float32 layers have a line of their own below.
+    out += [f"note: {note}" for note in report.get("notes") or []
+            if not note.startswith(f"{F32_FLAG}:")]
     if report.get("float32_layers"):
         out.append(f"float32 layers (--float32-layers): {', '.join(report['float32_layers'])}")
     rows = [(r["name"], r["class"], r["compute_dtype"], r["variable_dtype"],

@@ -196,7 +196,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
             return _finish(report, findings)
         raise
     model = built.model
-    report["notes"] = list(built.notes)
+    report["notes"] = list(bundle.notes) + list(built.notes)   # as train prints them
     report["float32_layers"] = list(built.float32_layers)
     entries = model_layers.walk(model)
     weights0 = model.get_weights()

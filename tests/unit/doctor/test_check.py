@@ -222,6 +222,19 @@ def test_unbatched_datasets_as_data(user_models):
 
 # ---- the command line -----------------------------------------------------------------------------
 
+def test_cli_says_what_it_did_to_the_data_as_train_does(tmp_path):
+    """A batched tf.data set is taken apart: train says so in a note, and check did not."""
+    out = tmp_path / "check.json"
+    r = run_app("check", "--model", os.path.join(MODELS, "policy_aware.py") + ":build",
+                "--dataset", os.path.join(MODELS, "datasets.py") + ":batched",
+                "--precision", "float32", "--batch-size", "8", "--steps", "2", "--json", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [ln[len("note: "):] for ln in r.stdout.splitlines() if ln.startswith("note: ")]
+    assert "came batched (elements of shape (None, 8, 8, 1))" in said[0], r.stdout[:1500]
+    assert "loss: sparse_categorical_crossentropy on probabilities" in said[1]   # the build's
+    assert json.loads(out.read_text())["notes"] == said
+
+
 def test_cli_py_path_ready_with_json(tmp_path):
     out = tmp_path / "check.json"
     r = run_app("check", "--model", os.path.join(MODELS, "policy_aware.py") + ":build",
