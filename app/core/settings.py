@@ -120,6 +120,10 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("accumulate", "how", "gradient accumulation: N micro-batches of --batch-size per "
             "optimizer update, so the update sees a global batch N times larger than fits "
             "(default 1: none; docs/training.md)", int, passed=True),
+    Setting("class_weight", "how", "weigh each training sample by its class, as Keras' "
+            "fit(class_weight=...): 'balanced' (n / (classes * the class's samples)) or "
+            "CLASS=WEIGHT pairs, e.g. 3=10 (classes not listed weigh 1); multiplies the "
+            "data's own sample weights", metavar="balanced|C=W,...", passed=True),
     Setting("global_batch", "how", "the batch each update sees, the other way to say "
             "--accumulate: a multiple of --batch-size times the replicas (default: --batch-size "
             "times the replicas times --accumulate)", int, metavar="B"),

@@ -23,7 +23,8 @@ def eval_loss(model, loss_fn, x, y) -> Optional[float]:
 
 
 def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y_eval) -> dict:
-    """Run ``len(batches)`` steps; ``step(x, y, scale)`` -> (loss, gradients of loss*scale).
+    """Run ``len(batches)`` steps on ``batches`` ((x, y) or (x, y, sample_weight));
+    ``step(x, y, scale[, sample_weight])`` -> (loss, gradients of loss*scale).
 
     Watched as the sentinel watches training (``app.numerics.rules``): a step whose loss is
     not finite, or without loss scaling whose gradients are not, or ``FLOOR_PATIENCE``
@@ -41,18 +42,18 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
     start = eval_loss(model, loss_fn, x_eval, y_eval)
     losses, skipped, at_floor, run_start, fault = [], 0, 0, 0, None
     previous_skipped = False
-    for i, (x, y) in enumerate(batches, start=1):
+    for i, batch in enumerate(batches, start=1):
         # The scale from the optimizer's own scaling call (1 x the scale): Keras 2's
         # LossScaleOptimizer then knows the loss was scaled, where it warned "You forgot to
         # call LossScaleOptimizer.get_scaled_loss()" at every apply of `check --steps`.
         scaled_one = loss_scale.scale_loss(optimizer, tf.constant(1.0))
         scale = float(scaled_one)
-        loss, grads = step(x, y, scaled_one)
+        loss, grads = step(*batch[:2], scaled_one, *batch[2:])
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         kind = _faulty(loss, [g for g, _ in pairs], optimizer)
         if kind is not None:
             fault = {"fault": rules.Fault(kind, i, rules.headline(kind, policy=policy), scale),
-                     "batch": (x, y)}
+                     "batch": batch}
             losses.append(finite_float(loss))
             break
         applied = loss_scale.unscale_and_apply(optimizer, [g for g, _ in pairs],
@@ -66,7 +67,7 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
         losses.append(finite_float(loss))
         if at_floor >= rules.FLOOR_PATIENCE:
             fault = {"fault": rules.Fault("floor", i, rules.headline("floor", run_start=run_start),
-                                          scale), "batch": (x, y)}
+                                          scale), "batch": batch}
             break
     end = eval_loss(model, loss_fn, x_eval, y_eval)
     return {"start": start, "end": end, "train_losses": losses, "skipped_steps": skipped,

@@ -82,28 +82,30 @@ def model_outputs(model, prediction, captured, entries) -> List[tuple]:
 
 
 def gradient_fn(model, loss_fn, jit: bool):
-    """(x, y, scale) -> (loss, gradients of loss*scale) for the trainable variables: training's
-    own forward and backward (``app.training.step``) at a scale the probe chooses."""
+    """(x, y, scale[, sample_weight]) -> (loss, gradients of loss*scale) for the trainable
+    variables: training's own forward and backward (``app.training.step``) at a scale the
+    probe chooses."""
     import tensorflow as tf
 
     from app.training.step import forward_backward
 
-    def grads(x, y, scale):
-        out = forward_backward(model, loss_fn, x, y, lambda loss: loss * tf.cast(scale, loss.dtype))
+    def grads(x, y, scale, sample_weight=None):
+        out = forward_backward(model, loss_fn, x, y, lambda loss: loss * tf.cast(scale, loss.dtype),
+                               sample_weight)
         return out.loss, out.grads
     if not jit:
         return grads
     compiled = tf.function(grads, jit_compile=True)
     state = {"fn": compiled}
 
-    def call(x, y, scale):
+    def call(x, y, scale, sample_weight=None):
         try:
-            return state["fn"](x, y, scale)
+            return state["fn"](x, y, scale, sample_weight)
         except Exception as exc:
             if state["fn"] is grads or _is_python_error(exc):
                 raise
             state["fn"] = grads   # XLA cannot compile this model: plain TensorFlow
-            return grads(x, y, scale)
+            return grads(x, y, scale, sample_weight)
     call.fallback = lambda: state["fn"] is grads
     return call
 

@@ -65,12 +65,13 @@ def _batches(bundle, steps: int):
     """steps + 1 full batches: the first for the probe and the before/after loss, the rest
     for the training steps (repeated when the data has fewer)."""
     out, size = [], None
-    for x, y in bundle.train:   # x: a tensor, or a dict of them (several inputs)
+    for batch in bundle.train:   # (x, y[, sample_weight]); x a tensor or a dict of them
+        rows = int(batch[1].shape[0])
         if size is None:
-            size = int(y.shape[0])
-        if int(y.shape[0]) != size:
+            size = rows
+        if rows != size:
             continue  # a smaller last batch would recompile the step
-        out.append((x, y))
+        out.append(tuple(batch))
         if len(out) == steps + 1:
             break
     if not out:
@@ -181,7 +182,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     report = _new_report(task, bundle, decision, hw, batch_size, steps)
     findings = _policy_findings(policy, hw) + _data_findings(report, bundle)
     batches = _batches(bundle, steps)
-    x0, y0 = batches[0]
+    x0, y0 = batches[0][:2]   # the probe looks at the model's numbers: unweighted
     try:
         built = _build(task, bundle, policy, seed, bundle.sample_batch)
     except PrecisionUnsupported as exc:
@@ -308,7 +309,7 @@ def _compare(task, bundle, built, model, step, batches, policy, seed, weights0, 
 
     from app.numerics import replay
 
-    x_eval, y_eval = batches[0]
+    x_eval, y_eval = batches[0][:2]
     train = batches[1:]
     opt = built.optimizer or tf.keras.optimizers.Adam(learning_rate=1e-3)
     # As train records it: weights that grow 1e4x by the fault point at the learning rate.

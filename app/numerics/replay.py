@@ -27,6 +27,7 @@ from app.numerics import limits, rules
 from app.numerics.tap import Tap, largest_finite
 from app.precision import finite, layer_policy
 from app.task.data_rows import MOST_LISTED, SHOWN, nonfinite_rows
+from app.task.losses import weighted
 
 # Weights this many times larger than at the start, with the batch non-finite in float32
 # too, point at the optimizer (the learning rate) rather than the model.
@@ -63,18 +64,19 @@ class PassResult:
                 and all(c.out_finite and c.grad_in_finite for c in self.calls))
 
 
-def run_pass(model, loss_fn, entries, x, y, scale: float) -> PassResult:
+def run_pass(model, loss_fn, entries, x, y, scale: float, sample_weight=None) -> PassResult:
     """One forward and backward pass of ``x, y`` through ``model`` as its layers' policies
-    are now, gradients of ``loss * scale``."""
+    are now, gradients of ``loss * scale`` (each sample's loss times its ``sample_weight``,
+    as training weighed it)."""
     variables = list(model.trainable_variables)
     meta: list = []
 
     @tf.function
-    def run(x, y, scale):
+    def run(x, y, scale, sample_weight):
         with tf.GradientTape() as tape:
             with Tap(entries) as tap, tap.recording() as calls:
                 preds = model(x, training=True)
-            per_example = loss_fn(y, preds)
+            per_example = weighted(loss_fn(y, preds), sample_weight)
             loss = tf.reduce_mean(tf.cast(per_example, tf.float32))
             if model.losses:
                 loss += tf.cast(tf.add_n(model.losses), tf.float32)
@@ -98,7 +100,8 @@ def run_pass(model, loss_fn, entries, x, y, scale: float) -> PassResult:
                 tf.reduce_all(tf.math.is_finite(sample), axis=1),
                 tf.stack([finite.all_finite([g]) for g in var_grads]) if var_grads else tf.zeros([0], tf.bool))
 
-    per_call, loss_ok, sample_ok, var_ok = run(x, y, tf.constant(scale, tf.float32))
+    per_call, loss_ok, sample_ok, var_ok = run(x, y, tf.constant(scale, tf.float32),
+                                               sample_weight)
     per_call = per_call.numpy()
     calls = [CallResult(c.path, c.class_name, c.dtype, c.layer, bool(r[0]), float(r[1]),
                         float(r[2]), bool(r[3]), bool(r[4])) for c, r in zip(meta, per_call)]
@@ -190,7 +193,7 @@ class FailedStep:
 def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis:
     """Replay ``batch`` ((x, y) or (x, y, sample_weight)) from the model's weights now."""
     t0 = time.perf_counter()
-    x, y = batch[0], batch[1]
+    x, y, sample_weight = batch[0], batch[1], (batch[2] if len(batch) > 2 else None)
     fault = failed.fault
 
     def done(where, verdict, fix, **facts):
@@ -213,9 +216,9 @@ def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis
                     "more), or clip the gradients (clipnorm= on your optimizer)",
                     float32_finite=False)
     with state_kept(model):
-        run = run_pass(model, loss_fn, entries, x, y, fault.loss_scale)
+        run = run_pass(model, loss_fn, entries, x, y, fault.loss_scale, sample_weight)
         with all_float32(entries, model):
-            f32 = run_pass(model, loss_fn, entries, x, y, 1.0)
+            f32 = run_pass(model, loss_fn, entries, x, y, 1.0, sample_weight)
     return _verdict(run, f32, failed, done, model, x, y)
 
 

@@ -38,12 +38,16 @@ class DataBundle:
     # (regression targets and the like: no class count to check against the model)
     label_kind: str = "sparse"
     # tf.data pipelines of unknown size are counted once when loaded; None = not counted
-    sample_batch: tuple | None = None   # (x, y) of a few training samples, for build/check
+    sample_batch: tuple | None = None   # (x, y[, w]) of a few training samples, for build/check
     # The training arrays the pipeline gathers from (app.task.data_rows.DataRows), so the
     # sentinel can name a faulty sample's row; None for a pipeline that shuffles in a buffer
     train_rows: object | None = None
     # What the run should say of the data (a user's dataset that came batched)
     notes: list = field(default_factory=list)
+    # The training batches are (x, y, sample_weight): a weight a sample, as Keras' fit takes
+    weighted: bool = False
+    # --class-weight: each class's weight (app.task.class_weights), by class id
+    class_weight: list | None = None
 
 
 def shape_json(shape):
@@ -200,7 +204,8 @@ def _prepare(x: np.ndarray, input_shape) -> np.ndarray:
     return x.reshape((len(x),) + tuple(input_shape))
 
 
-def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0, flat_labels: bool = True):
+def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0, flat_labels: bool = True,
+                 weights=None):
     """Batches of in-memory arrays: one permutation of the row indices per epoch, cut into
     batches, rows gathered a whole batch at a time, prefetched.
 
@@ -211,7 +216,8 @@ def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0, flat_label
     permutation is drawn in one op (``argsort`` of stateless uniform keys), seeded by
     ``seed`` and an epoch counter: a new order every epoch (a random op with a fixed seed
     inside a dataset function would repeat the same order each epoch), the same orders on
-    every run and on every worker of a multi-worker job (sharding by batch needs that)."""
+    every run and on every worker of a multi-worker job (sharding by batch needs that).  With ``weights`` (one a sample)
+    the batches are ``(x, y, sample_weight)``."""
     import tensorflow as tf
 
     n = len(y)
@@ -243,9 +249,9 @@ def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0, flat_label
     # tf.data's default graph rewrites serialize the pipeline's graph on every new iterator
     # (every epoch), and a captured constant is the whole array, copied each time.  With
     # the rewrites off that copy is gone too (they have nothing to gain on this pipeline).
-    ds = tf.data.Dataset.zip((indices, tf.data.Dataset.from_tensors((xt, yt)).repeat()))
-    ds = ds.map(lambda i, xy: (tf.nest.map_structure(lambda a: tf.gather(a, i), xy[0]),
-                               tf.gather(xy[1], i)),
+    parts = (xt, yt) if weights is None else (xt, yt, tf.constant(weights, tf.float32))
+    ds = tf.data.Dataset.zip((indices, tf.data.Dataset.from_tensors(parts).repeat()))
+    ds = ds.map(lambda i, rows: tf.nest.map_structure(lambda a: tf.gather(a, i), rows),
                 num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.experimental_optimization.apply_default_optimizations = False

@@ -166,3 +166,14 @@ def make_metric(spec, bundle, units):
         return tf.keras.metrics.MeanMetricWrapper(obj, name=name)
     raise UsageError(f"metric {spec!r} is a {type(obj).__name__}, not a metric",
                      "a Keras metric name, a keras.metrics.Metric, or a function")
+
+
+def weighted(per_example, sample_weight=None):
+    """Each sample's loss times its weight, as Keras' fit weighs ``sample_weight`` (the
+    sum is then divided by the batch's size, not by the weights' sum, as Keras does)."""
+    if sample_weight is None:
+        return per_example
+    import tensorflow as tf
+
+    return per_example * tf.cast(tf.reshape(sample_weight, tf.shape(per_example)),
+                                 per_example.dtype)

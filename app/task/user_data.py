@@ -3,9 +3,10 @@
 Two forms are accepted, exactly what users already have:
 
 * ``((x_train, y_train), (x_val, y_val))`` NumPy arrays, what ``keras.datasets.*.load_data()``
-  returns.  ``uint8`` features are scaled to float32 in [0, 1] (as the built-ins are);
+  returns; either part may be ``(x, y, sample_weight)``, as Keras' ``fit`` takes it.  ``uint8`` features are scaled to float32 in [0, 1] (as the built-ins are);
   other numeric features become float32.
-* ``(train, val)`` *unbatched* ``tf.data.Dataset`` of ``(features, label)``.  Unknown
+* ``(train, val)`` *unbatched* ``tf.data.Dataset`` of ``(features, label)`` or ``(features,
+  label, sample_weight)``.  Unknown
   cardinality (after ``filter``, from generators) is fine: each dataset is counted once,
   in the same pass that finds the number of classes.
 
@@ -24,7 +25,9 @@ from app.task.data_rows import MOST_LISTED, DataRows, DatasetElements, unread_ro
 from app.core.errors import UsageError
 
 EXPECTED = ("((x_train, y_train), (x_val, y_val)) NumPy arrays, or (train, val) unbatched "
-            "tf.data.Dataset of (features, label)")
+            "tf.data.Dataset of (features, label); (x, y, sample_weight) and (features, "
+            "label, sample_weight) with a weight a sample")
+WEIGHTS_ALLOWED = "one finite, non-negative number a sample, not all zero"
 SHUFFLE_BUFFER = 10_000
 
 
@@ -75,10 +78,50 @@ def _one_pair(train, val) -> bool:
             and train.ndim >= 1 and val.ndim >= 1 and len(train) == len(val))
 
 
+def _part(part, spec, returned, which):
+    """(x, y, sample weights or None) arrays of one part: (x, y) or (x, y, sample_weight)."""
+    if not isinstance(part, (tuple, list)) or len(part) not in (2, 3):
+        raise _bad(spec, returned, f"the {which} part must be (x, y) or (x, y, sample_weight)")
+    x, y = _pair(part[:2], spec, returned, which)
+    return x, y, (_weights(part[2], len(y), spec, which) if len(part) == 3 else None)
+
+
+def _weights(w, n: int, spec: str, which: str) -> np.ndarray:
+    """One weight a sample, as Keras' fit takes ``sample_weight``: float32, shape (n,)."""
+    try:
+        w = np.asarray(w, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise UsageError(f"dataset spec {spec!r}: the {which} sample weights are not numbers",
+                         WEIGHTS_ALLOWED) from None
+    if w.ndim == 2 and w.shape[1] == 1:
+        w = w[:, 0]
+    if w.shape != (n,):
+        raise UsageError(f"dataset spec {spec!r}: the {which} sample weights have shape "
+                         f"{w.shape} for {n} samples", WEIGHTS_ALLOWED + f": shape ({n},)")
+    bad, negative = np.flatnonzero(~np.isfinite(w)), np.flatnonzero(w < 0)
+    _weight_values(spec, which, (len(bad), bad[:5]), (len(negative), negative[:5]),
+                   all_zero=not np.any(w))
+    return w.astype(np.float32)
+
+
+def _weight_values(spec: str, which: str, bad: tuple, negative: tuple, all_zero: bool) -> None:
+    """Refuse weights no loss can use: NaN or inf, below zero, or every one zero.  ``bad``
+    and ``negative``: (how many, the first rows)."""
+    for (count, rows), what in ((bad, "NaN or inf"), (negative, "below zero")):
+        if count:
+            listed_rows = ", ".join(str(int(i)) for i in rows) + (
+                ", ..." if count > len(rows) else "")
+            raise UsageError(f"dataset spec {spec!r}: {count} {which} sample weight(s) "
+                             f"are {what}" + (f" (rows {listed_rows})" if len(rows) else ""),
+                             WEIGHTS_ALLOWED)
+    if all_zero:
+        raise UsageError(f"dataset spec {spec!r}: every {which} sample weight is 0, so "
+                         "nothing would be " + ("learned" if which == "training" else "measured"),
+                         WEIGHTS_ALLOWED)
+
+
 def _pair(part, spec, returned, which):
     """(x, y) arrays of one part; x one array, or a dict of them (one per model input)."""
-    if not isinstance(part, (tuple, list)) or len(part) != 2:
-        raise _bad(spec, returned, f"the {which} part must be (x, y)")
     if isinstance(part[0], dict):
         return _inputs_pair(part, spec, returned, which)
     try:
@@ -176,8 +219,8 @@ def label_kind_of(y_train: np.ndarray) -> tuple[str, int]:
 def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input_shape,
                  num_classes):
     returned = (train, val)
-    xtr, ytr = _pair(train, spec, returned, "training")
-    xva, yva = _pair(val, spec, returned, "validation")
+    xtr, ytr, wtr = _part(train, spec, returned, "training")
+    xva, yva, wva = _part(val, spec, returned, "validation")
     several = isinstance(xtr, dict)
     if several and (not isinstance(xva, dict) or set(xtr) != set(xva)):
         raise _bad(spec, returned, f"the training inputs are {sorted(xtr)}, the validation "
@@ -192,6 +235,7 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
     unread = unread_rows(xtr, ytr, max_train)
     xtr, xva = _rows(xtr, max_train), _rows(xva, max_val)
     ytr, yva = ytr[:max_train], yva[:max_val]
+    wtr, wva = (None if w is None else w[:n] for w, n in ((wtr, max_train), (wva, max_val)))
     if several:   # several inputs go as they are (integer ids stay integers), floats float32
         xtr, xva = ({k: _input(v) for k, v in x.items()} for x in (xtr, xva))
         shape = {k: tuple(v.shape[1:]) for k, v in xtr.items()}
@@ -215,26 +259,37 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
     else:
         ytr, yva = ytr.astype(np.float32), yva.astype(np.float32)
     classes = num_classes or classes
-    return DataBundle(make_dataset(xtr, ytr, global_batch, True, seed, flat_labels=False),
-                      make_dataset(xva, yva, global_batch, False, flat_labels=False),
+    return DataBundle(make_dataset(xtr, ytr, global_batch, True, seed, flat_labels=False,
+                                   weights=wtr),
+                      make_dataset(xva, yva, global_batch, False, flat_labels=False,
+                                   weights=wva),
                       shape, classes, len(ytr), len(yva), label_kind=kind,
-                      sample_batch=(_rows(xtr, 8), ytr[:8]),
+                      sample_batch=(_rows(xtr, 8), ytr[:8]) + (
+                          () if wtr is None else (wtr[:8],)),
+                      weighted=wtr is not None,
                       train_rows=DataRows(xtr, ytr, unread=unread))
 
 
 # ---- tf.data -----------------------------------------------------------------------------------
 
 def _element_parts(ds, spec, returned, which):
-    """The (features, label) specs of ``ds``'s elements.  The features are one tensor, or a
-    dict (or tuple) of them for a model of several inputs, as Keras takes them."""
+    """The (features, label[, sample_weight]) specs of ``ds``'s elements.  The features are
+    one tensor, or a dict (or tuple) of them for a model of several inputs, as Keras takes
+    them; the weight one number a sample."""
     import tensorflow as tf
 
     es = ds.element_spec
-    if not isinstance(es, tuple) or len(es) != 2 or not isinstance(es[1], tf.TensorSpec) \
+    if not isinstance(es, tuple) or len(es) not in (2, 3) \
+            or not all(isinstance(s, tf.TensorSpec) for s in es[1:]) \
             or not _tensor_structure(es[0]):
         raise _bad(spec, returned, f"the {which} dataset's elements are {es}; expected "
-                                   "(features, label): features one tensor or a dict of "
-                                   "tensors (one per model input), the label one tensor")
+                                   "(features, label) or (features, label, sample_weight): "
+                                   "features one tensor or a dict of tensors (one per model "
+                                   "input), the label one tensor")
+    if len(es) == 3 and (es[2].shape.num_elements() != 1 or not (
+            es[2].dtype.is_floating or es[2].dtype.is_integer)):
+        raise UsageError(f"dataset spec {spec!r}: the {which} dataset's sample weights are "
+                         f"{es[2]}", WEIGHTS_ALLOWED + " (a scalar, or of shape (1,))")
     return es
 
 
@@ -277,6 +332,7 @@ class Scan(NamedTuple):
     onehot: bool          # for float label rows: every row non-negative and summing to 1
     bad: list             # the places of the first MOST_LISTED elements with NaN or inf
     bad_total: int        # how many hold NaN or inf
+    weights: tuple = ()   # with sample weights: (NaN or inf, below zero, above zero) counts
 
 
 def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
@@ -287,14 +343,20 @@ def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
 
     from app.precision.finite import all_finite
 
-    floating = [i for i, spec in enumerate(tf.nest.flatten(ds.element_spec))
+    weighted = len(ds.element_spec) == 3
+    # NaN in the data (features and labels); the weights are counted apart.
+    floating = [i for i, spec in enumerate(tf.nest.flatten(ds.element_spec[:2]))
                 if spec.dtype.is_floating]
     watch = bool(watch_finite and floating)
 
     def step(state, element):
-        n, top, low, rows_ok, bad_total, bad = state
+        n, top, low, rows_ok, bad_total, bad, weights = state
         y = element[1]
-        element = tf.nest.flatten(element)
+        if weighted:
+            w = tf.cast(tf.reshape(element[2], []), tf.float32)
+            weights = weights + tf.cast(tf.stack([tf.logical_not(tf.math.is_finite(w)),
+                                                  w < 0.0, w > 0.0]), tf.int64)
+        element = tf.nest.flatten(element[:2])
         if labels == "ids":
             top = tf.maximum(top, tf.cast(tf.reduce_max(y), tf.int64))
             low = tf.minimum(low, tf.cast(tf.reduce_min(y), tf.int64))
@@ -311,15 +373,17 @@ def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
                           lambda: tf.tensor_scatter_nd_update(bad, [[slot]], [n]),
                           lambda: bad)
             bad_total += tf.cast(tf.logical_not(finite), tf.int64)
-        return n + 1, top, low, rows_ok, bad_total, bad
+        return n + 1, top, low, rows_ok, bad_total, bad, weights
     start = (tf.constant(0, tf.int64), tf.constant(-1, tf.int64), tf.constant(0, tf.int64),
              tf.constant(True),
              tf.constant(0, tf.int64),
-             tf.fill([MOST_LISTED if watch else 1], tf.constant(-1, tf.int64)))
-    n, top, low, rows_ok, bad_total, bad = ds.reduce(start, step)
+             tf.fill([MOST_LISTED if watch else 1], tf.constant(-1, tf.int64)),
+             tf.zeros([3], tf.int64))
+    n, top, low, rows_ok, bad_total, bad, weights = ds.reduce(start, step)
     bad_total = int(bad_total.numpy())
     return Scan(int(n.numpy()), int(top.numpy()), int(low.numpy()), bool(rows_ok.numpy()),
-                [int(i) for i in bad.numpy()[:bad_total]], bad_total)
+                [int(i) for i in bad.numpy()[:bad_total]], bad_total,
+                tuple(int(c) for c in weights.numpy()) if weighted else ())
 
 
 def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, input_shape,
@@ -338,7 +402,7 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
         notes.append(f"dataset {spec!r} came batched (elements of shape {first.shape}): "
                      "its batches are taken apart and the samples batched again at the "
                      "run's global batch")
-    fx, fy = train.element_spec
+    fx, fy = train.element_spec[:2]
     for name, part in _named_parts(fx):
         if not part.shape.is_fully_defined():
             raise _bad(spec, returned, f"training features{name} have shape {part.shape}; "
@@ -363,6 +427,11 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
     n_train, n_val, bad, bad_total = scan.count, vscan.count, scan.bad, scan.bad_total
     if n_train == 0:
         raise _bad(spec, returned, "the training dataset has no elements")
+    for which, counted in (("training", scan), ("validation", vscan)):
+        if counted.weights:
+            nonfinite, negative, positive = counted.weights
+            _weight_values(spec, which, (nonfinite, ()), (negative, ()),
+                           all_zero=positive == 0)
     if integer_labels and min(scan.low, vscan.low) >= 0:
         top = max(scan.top, vscan.top)
         kind, classes = ("binary" if top <= 1 else "sparse"), top + 1
@@ -387,14 +456,14 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
             x = tf.cast(x, tf.float32)
         return tf.reshape(x, shape)
 
-    def prepare(x, y):
+    def prepare(x, y, *weight):
         x = tf.nest.pack_sequence_as(x, [feature(t, s) for t, s in
                                          zip(tf.nest.flatten(x), shapes)])
         if kind in ("sparse", "binary"):
             y = tf.cast(y, tf.int32)
         elif (y.dtype.is_floating or y.dtype.is_integer) and y.dtype != tf.float32:
             y = tf.cast(y, tf.float32)
-        return x, y
+        return (x, y) + tuple(tf.cast(tf.reshape(w, []), tf.float32) for w in weight)
     # The counted sizes are asserted so Keras' progress bars and the step counts know them.
     mapped = train.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     sample = next(iter(mapped.batch(8).take(1)))
@@ -407,5 +476,6 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
     return DataBundle(train, val, shape, num_classes or classes, n_train, n_val,
                       label_kind=kind, sample_batch=tf.nest.map_structure(
                           lambda t: t.numpy(), tuple(sample)),
+                      weighted=len(train.element_spec) == 3,
                       train_rows=DatasetElements(n_train, bad, bad_total,
                                                  first_only=bool(max_train)), notes=notes)

@@ -63,6 +63,7 @@ class TrainConfig:
     input_shape: str | None = None    # "28,28,1": synthetic data for a user model
     num_classes: int | None = None    # default: from the labels
     float32_layers: str | None = None  # "a,b": layers run in float32; None: not given
+    class_weight: str | None = None    # "balanced" or "0=1,3=10" (app.task.class_weights)
     tuned: str | None = None          # a tune.json: its precision and batch size (flags win)
     scale_lr: str = "none"            # with tuned: none | linear (learning rate x batch / 128)
     # Set by resolve_config from ``tuned``: metrics.json's "tuned" block (not a setting).
@@ -118,6 +119,11 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
 
         values["float32_layers"] = float32_layers.text(
             float32_layers.parse(values["float32_layers"]))
+    if "class_weight" in values:   # "balanced", "3=10" or a dict -> its text (UsageError)
+        from app.task import class_weights
+
+        values["class_weight"] = class_weights.text(class_weights.parse(
+            values["class_weight"], from_variables.get("class_weight", class_weights.FLAG)))
     cfg = TrainConfig(**values)
     validate(cfg, from_variables)
     if cfg.tuned:

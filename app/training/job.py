@@ -50,6 +50,7 @@ from app.training.recorder import (Recorder, StepCallback, continue_metrics, new
                                    plain_lines)
 from app.run_folder.lock import RunLock
 from app.training.resuming import check_same_task, read_previous_metrics, resumed_float32_layers
+from app.task import class_weights
 from app.task.task import BuiltModel, Task
 
 DIAGNOSIS = (
@@ -125,6 +126,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                             image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
                             max_val_samples=cfg.max_val_samples, seed=cfg.seed,
                             offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
+    bundle = class_weights.weigh(bundle, class_weights.parse(cfg.class_weight))
     chosen = _runnable_model(decision, task, bundle)
     if chosen is not decision:
         decision = chosen

@@ -116,11 +116,11 @@ def _custom_epochs(run, parts, recorder, monitor, start_epoch, custom, train_ds,
         batches = train_ds
         if skip and epoch == start_epoch:   # a resumed run: the rest of the epoch
             batches = distribute.distribute_dataset(run.dist, run.bundle.train.skip(skip))
-        for i, (x, y) in enumerate(batches, start=skip if epoch == start_epoch else 0):
+        for i, batch in enumerate(batches, start=skip if epoch == start_epoch else 0):
             step += 1
             if profiler is not None:
                 profiler.begin(step)
-            custom.train_step(x, y)
+            custom.train_step(*batch)
             if profiler is not None:
                 profiler.end(step)
             monitor.tick(epoch)
@@ -128,8 +128,8 @@ def _custom_epochs(run, parts, recorder, monitor, start_epoch, custom, train_ds,
                 bar.update(i + 1, custom.progress())
         monitor.check(epoch, log=True, epoch_loss=custom.train_loss.result(), model=parts.model)
         t_train, c_train = time.perf_counter() - t0, time.process_time() - c0
-        for x, y in val_ds:
-            custom.eval_step(x, y)
+        for batch in val_ds:
+            custom.eval_step(*batch)
         logs = custom.logs()
         if bar is not None:
             print(f"epoch {epoch + 1}/{cfg.epochs}: " + " ".join(

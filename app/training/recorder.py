@@ -98,7 +98,11 @@ def new_metrics(run, env: dict, loop: str) -> dict:
                          "global_batch": run.config.global_batch or run.dist.global_batch},
         "data": {"train_samples": bundle.train_samples, "val_samples": bundle.val_samples,
                  "input_shape": shape_json(bundle.input_shape), "num_classes": bundle.num_classes,
-                 "label_kind": bundle.label_kind},
+                 "label_kind": bundle.label_kind,
+                 # (x, y, sample_weight): the loss weighs each sample, the metrics do not
+                 **({"sample_weights": True} if bundle.weighted else {}),
+                 **({"class_weight": [round(w, 6) for w in bundle.class_weight]}
+                    if bundle.class_weight else {})},
         "epochs": [],
         "steps": [],          # every --log-every steps: loss, grad_norm, loss_scale
         "peak_memory": None,

@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import tensorflow as tf
 
 from app.precision import loss_scale
+from app.task.losses import weighted
 from app.training import accumulate, step_stats
 
 
@@ -22,15 +23,16 @@ class ForwardBackward(NamedTuple):
     grads: list           # of the scaled loss, for model.trainable_variables
 
 
-def forward_backward(model, loss_fn, x, y,
-                     scale: Optional[Callable[[Any], Any]] = None) -> ForwardBackward:
+def forward_backward(model, loss_fn, x, y, scale: Optional[Callable[[Any], Any]] = None,
+                     sample_weight=None) -> ForwardBackward:
     """Forward, the loss, and the gradients of ``scale(loss)`` (the loss itself when
-    ``scale`` is None).  Per-example losses are averaged over the *global* batch
-    (``compute_average_loss``) and regularization is split over the replicas, as Keras' fit
-    does: the replicas' gradients are summed by the all-reduce."""
+    ``scale`` is None).  Per-example losses (times their ``sample_weight``) are summed and
+    divided by the *global* batch (``compute_average_loss``), and regularization is split
+    over the replicas, as Keras' fit does: the replicas' gradients are summed by the
+    all-reduce."""
     with tf.GradientTape() as tape:
         preds = model(x, training=True)
-        per_example = loss_fn(y, preds)          # float32 (cast inside if needed)
+        per_example = weighted(loss_fn(y, preds), sample_weight)   # float32 (cast inside)
         loss = tf.nn.compute_average_loss(per_example)
         if model.losses:
             loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
@@ -39,18 +41,26 @@ def forward_backward(model, loss_fn, x, y,
                            tape.gradient(scaled, model.trainable_variables))
 
 
-def train_step(model, loss_fn, opt, x, y, sentinel=None):
-    """One optimizer step: forward, loss, loss scaling (the optimizer's), gradients, apply
-    (skipped, and the scale lowered, when a scaled gradient is not finite).  With a
-    ``sentinel`` (``app.training.sentinel.SentinelState``) no faulty step reaches the
-    weights and the first fault is latched with its batch.  Returns the
-    ``ForwardBackward`` and ``loss_scale.Applied``."""
-    out = forward_backward(model, loss_fn, x, y, lambda loss: loss_scale.scale_loss(opt, loss))
+def _batch(x, y, sample_weight):
+    """The batch as the data gave it, for the sentinel's replay."""
+    return (x, y) if sample_weight is None else (x, y, sample_weight)
+
+
+def train_step(model, loss_fn, opt, x, y, sentinel=None, sample_weight=None):
+    """One optimizer step: forward, loss (each sample's times its ``sample_weight``), loss
+    scaling (the optimizer's), gradients, apply (skipped, and the scale lowered, when a
+    scaled gradient is not finite).  With a ``sentinel``
+    (``app.training.sentinel.SentinelState``) no faulty step reaches the weights and the
+    first fault is latched with its batch.  Returns the ``ForwardBackward`` and
+    ``loss_scale.Applied``."""
+    out = forward_backward(model, loss_fn, x, y, lambda loss: loss_scale.scale_loss(opt, loss),
+                           sample_weight)
+    batch = _batch(x, y, sample_weight)
     variables = model.trainable_variables
     if sentinel is None:
         return out, loss_scale.unscale_and_apply(opt, out.grads, variables)
     if not loss_scale.is_loss_scaled(opt):
-        sentinel.guard(opt, out.grads, out.loss, (x, y),
+        sentinel.guard(opt, out.grads, out.loss, batch,
                        lambda g: opt.apply_gradients(zip(g, variables)))
         return out, loss_scale.Applied(list(out.grads), None, None)
     done = []
@@ -58,23 +68,24 @@ def train_step(model, loss_fn, opt, x, y, sentinel=None):
     def apply(g):   # behind the guard: the scaled gradients, unscaled and applied
         done.append(loss_scale.unscale_and_apply(opt, g, variables))
         return done[-1].skipped
-    sentinel.guard(opt, out.grads, out.loss, (x, y), apply)
+    sentinel.guard(opt, out.grads, out.loss, batch, apply)
     return out, done[-1]
 
 
 def accumulated_train_step(model, loss_fn, opt, x, y, acc, sentinel=None, record=None,
-                           forward=None):
+                           forward=None, sample_weight=None):
     """``train_step`` for one micro-batch of an accumulation (``app.training.accumulate``):
     the optimizer is called on the group's last micro-batch only.  ``forward(out)`` runs
     right after the forward pass (the running loss); ``record(mean_fn, skipped, update)``
     after the apply (the step statistics).  Returns the ``ForwardBackward``."""
-    out = forward_backward(model, loss_fn, x, y, lambda loss: loss_scale.scale_loss(opt, loss))
+    out = forward_backward(model, loss_fn, x, y, lambda loss: loss_scale.scale_loss(opt, loss),
+                           sample_weight)
     if forward is not None:
         forward(out)
     apply, scale_in, scale_out = loss_scale.apply_path(opt, model.trainable_variables)
     accumulate.micro_batch(acc, opt, out.grads, accumulate.batch_samples(x), apply,
                            scale_in=scale_in, scale_out=scale_out, sentinel=sentinel,
-                           loss=out.loss, batch=(x, y), record=record)
+                           loss=out.loss, batch=_batch(x, y, sample_weight), record=record)
     return out
 
 
@@ -121,8 +132,10 @@ def compile_for_fit(parts, jit: bool, steps_per_execution: int) -> None:
 
 
 class CustomSteps:
-    """``train_step(x, y)`` and ``eval_step(x, y)`` for the custom loop (``train_step`` above
-    on every replica), with their running loss and metrics."""
+    """``train_step(*batch)`` and ``eval_step(*batch)`` for the custom loop (``train_step``
+    above on every replica), with their running loss and metrics.  A batch is (x, y) or
+    (x, y, sample_weight): as in Keras' fit, the weights weigh the loss, not the metrics
+    (compile's ``metrics``, not its ``weighted_metrics``)."""
 
     def __init__(self, parts, jit: bool):
         self.parts = parts
@@ -138,11 +151,11 @@ class CustomSteps:
     def _distributed(self, fn):
         strategy = self.parts.strategy
 
-        def run(x, y):
-            return strategy.run(fn, args=(x, y))
+        def run(*batch):
+            return strategy.run(fn, args=batch)
         return run
 
-    def _train_fn(self, x, y):
+    def _train_fn(self, x, y, sample_weight=None):
         opt, train_loss, parts = self.parts.optimizer, self.train_loss, self.parts
 
         def running_loss():   # the log row reads the running loss
@@ -156,18 +169,21 @@ class CustomSteps:
                                    update=update)
             out = accumulated_train_step(
                 parts.model, parts.built.loss, opt, x, y, parts.accumulator, parts.sentinel,
-                record, lambda o: train_loss.update_state(tf.reduce_mean(o.per_example)))
+                record, lambda o: train_loss.update_state(tf.reduce_mean(o.per_example)),
+                sample_weight)
         else:
-            out, applied = train_step(parts.model, parts.built.loss, opt, x, y, parts.sentinel)
+            out, applied = train_step(parts.model, parts.built.loss, opt, x, y,
+                                      parts.sentinel, sample_weight)
             train_loss.update_state(tf.reduce_mean(out.per_example))
             parts.stats.record(applied.grads, applied.skipped, applied.divide_by,
                                loss=running_loss, loss_scale=scale)
         for m in self.train_metrics:
             m.update_state(y, out.predictions)
 
-    def _eval_fn(self, x, y):
+    def _eval_fn(self, x, y, sample_weight=None):
         preds = self.parts.model(x, training=False)
-        self.val_loss.update_state(tf.reduce_mean(self.parts.built.loss(y, preds)))
+        self.val_loss.update_state(tf.reduce_mean(
+            weighted(self.parts.built.loss(y, preds), sample_weight)))
         for m in self.val_metrics:
             m.update_state(y, preds)
 

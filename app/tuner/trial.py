@@ -129,14 +129,15 @@ def run(req: dict) -> dict:
         acc = Accumulator(model.trainable_variables, n, 2 ** 62, tf.distribute.get_strategy())
 
     @tf.function(jit_compile=bool(req.get("jit")) or None)
-    def train_step(x, y):
+    def train_step(x, y, sample_weight=None):   # a batch as the data gives it
         if acc is not None:
-            return step.accumulated_train_step(model, loss_fn, opt, x, y, acc, sentinel).loss
-        return step.train_step(model, loss_fn, opt, x, y, sentinel)[0].loss
+            return step.accumulated_train_step(model, loss_fn, opt, x, y, acc, sentinel,
+                                               sample_weight=sample_weight).loss
+        return step.train_step(model, loss_fn, opt, x, y, sentinel, sample_weight)[0].loss
 
     # Only full batches: a short last batch would be a second shape (another trace) and
     # a smaller step in the timing.
-    data = (bundle.train.filter(lambda x, y: tf.shape(_first_tensor(x))[0] == batch)
+    data = (bundle.train.filter(lambda x, *_: tf.shape(_first_tensor(x))[0] == batch)
             .repeat())
     done, timed, step_times = _timed_steps(train_step, iter(data), req, n)
     # The median step, not the mean: on a shared machine a step that lost the CPU to
@@ -157,16 +158,15 @@ def _timed_steps(train_step, batches, req: dict, n: int = 1):
     (one update: with ``--accumulate n`` the update's cost is in every timing).  Returns
     (steps timed, seconds timed, the groups' seconds)."""
     for _ in range(max(int(req.get("warmup_steps", 2)), n)):
-        x, y = next(batches)
-        float(train_step(x, y))
+        float(train_step(*next(batches)))
     steps, min_seconds = int(req.get("steps", 4)), float(req.get("min_seconds", 1.5))
     max_steps = int(req.get("max_steps", max(steps, 200)))
     done, timed, step_times = 0, 0.0, []
     while done < steps or (timed < min_seconds and done < max_steps):
         group = [next(batches) for _ in range(n)]   # fetched outside the clock
         t0 = time.perf_counter()
-        for x, y in group:
-            float(train_step(x, y))     # a Python float: waits for the step to finish
+        for batch in group:
+            float(train_step(*batch))     # a Python float: waits for the step to finish
         step_times.append(time.perf_counter() - t0)
         timed += step_times[-1]
         done += n
