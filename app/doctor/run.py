@@ -208,6 +208,11 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
         try:
             prediction = model(x0, training=True)
         except Exception as exc:
+            refusal = model_layers.refusal_from_build_error(exc, task.model.spec, model)
+            if refusal is not None:   # an op (of a training-only layer) with no 16-bit kernel
+                findings.append(Finding(BLOCKER, "kernels", None, refusal.what,
+                                        f"use {refusal.allowed}"))
+                return _finish(report, findings)
             if mixed and dtype_clash.is_dtype_clash(exc):
                 clash = _clash_finding(exc, policy, task)
             else:

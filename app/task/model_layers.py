@@ -78,17 +78,16 @@ def check_model(model, spec: str) -> None:
 
 
 def refusal_from_build_error(exc: BaseException, spec: str, model=None):
-    """The kernels refusal for a model that failed under mixed_bfloat16, as its build
-    function called a layer or on its first batch, because an op takes no bfloat16, else
-    None.  ``model``, when there is one, names a layer the error gives only the class of."""
+    """The kernels refusal for a model that failed under the mixed policy now set, as its
+    build function called a layer, on its first batch or in its first training step, because
+    an op takes no 16-bit input here, else None.  ``model``, when there is one, names a layer
+    the error gives only the class or the node of."""
     from app.precision.policy import global_policy_name
 
-    if global_policy_name() != kernels.PROBED_POLICY:
-        return None
-    paths: dict = {}
-    for path, layer, _parent in (walk(model) if model is not None else ()):
-        paths.setdefault(type(layer).__name__, path)
-    return kernels.refusal_from_error(exc, spec, paths)
+    layers = [(path, type(layer).__name__)
+              for path, layer, _parent in (walk(model) if model is not None else ())]
+    return kernels.refusal_from_error(exc, spec, layers, global_policy_name(),
+                                      in_build_function=model is None)
 
 
 def policy_mismatch(model, policy: str, float32_paths=()) -> Optional[str]:

@@ -124,10 +124,21 @@ class Task:
         """Build the model under the policy now set, check its layers' kinds and run it on
         two samples (raises ``PrecisionUnsupported``), nothing more: how ``auto`` tries
         bfloat16 on a user's model.  The model is dropped."""
+        import tensorflow as tf
+
+        from app.precision import policy as precision
+
+        # Keras' state as the build for training finds it: a learning phase an earlier call
+        # left set would build one branch only of a layer that acts in training alone.
+        # Keras 3 keeps the global policy in the state it clears: set again.
+        policy = precision.global_policy_name()
+        tf.keras.backend.clear_session()
+        precision.apply_policy(policy)
         model = _call_model(self.model, bundle)
         model, _ = _before_first_call(model, self.float32_layers, self.model.spec)
         if bundle.sample_batch is not None:   # ops of custom layers: their kernels run
             _forward(model, bundle.sample_batch[0], self.model.spec)
+            _trial_step(model, bundle.sample_batch[0], self.model.spec)
 
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
@@ -303,6 +314,29 @@ def _forward(model, x, spec):
         if refusal is not None:   # an op with no bfloat16 kernel, not the user's bug
             raise refusal from None
         raise UserCodeError(spec, "running the model on one batch", exc) from exc
+
+
+def _trial_step(model, x, spec) -> None:
+    """A training step's forward and backward on two samples, traced as training traces
+    them: the ops of layers that act in training alone (augmentation, dropout, noise) and
+    the gradients' ops run, which an inference call never reaches."""
+    import tensorflow as tf
+
+    from app.task.model_layers import refusal_from_build_error
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            out = model(x, training=True)
+            total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tf.nest.flatten(out)])
+        return tape.gradient(total, model.trainable_variables)
+    try:
+        step(tf.nest.map_structure(lambda t: tf.convert_to_tensor(t[:2]), x))
+    except Exception as exc:
+        refusal = refusal_from_build_error(exc, spec, model)
+        if refusal is not None:
+            raise refusal from None
+        raise UserCodeError(spec, "running one training step on two samples", exc) from exc
 
 
 def _compiled_parts(model):

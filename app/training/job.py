@@ -50,7 +50,7 @@ from app.training.recorder import (Recorder, StepCallback, continue_metrics, new
                                    plain_lines)
 from app.run_folder.lock import RunLock
 from app.training.resuming import check_same_task, read_previous_metrics, resumed_float32_layers
-from app.task import class_weights
+from app.task import class_weights, model_layers
 from app.task.task import BuiltModel, Task
 
 DIAGNOSIS = (
@@ -463,6 +463,12 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
     except Exception as exc:
         if output_faults.classify(exc) is not None:
             raise  # a failed write: train() cleans up and says what to do
+        # An op with no kernel here for the policy's 16-bit dtype, reached only in training
+        # (an augmentation layer's): the refusal naming the layer, as at build time.
+        refusal = model_layers.refusal_from_build_error(exc, run.task.model.spec, parts.model)
+        if refusal is not None:
+            recorder.finish("failed", diagnosis=unprefixed(refusal.line()))
+            raise refusal from None
         # Unexpected (e.g. out of memory): leave an honest metrics.json, then re-raise;
         # a dtype clash in the user's layer becomes check's one-line diagnosis.
         clash = clash_diagnosis(exc, run.decision.policy, run.task)

@@ -76,8 +76,31 @@ def test_a_build_that_fails_for_a_bfloat16_op_is_the_refusal_naming_the_layer(mo
                           "find device for node: {{node Lgamma}} = Lgamma[T=DT_BFLOAT16]")
     assert "layer 'block/lg' (LogGamma) of model 'm:b': TensorFlow has no bfloat16 kernel for " \
         "its op Lgamma here" in kernels.refusal_from_error(keras3, "m:b",
-                                                           {"LogGamma": "block/lg"}).line()
+                                                           [("block/lg", "LogGamma")]).line()
     assert kernels.refusal_from_error(ValueError("shapes differ"), "m:b") is None
+
+
+def test_an_op_without_a_float16_kernel_in_a_training_step_is_named_by_its_node():
+    """Keras' RandomContrast runs AdjustContrastv2, float32 only on a CPU: under
+    mixed_float16 the first fit step failed with a traceback (TF 2.9, measured)."""
+    fit_error = RuntimeError(
+        "Graph execution error:\n\nNo OpKernel was registered to support Op "
+        "'AdjustContrastv2' used by {{node model/augment/random_contrast/loop_body/"
+        "adjust_contrast}} with these attrs: [T=DT_HALF]\nRegistered devices: [CPU]\n"
+        "\t [[model/augment/random_contrast/loop_body/adjust_contrast]] [Op:__inference_"
+        "train_function_5924]")
+    layers = [("augment", "Sequential"), ("augment/random_contrast", "RandomContrast"),
+              ("conv2d", "Conv2D")]
+    refusal = kernels.refusal_from_error(fit_error, "aug.py:build", layers, "mixed_float16")
+    assert refusal.policy == "mixed_float16"
+    assert refusal.line() == (
+        "error: mixed_float16 cannot run layer 'augment/random_contrast' (RandomContrast) of "
+        "model 'aug.py:build': TensorFlow has no float16 kernel for its op AdjustContrastv2 "
+        "here; allowed: --precision float32, or --float32-layers augment/random_contrast "
+        "(that layer in float32, the rest in float16)")
+    # The same error is none of bfloat16's, and float32 has no refusal at all.
+    assert kernels.refusal_from_error(fit_error, "m:b", layers, "mixed_bfloat16") is None
+    assert kernels.refusal_from_error(fit_error, "m:b", layers, "float32") is None
 
 
 def test_an_rnn_that_cannot_use_cudnn_is_of_no_probed_kind():
@@ -446,3 +469,63 @@ def test_tune_leaves_a_refused_policy_out_and_goes_on(monkeypatch, tmp_path):
     assert "the Conv2D layers of model 'cnn'" in doc["left_out"][0]["reason"]
     with pytest.raises(PrecisionUnsupported):
         api.tune("cnn", "synthetic", precision=BF16, output=str(tmp_path / "t3"), **kw)
+
+
+def test_auto_falls_back_for_an_op_that_runs_in_training_alone(no_bf16_lstm, tiny_config):
+    """An inference call never reaches the op: auto's trial runs a traced training step, as
+    training does, and falls back to float32 instead of failing at the first batch."""
+    import os
+
+    from app.machine.hardware import HardwareInfo
+    from app.training.job import prepare
+    from tests.paths import USER_MODELS
+
+    model = os.path.join(USER_MODELS, "training_only.py") + ":build"
+    run = prepare(tiny_config(model=model, dataset="synthetic", input_shape="8",
+                              precision="auto", output=None), hardware=HardwareInfo(
+                                  cpu_flags=INTEL_SPR))
+    assert run.decision.policy == "float32", run.decision.reason
+    assert ("mixed_bfloat16 cannot run layer 'lgamma_when_training' (LgammaWhenTraining) of "
+            f"model '{model}': TensorFlow has no bfloat16 kernel for its op Lgamma here"
+            ) in run.decision.reason
+
+
+@pytest.mark.skipif(__import__("app.precision.keras_version", fromlist=["x"]).KERAS_MAJOR != 2,
+                    reason="Keras 3's RandomContrast computes with ops that have float16 "
+                           "kernels; Keras 2's runs AdjustContrastv2, float32 only on a CPU")
+def test_an_op_without_a_float16_kernel_met_in_the_first_step_is_one_line(tiny_config):
+    """mixed_float16 on a CPU: the first fit step failed with a traceback (TF 2.9); now the
+    refusal names the layer by its node, metrics.json says it, and its flag is the fix."""
+    import json
+    import os
+
+    import tensorflow as tf
+
+    from app.core.errors import PrecisionUnsupported
+    from app.training.job import train
+    from tests.paths import USER_MODELS
+
+    model = os.path.join(USER_MODELS, "training_only.py") + ":augmented"
+    cfg = tiny_config(model=model, dataset="synthetic", input_shape="8,8,1",
+                      precision="mixed_float16", epochs=1)
+    with pytest.raises(PrecisionUnsupported) as err:
+        train(cfg)
+    assert err.value.line() == (
+        f"error: mixed_float16 cannot run layer 'augment/random_contrast' (RandomContrast) of "
+        f"model '{model}': TensorFlow has no float16 kernel for its op AdjustContrastv2 here; "
+        "allowed: --precision float32, or --float32-layers augment/random_contrast (that "
+        "layer in float32, the rest in float16)")
+    metrics = json.loads(open(os.path.join(cfg.output, "metrics.json")).read())
+    assert metrics["status"] == "failed" and "AdjustContrastv2" in metrics["diagnosis"]
+    tf.keras.backend.clear_session()   # the layer names a new process gives, as in the line
+    fixed = train(tiny_config(model=model, dataset="synthetic", input_shape="8,8,1",
+                              precision="mixed_float16", epochs=1, output=cfg.output + "-fixed",
+                              float32_layers="augment/random_contrast"))
+    assert fixed["status"] == "completed"
+    from app.doctor.check import check   # check's forward in training mode meets it too
+
+    report = check(model, input_shape=(8, 8, 1), precision="mixed_float16", batch_size=8,
+                   steps=1, verbose=False)
+    blockers = [f for f in report["findings"] if f["severity"] == "blocker"]
+    assert [f["check"] for f in blockers] == ["kernels"], report["findings"]
+    assert "no float16 kernel for its op AdjustContrastv2" in blockers[0]["what"]
