@@ -320,7 +320,8 @@ def refused_policy(line: Optional[str]) -> Optional[str]:
     """The policy a ``PrecisionUnsupported`` line (with or without its ``error:``) refuses,
     else None: how the benchmark tells a refused policy from other bad input in a run's log."""
     text = unprefixed(line)
-    return PROBED_POLICY if text.startswith(f"{PROBED_POLICY}{REFUSAL}") else None
+    return next((policy for policy in _POLICY_DTYPES if text.startswith(f"{policy}{REFUSAL}")),
+                None)
 
 
 # ---- the edge: asks TensorFlow ----------------------------------------------------------------

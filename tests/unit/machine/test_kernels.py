@@ -158,6 +158,8 @@ def test_refusal_lines_name_the_layer_the_cause_and_what_works():
         "AVX-512 (VNNI or BF16) or AMX, or a GPU from Ampere on")
     assert kernels.refused_policy(line) == BF16 and kernels.refused_policy(line[7:]) == BF16
     assert kernels.refused_policy("error: output directory 'x' already holds a run") is None
+    assert kernels.refused_policy("error: mixed_float16 cannot run layer 'a' (A) of model "
+                                  "'m:b': TensorFlow has no float16 kernel") == "mixed_float16"
     assert kernels.refusal_for_kinds(support, registry.layer_kinds("mlp"), "mlp") is None
     layers = [("dense", "Dense", "Dense"), ("block/conv", "MyConv", "Conv2D")]
     err = kernels.refusal_for_layers(support, layers, "./heavy.py:build")
