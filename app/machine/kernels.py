@@ -26,11 +26,11 @@ works, exit 2.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from app.core.errors import PrecisionUnsupported, unprefixed
+from app.machine import no_kernel
 
 # The only policy probed: float32 and float16 have CPU kernels for every kind here (TF 2.9.3,
 # oneDNN on and off, measured), and on GPUs float16 is what TensorFlow's kernels serve first.
@@ -320,7 +320,7 @@ def refused_policy(line: Optional[str]) -> Optional[str]:
     """The policy a ``PrecisionUnsupported`` line (with or without its ``error:``) refuses,
     else None: how the benchmark tells a refused policy from other bad input in a run's log."""
     text = unprefixed(line)
-    return next((policy for policy in _POLICY_DTYPES if text.startswith(f"{policy}{REFUSAL}")),
+    return next((policy for policy in no_kernel.POLICY_DTYPES if text.startswith(f"{policy}{REFUSAL}")),
                 None)
 
 
@@ -370,49 +370,7 @@ def _probe_layer(kind: str, policy: str):
 def _first_line(exc: BaseException) -> str:
     from app.precision.dtype_clash import first_line
 
-    return f"{type(exc).__name__}: {no_kernel_line(exc) or first_line(exc)}"[:240]
-
-
-# How TensorFlow says an op has no kernel for a 16-bit dtype: when the op is made (a traced
-# call), "Value passed to parameter 'input' has DataType bfloat16 not in list of allowed
-# values: float16, float32, float64"; when it runs, "Could not find device for node: {{node
-# Lgamma}} = Lgamma[T=DT_BFLOAT16]" or "No OpKernel was registered to support Op 'Lgamma'
-# ... [T=DT_BFLOAT16]".  float16 ("half" in the first, DT_HALF in the others) has CPU
-# kernels for every kind probed, but not for every op (AdjustContrastv2, which Keras'
-# RandomContrast runs, is float32 only on a CPU).
-_DTYPE_NAMES = {"bfloat16": ("bfloat16", "DT_BFLOAT16"), "float16": ("half", "DT_HALF")}
-_POLICY_DTYPES = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
-
-
-def _no_kernel_patterns(dtype: str):
-    said, enum = _DTYPE_NAMES[dtype]
-    return (re.compile(rf"DataType {said} not in list of allowed values"),
-            re.compile(r"Could not find device for node: \{\{node [^}]*\}\} = (\w+)\[[^\]]*"
-                       + enum),
-            re.compile(rf"No OpKernel was registered to support Op '(\w+)'.*{enum}"))
-
-
-# The layer around it: Keras 2 'Exception encountered when calling layer "lstm" (type
-# LSTM).', Keras 3 'Exception encountered when calling LogGamma.call().'
-_CALLED_LAYER = (re.compile(r'calling layer "([^"]+)" \(type (\w+)\)'),
-                 re.compile(r"calling ()(\w+)\.call\(\)"))
-
-
-def no_kernel_line(exc: BaseException, dtype: str = PROBED_DTYPE) -> Optional[str]:
-    """The line of ``exc`` saying an op takes no ``dtype`` (bfloat16 or float16), else None."""
-    patterns = _no_kernel_patterns(dtype)
-    for line in str(exc).splitlines():
-        if any(p.search(line) for p in patterns):
-            return line.strip()[:200]
-    return None
-
-
-def _no_kernel_op(line: str, dtype: str) -> Optional[str]:
-    for p in _no_kernel_patterns(dtype)[1:]:
-        found = p.search(line)
-        if found:
-            return found.group(1)
-    return None
+    return f"{type(exc).__name__}: {no_kernel.line(exc, PROBED_DTYPE) or first_line(exc)}"[:240]
 
 
 def refusal_from_error(exc: BaseException, model: str,
@@ -428,18 +386,17 @@ def refusal_from_error(exc: BaseException, model: str,
     gives only its class (Keras 3) or its node (an op inside a training step).
     ``in_build_function``: it failed as the model function called the layer, before
     ``--float32-layers`` can set the layer's policy, so the fix is ``dtype='float32'`` there."""
-    dtype = _POLICY_DTYPES.get(policy)
-    line = no_kernel_line(exc, dtype) if dtype else None
+    dtype = no_kernel.POLICY_DTYPES.get(policy)
+    line = no_kernel.line(exc, dtype) if dtype else None
     if line is None:
         return None
     text = str(exc)
-    called = next((m for m in (p.search(text) for p in _CALLED_LAYER) if m), None)
-    name, cls = called.groups() if called else ("", "")
+    name, cls = no_kernel.called_layer(text)
     by_class: Dict[str, str] = {}
     for path, class_name in layers:
         by_class.setdefault(class_name, path)
     if not name:
-        name = by_class.get(cls, "") or _node_layer(text, [path for path, _ in layers])
+        name = by_class.get(cls, "") or no_kernel.node_layer(text, [path for path, _ in layers])
         cls = cls or dict(layers).get(name, "")
     kind = CLASS_KINDS.get(cls)
     if policy == PROBED_POLICY and kind is not None:
@@ -448,7 +405,7 @@ def refusal_from_error(exc: BaseException, model: str,
             return refusal_for_layers(sup, [(name, cls, kind)], model)
     where = (f"layer {name!r} ({cls})" if name and cls else f"layer {name!r}" if name
              else f"a layer of class {cls}" if cls else "a layer")
-    op = _no_kernel_op(line, dtype)
+    op = no_kernel.op_of(line, dtype)
     why = (f"TensorFlow has no {dtype} kernel for its op {op} here" if op
            else f"one of its ops takes no {dtype} ({line})")
     if in_build_function:
@@ -461,23 +418,6 @@ def refusal_from_error(exc: BaseException, model: str,
     return PrecisionUnsupported(policy, f"{policy}{REFUSAL}{where} of model {model!r}: {why}",
                                 f"--precision float32, or {in_float32}",
                                 [kind] if kind else [])
-
-
-def _node_layer(text: str, paths: Sequence[str]) -> str:
-    """The layer a failing node belongs to, from its name in a traced step
-    ("{{node model/augment/random_contrast/loop_body/adjust_contrast}}"): the longest run of
-    the node's name scopes that is one of the layers' ``paths``."""
-    found = re.search(r"\{\{node ([^}]+)\}\}|\[\[([^\]]+)\]\]", text)
-    if not found or not paths:
-        return ""
-    known = set(paths)
-    parts = {part for path in paths for part in path.split("/")}
-    # A scope is a layer's name, or (Keras 3, a layer called again) that name and "_1".
-    scopes = [scope if scope in parts else re.sub(r"_\d+$", "", scope)
-              for scope in (found.group(1) or found.group(2)).split("/")]
-    runs = ("/".join(scopes[i:j]) for i in range(len(scopes))
-            for j in range(i + 1, len(scopes) + 1))
-    return max((run for run in runs if run in known), key=len, default="")
 
 
 def probe(policy: str, kinds: Sequence[str] = KINDS) -> Dict[str, str]:

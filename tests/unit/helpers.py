@@ -42,3 +42,14 @@ def tf_config(ports, index):
     """TF_CONFIG of worker ``index`` in a cluster of localhost workers (no chief task)."""
     return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
                        "task": {"type": "worker", "index": index}})
+
+
+def user_module(path: str):
+    """A user's file (tests/unit/user_models/...) imported by its path, as the app does."""
+    import importlib.util
+
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

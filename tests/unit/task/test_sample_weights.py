@@ -11,7 +11,7 @@ import pytest
 
 from app.core.errors import UsageError
 from tests.paths import USER_MODELS
-from tests.unit.helpers import run_app
+from tests.unit.helpers import run_app, user_module
 
 WEIGHTED = os.path.join(str(USER_MODELS), "weighted.py")
 QUICK = ["--batch-size", "32", "--progress", "lines", "--offline", "--no-save-model",
@@ -19,12 +19,7 @@ QUICK = ["--batch-size", "32", "--progress", "lines", "--offline", "--no-save-mo
 
 
 def _weighted():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("weighted", WEIGHTED)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return user_module(WEIGHTED)
 
 
 def _train(tiny_config, dataset, **kw):

@@ -10,7 +10,7 @@ import pytest
 from app.core.errors import UsageError
 from app.task.data_rows import DataRows, unread_rows
 from tests.paths import USER_MODELS
-from tests.unit.helpers import error_lines, run_app
+from tests.unit.helpers import error_lines, run_app, user_module
 
 SEVERAL = os.path.join(str(USER_MODELS), "several_inputs.py")
 TARGET = 0.9
@@ -19,12 +19,7 @@ QUICK = ["--batch-size", "32", "--progress", "lines", "--offline", "--no-save-mo
 
 
 def _several():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("several_inputs", SEVERAL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return user_module(SEVERAL)
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
