@@ -49,7 +49,8 @@ from app.training.sentinel_watch import SentinelWatch
 from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
                                    plain_lines)
 from app.run_folder.lock import RunLock
-from app.training.resuming import check_same_task, read_previous_metrics, resumed_float32_layers
+from app.training.resuming import (check_same_task, read_previous_metrics, resumed_class_weight,
+                                   resumed_float32_layers)
 from app.task import class_weights, model_layers
 from app.task.task import BuiltModel, Task
 
@@ -122,6 +123,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
         previous = read_previous_metrics(output)
         check_same_task(previous, task, output)
         cfg, task = resumed_float32_layers(cfg, task, previous)
+        cfg = resumed_class_weight(cfg, previous)
     bundle = task.load_data(dist.global_batch, cfg.data_dir or default_data_dir(cfg.workspace),
                             image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
                             max_val_samples=cfg.max_val_samples, seed=cfg.seed,

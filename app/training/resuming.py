@@ -74,3 +74,25 @@ def resumed_float32_layers(cfg: TrainConfig, task: Task, previous: Optional[dict
               f"{f32.text(was) or '(none)'}; it continues with "
               f"{f32.text(task.float32_layers) or '(none)'}", file=sys.stderr, flush=True)
     return cfg, task
+
+
+def resumed_class_weight(cfg: TrainConfig, previous: Optional[dict]) -> TrainConfig:
+    """--resume keeps the class weights the run was trained with when none are given (the
+    loss would change under it otherwise); given ones replace them, and a line says so."""
+    recorded = ((previous or {}).get("config") or {}).get("class_weight") \
+        if isinstance(previous, dict) else None
+    from app.task import class_weights
+
+    try:
+        was = class_weights.text(class_weights.parse(recorded))
+    except UsageError:
+        was = None   # not written by this program: nothing to keep
+    if cfg.class_weight is None:
+        if was:
+            print(f"note: --resume keeps the run's class weights ({class_weights.FLAG} {was})",
+                  file=sys.stderr, flush=True)
+        return dataclasses.replace(cfg, class_weight=was)
+    if cfg.class_weight != was:
+        print(f"note: the run was trained with {class_weights.FLAG} {was or '(none)'}; it "
+              f"continues with {cfg.class_weight}", file=sys.stderr, flush=True)
+    return cfg

@@ -140,6 +140,22 @@ def test_class_weights_decide_as_sample_weights_do(tiny_config):
     assert m["epochs"][-1]["val_accuracy"] >= 0.9, m["epochs"][-1]
 
 
+def test_resume_keeps_the_runs_class_weights_unless_told_otherwise(tiny_config, capsys):
+    """The loss would change under a resumed run that forgot --class-weight."""
+    m = _train(tiny_config, "unweighted", loop="custom", class_weight="0=8", epochs=1,
+               save_model=False)
+    kept = _train(tiny_config, "unweighted", loop="custom", epochs=2, resume=True)
+    assert kept["data"]["class_weight"] == m["data"]["class_weight"] == [8.0, 1.0, 1.0, 1.0]
+    assert kept["config"]["class_weight"] == "0=8" and len(kept["epochs"]) == 2
+    assert "note: --resume keeps the run's class weights (--class-weight 0=8)" in \
+        capsys.readouterr().err
+    changed = _train(tiny_config, "unweighted", loop="custom", epochs=3, resume=True,
+                     class_weight="balanced")
+    assert changed["config"]["class_weight"] == "balanced"
+    assert "note: the run was trained with --class-weight 0=8; it continues with balanced" \
+        in capsys.readouterr().err
+
+
 def test_class_weights_multiply_the_datas_own_weights(tiny_config):
     """The data weighs class 0 by 8; --class-weight 0=0.1 makes that 0.8, under the 0.7/0.3
     that class 1 has: the region goes back to 1."""
