@@ -20,13 +20,15 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from app.task import sequences
 from app.task.data import DataBundle, make_dataset
 from app.task.data_rows import MOST_LISTED, DataRows, DatasetElements, unread_rows
 from app.core.errors import UsageError
 
-EXPECTED = ("((x_train, y_train), (x_val, y_val)) NumPy arrays, or (train, val) unbatched "
-            "tf.data.Dataset of (features, label); (x, y, sample_weight) and (features, "
-            "label, sample_weight) with a weight a sample")
+EXPECTED = ("((x_train, y_train), (x_val, y_val)) NumPy arrays, (train, val) unbatched "
+            "tf.data.Dataset of (features, label), or (train, val) Keras Sequences of "
+            "batches; (x, y, sample_weight) and (features, label, sample_weight) with a "
+            "weight a sample")
 WEIGHTS_ALLOWED = "one finite, non-negative number a sample, not all zero"
 SHUFFLE_BUFFER = 10_000
 
@@ -53,11 +55,16 @@ def from_user(returned, spec: str, global_batch: int, *, seed: int = 0,
     if not isinstance(returned, (tuple, list)) or len(returned) != 2:
         raise _bad(spec, returned, "expected a pair: training and validation data")
     train, val = returned
+    if sequences.is_sequence(train) and sequences.is_sequence(val):   # keras.utils.Sequence
+        train, val = (sequences.as_dataset(part, spec, which)
+                      for part, which in ((train, "training"), (val, "validation")))
     if isinstance(train, tf.data.Dataset) and isinstance(val, tf.data.Dataset):
         return _from_datasets(train, val, spec, global_batch, seed, max_train_samples,
                               max_val_samples, input_shape, num_classes)
-    if isinstance(train, tf.data.Dataset) or isinstance(val, tf.data.Dataset):
-        raise _bad(spec, returned, "both parts must be tf.data datasets, or both (x, y) arrays")
+    if isinstance(train, tf.data.Dataset) or isinstance(val, tf.data.Dataset) or \
+            sequences.is_sequence(train) or sequences.is_sequence(val):
+        raise _bad(spec, returned, "both parts must be tf.data datasets, both Keras "
+                                   "Sequences, or both (x, y) arrays")
     if _one_pair(train, val):
         n = len(train)
         raise UsageError(f"dataset spec {spec!r} returned one (x, y) pair of {n} samples: the "
@@ -286,11 +293,16 @@ def _element_parts(ds, spec, returned, which):
                                    "(features, label) or (features, label, sample_weight): "
                                    "features one tensor or a dict of tensors (one per model "
                                    "input), the label one tensor")
+    return es
+
+
+def _check_weight_spec(ds, spec, which) -> None:
+    """A sample's weight (after the batches, if any, were taken apart): one number."""
+    es = ds.element_spec
     if len(es) == 3 and (es[2].shape.num_elements() != 1 or not (
             es[2].dtype.is_floating or es[2].dtype.is_integer)):
         raise UsageError(f"dataset spec {spec!r}: the {which} dataset's sample weights are "
                          f"{es[2]}", WEIGHTS_ALLOWED + " (a scalar, or of shape (1,))")
-    return es
 
 
 def _batched(ds) -> bool:
@@ -402,6 +414,8 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
         notes.append(f"dataset {spec!r} came batched (elements of shape {first.shape}): "
                      "its batches are taken apart and the samples batched again at the "
                      "run's global batch")
+    for ds, which in ((train, "training"), (val, "validation")):
+        _check_weight_spec(ds, spec, which)
     fx, fy = train.element_spec[:2]
     for name, part in _named_parts(fx):
         if not part.shape.is_fully_defined():

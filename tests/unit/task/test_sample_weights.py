@@ -236,3 +236,53 @@ def test_class_weights_need_classes_that_the_labels_have():
     values = from_user(((x, y.astype(np.float32) + 0.5), (val[0], val[1] + 0.5)), "t:v", 64)
     with pytest.raises(UsageError, match="the labels of this data are values, not classes"):
         class_weights.weigh(values, class_weights.parse("balanced"))
+
+
+# ---- Keras Sequences -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_a_keras_sequence_of_weighted_batches_trains(tiny_config, loop, capsys):
+    """A Sequence is what Keras code often loads data with: its batches are taken apart and
+    batched again at the run's batch, the weights kept (the contested region learned as 0)."""
+    m = _train(tiny_config, "sequences", loop=loop)
+    assert m["status"] == "completed" and m["data"]["sample_weights"] is True
+    assert (m["data"]["train_samples"], m["data"]["val_samples"]) == (512, 192)
+    assert m["epochs"][-1]["val_accuracy"] >= 0.9, m["epochs"][-1]
+    assert "came batched" in capsys.readouterr().err
+
+
+def test_a_sequence_runs_its_on_epoch_end_after_each_pass():
+    from app.task.user_data import from_user
+
+    train, val = _weighted().sequences()
+    bundle = from_user((train, val), "t:seq", 64)
+    counted = train.epochs_ended      # the pass that counts the samples
+    for _ in range(2):
+        for _batch in bundle.train:
+            pass
+    assert train.epochs_ended == counted + 2
+
+
+@pytest.mark.parametrize("batch, words", [
+    ([1, 2], "batch 0 of the training Sequence is list of 2"),
+    ((np.zeros((4, 8)),), "batch 0 of the training Sequence is tuple of 1"),
+    ((np.zeros((4, 8)), 3), "holds something that is not an array"),
+])
+def test_a_sequence_whose_batches_are_not_arrays_is_one_line(batch, words):
+    import tensorflow as tf
+
+    from app.task.user_data import from_user
+
+    class Odd(tf.keras.utils.Sequence):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return batch
+
+    _, val = _weighted().sequences()
+    with pytest.raises(UsageError) as err:
+        from_user((Odd(), val), "t:odd", 32)
+    assert words in str(err.value) and "batches (x, y) or (x, y, sample_weight)" in str(err.value)
+    with pytest.raises(UsageError, match="both Keras Sequences"):
+        from_user((Odd(), (np.zeros((4, 8)), np.zeros(4))), "t:mixed", 32)

@@ -61,3 +61,33 @@ def nan_arrays():
     x, y, w = _draw(512, 0, nan_rows=(40, 200))
     xv, yv, _ = _draw(192, 1, training=False)
     return (x, y, w), (xv, yv)
+
+
+class Batches(tf.keras.utils.Sequence):
+    """The samples as a Keras Sequence of batches, the way Keras code often loads data: a
+    new order each epoch (``on_epoch_end``), and the weights as a third part if given."""
+
+    def __init__(self, x, y, w=None, batch_size=50, seed=0):
+        super().__init__()
+        self.x, self.y, self.w, self.batch_size = x, y, w, batch_size
+        self.order = np.arange(len(y))
+        self.rng = np.random.default_rng(seed)
+        self.epochs_ended = 0
+
+    def __len__(self):
+        return -(-len(self.y) // self.batch_size)
+
+    def __getitem__(self, i):
+        rows = self.order[i * self.batch_size:(i + 1) * self.batch_size]
+        batch = (self.x[rows], self.y[rows])
+        return batch if self.w is None else batch + (self.w[rows],)
+
+    def on_epoch_end(self):
+        self.epochs_ended += 1
+        self.rng.shuffle(self.order)
+
+
+def sequences(seed=0):
+    """(train, val) Keras Sequences: the training batches weighted, as ``arrays``."""
+    (x, y, w), (xv, yv) = arrays(seed)
+    return Batches(x, y, w), Batches(xv, yv)
