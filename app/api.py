@@ -9,8 +9,8 @@
 precision needs), or a keras.Model already built (trained in place, in the policy it was
 built under; a warning says when that is not the run's); ``data`` a built-in name, a spec, a function,
 or directly what a dataset function returns: ``((x_train, y_train), (x_val, y_val))``
-arrays (either part may be ``(x, y, sample_weight)``) or a ``(train, val)`` pair of
-unbatched ``tf.data`` datasets.  Every other
+arrays (either part may be ``(x, y, sample_weight)``), a ``(train, val)`` pair of
+unbatched ``tf.data`` datasets or of Keras ``Sequence`` s.  Every other
 ``tfmp train`` setting is a keyword (``batch_size=64``, ``loop="custom"``,
 ``strategy="mirrored"``, ``resume=True``, ``float32_layers=["predictions"]``,
 ``class_weight={3: 10.0}`` or ``"balanced"``, ``accumulate=8`` or ``global_batch=1024`` (gradient accumulation), ...).  Bad input raises ``app.core.errors.UsageError``

@@ -1,14 +1,16 @@
 """A user's dataset function's return value -> the same batched pipelines as the built-ins.
 
-Two forms are accepted, exactly what users already have:
+Three forms are accepted, exactly what users already have:
 
 * ``((x_train, y_train), (x_val, y_val))`` NumPy arrays, what ``keras.datasets.*.load_data()``
-  returns; either part may be ``(x, y, sample_weight)``, as Keras' ``fit`` takes it.  ``uint8`` features are scaled to float32 in [0, 1] (as the built-ins are);
-  other numeric features become float32.
+  returns; either part may be ``(x, y, sample_weight)``, as Keras' ``fit`` takes it.
+  ``uint8`` features are scaled to float32 in [0, 1] (as the built-ins are); other numeric
+  features become float32.
 * ``(train, val)`` *unbatched* ``tf.data.Dataset`` of ``(features, label)`` or ``(features,
-  label, sample_weight)``.  Unknown
-  cardinality (after ``filter``, from generators) is fine: each dataset is counted once,
-  in the same pass that finds the number of classes.
+  label, sample_weight)`` (a batched one is taken apart first).  Unknown cardinality (after
+  ``filter``, from generators) is fine: each dataset is counted once, in the same pass that
+  finds the number of classes.
+* ``(train, val)`` Keras ``Sequence`` s of batches (``app.task.sequences``): made datasets.
 
 The app then shuffles, batches (the global batch), prefetches and, under a strategy,
 distributes them.  Anything else is one ``UsageError`` naming the spec, what was
