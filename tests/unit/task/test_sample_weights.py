@@ -3,7 +3,6 @@
 (``user_models/weighted.py`` is built so that only they do); the sentinel, ``check``, the
 tuner's trials and ``--accumulate`` take the weighted batches; weights no loss can use are
 one line each."""
-import json
 import os
 
 import numpy as np
@@ -14,8 +13,6 @@ from tests.paths import USER_MODELS
 from tests.unit.helpers import run_app, user_module
 
 WEIGHTED = os.path.join(str(USER_MODELS), "weighted.py")
-QUICK = ["--batch-size", "32", "--progress", "lines", "--offline", "--no-save-model",
-         "--log-every", "4"]
 
 
 def _weighted():
@@ -68,15 +65,13 @@ def test_the_custom_loss_is_the_weighted_sum_over_the_batch_size():
     assert all(float(tf.reduce_sum(tf.abs(g))) == 0.0 for g in zero.grads)
 
 
-def test_a_nan_sample_of_weighted_data_is_named_by_its_rows(tmp_path):
-    out = tmp_path / "run"
-    proc = run_app("train", "--model", "mlp", "--dataset", f"{WEIGHTED}:nan_arrays",
-                   "--precision", "float32", "--epochs", "1", *QUICK, "--output", str(out))
-    assert proc.returncode == 3, proc.stderr[-2000:]
-    f = json.loads((out / "metrics.json").read_text())["numerics"]["fault"]
+def test_a_nan_sample_of_weighted_data_is_named_by_its_rows(tiny_config, capsys):
+    """The sentinel's stash and replay take the (x, y, w) batch."""
+    m = _train(tiny_config, "nan_arrays", loop="custom", epochs=1)
+    f = m["numerics"]["fault"]
     assert f["where"]["kind"] == "input samples" and f["verdict"] == "data"
     assert (f["where"]["bad_rows"], f["where"]["bad_rows_total"]) == ([40, 200], 2)
-    assert "fix: repair or drop rows 40, 200 of x_train" in proc.stderr
+    assert "fix: repair or drop rows 40, 200 of x_train" in capsys.readouterr().err
 
 
 def test_check_accumulate_and_a_tuner_trial_take_weighted_batches(tiny_config):
