@@ -408,6 +408,9 @@ def refusal_from_error(exc: BaseException, model: str,
     op = no_kernel.op_of(line, dtype)
     why = (f"TensorFlow has no {dtype} kernel for its op {op} here" if op
            else f"one of its ops takes no {dtype} ({line})")
+    if op and dtype == "float16" and not _gpus():
+        # mixed_float16 is a GPU's policy: its kernels cover ops a CPU's do not.
+        why += " (on this CPU; a GPU's kernels may have it: run check there before you change the model)"
     if in_build_function:
         in_float32 = (f"dtype='float32' on {'layer ' + repr(name) if name else 'that layer'} "
                       "where the model function makes it (it fails as the function calls it, "
@@ -418,6 +421,12 @@ def refusal_from_error(exc: BaseException, model: str,
     return PrecisionUnsupported(policy, f"{policy}{REFUSAL}{where} of model {model!r}: {why}",
                                 f"--precision float32, or {in_float32}",
                                 [kind] if kind else [])
+
+
+def _gpus() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
 
 
 def probe(policy: str, kinds: Sequence[str] = KINDS) -> Dict[str, str]:
