@@ -185,11 +185,8 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
     x0, y0 = batches[0][:2]   # the probe looks at the model's numbers: unweighted
     try:
         built = _build(task, bundle, policy, seed, bundle.sample_batch)
-    except PrecisionUnsupported as exc:
-        # This TensorFlow has no kernels here for one of the model's layer types under the
-        # policy (app.machine.kernels): the model is fine, the policy cannot train it on this machine.
-        findings.append(Finding(BLOCKER, "kernels", None, exc.what,
-                                f"use {exc.allowed}" if exc.allowed else None))
+    except PrecisionUnsupported as exc:   # a layer type this TensorFlow cannot run here
+        findings.append(_kernels_finding(exc))
         return _finish(report, findings)
     except UserCodeError as exc:
         if mixed and dtype_clash.is_dtype_clash(exc.original):
@@ -210,8 +207,7 @@ def _check(task, bundle, decision, hw, batch_size, steps, seed) -> dict:
         except Exception as exc:
             refusal = model_layers.refusal_from_build_error(exc, task.model.spec, model)
             if refusal is not None:   # an op (of a training-only layer) with no 16-bit kernel
-                findings.append(Finding(BLOCKER, "kernels", None, refusal.what,
-                                        f"use {refusal.allowed}"))
+                findings.append(_kernels_finding(refusal))
                 return _finish(report, findings)
             if mixed and dtype_clash.is_dtype_clash(exc):
                 clash = _clash_finding(exc, policy, task)
@@ -411,6 +407,13 @@ def _numerics_finding(report: dict, task, model, entries, loss_fn, batch, fault,
                       "; finite in float32 (a precision problem)" if diag.float32_finite else
                       "; not finite in float32 either (not a precision problem)"),
                    diag.fix)
+
+
+def _kernels_finding(refusal: PrecisionUnsupported) -> Finding:
+    """The policy cannot run one of the model's layers here (``app.machine.kernels``): the
+    model is fine, the policy cannot train it on this machine."""
+    return Finding(BLOCKER, "kernels", None, refusal.what,
+                   f"use {refusal.allowed}" if refusal.allowed else None)
 
 
 def _clash_finding(exc, policy, task) -> Finding:
