@@ -216,8 +216,8 @@ def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0, flat_label
     permutation is drawn in one op (``argsort`` of stateless uniform keys), seeded by
     ``seed`` and an epoch counter: a new order every epoch (a random op with a fixed seed
     inside a dataset function would repeat the same order each epoch), the same orders on
-    every run and on every worker of a multi-worker job (sharding by batch needs that).  With ``weights`` (one a sample)
-    the batches are ``(x, y, sample_weight)``."""
+    every run and on every worker of a multi-worker job (sharding by batch needs that).
+    With ``weights`` (one a sample) the batches are ``(x, y, sample_weight)``."""
     import tensorflow as tf
 
     n = len(y)
