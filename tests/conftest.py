@@ -23,6 +23,8 @@
 * ``image_self_tested(reason)``-marked tests (long end-to-end runs whose TF 2.9 run is the one
   that counts) run once a session: in the image's self-test when the session runs it
   (tests/image/test_run.py, with a Docker engine: CI), else on the host.
+* ``in_containers(reason)``-marked tests (``host_only`` runs whose twins in tests/image drive
+  the same runs in real containers) skip on the host when the session runs tests/image.
 * ``TFMP_TEST_REVERSE=1`` runs the collected tests in reverse order: each test sets up what it
   needs (tests/image shares one image and one stack), so both orders must pass.
 """
@@ -180,19 +182,28 @@ SELF_TEST = "test_self_test_runs_the_apps_unit_tests_in_the_image"
 def pytest_collection_finish(session):
     """``image_self_tested`` tests skip on the host when this session also runs the image's
     self-test (selected, and a Docker engine to run it): it runs them on the TF 2.9 the image
-    ships.  Decided here, on the final selection: a self-test left out by ``-k`` or
+    ships.  ``in_containers`` tests (host-only runs whose twins in tests/image drive the same
+    runs in real containers) skip on the host when this session runs those image tests.
+    Decided here, on the final selection: a self-test or image test left out by ``-k`` or
     ``--deselect`` runs nothing, so they run here, as without the image tests or an engine."""
     if session.config.getoption("--image-self-test"):
         return
     items = session.items
-    marked = [item for item in items if item.get_closest_marker("image_self_tested")]
-    if not marked or not any(SELF_TEST in item.name for item in items) or _docker_problem():
+    if not any(item.get_closest_marker(name) for item in items
+               for name in ("image_self_tested", "in_containers")) or _docker_problem():
         return
-    for item in marked:
-        why = item.get_closest_marker("image_self_tested").kwargs.get("reason", "")
-        item.add_marker(pytest.mark.skip(
-            reason=f"run by the image's self-test in this session, on TF 2.9: {why} "
-                   "(tests/unit alone runs it here)"))
+    in_image = [item for item in items if IMAGE_TESTS in Path(item.path).resolve().parents]
+    runs = {"image_self_tested": ("run by the image's self-test in this session, on TF 2.9",
+                                  any(SELF_TEST in item.name for item in in_image)),
+            "in_containers": ("left to tests/image in this session",
+                              any(SELF_TEST not in item.name for item in in_image))}
+    for item in items:
+        for name, (where, ran) in runs.items():
+            marker = item.get_closest_marker(name)
+            if marker is not None and ran:
+                item.add_marker(pytest.mark.skip(
+                    reason=f"{where}: {marker.kwargs.get('reason', '')} "
+                           "(tests/unit alone runs it here)"))
 
 
 # --- the image's self-test: no hidden skips --------------------------------------------------

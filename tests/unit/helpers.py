@@ -7,7 +7,18 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests.paths import ROOT
+
+# End-to-end runs of the app's own processes (signals, workers, the benchmark's children, the
+# CLI's exits), whose outcome does not hang on the Keras version, run once a session: in the
+# image's self-test, on the TF 2.9 the image ships (tests/conftest.py).  Each such process
+# imports TensorFlow: 5 s for TF 2.21 on the host against 1.5 s in the image (2-core AMD EPYC
+# without AVX-512), and CI on such a machine took 44 minutes with them run on both.  The
+# Keras 3 paths they reach are tested in process, by the tests beside them.
+ONCE_IN_THE_IMAGE = pytest.mark.image_self_tested(
+    reason="an end-to-end run of the app's processes, the same under either Keras")
 
 
 def run_app(*args, env=None, timeout=180, cwd=None):

@@ -18,6 +18,7 @@ import pytest
 from app import cli
 
 from tests.paths import ROOT
+from tests.unit.helpers import ONCE_IN_THE_IMAGE
 
 # The image's self-test leaves these to tests/image/test_your_model.py, which benchmarks a
 # user's model and data inside the image on TF 2.9; what is left here (diagnoses, the
@@ -103,6 +104,7 @@ def real_benchmark(tmp_path_factory):
 
 
 # One group: under pytest-xdist every test here runs on the worker that ran the fixture (one run).
+@ONCE_IN_THE_IMAGE
 @pytest.mark.slow
 @pytest.mark.xdist_group("real_benchmark")
 class TestRealBenchmarkOnCpu:
@@ -188,6 +190,7 @@ def test_tuned_benchmark_really_trains_each_policy_at_its_tuned_batch(tmp_path):
     assert "Each at its own best batch" in proc.stdout and "| float32 | 48 |" in proc.stdout
 
 
+@ONCE_IN_THE_IMAGE
 def test_settings_rejected_by_train_exit_2_and_remove_output(tmp_path, capsys):
     # Only the trainer can tell that MNIST is missing in an offline, empty workspace.
     out = tmp_path / "bench"
@@ -379,6 +382,7 @@ def test_slow_user_pipeline_is_diagnosed_input_bound(tmp_path):
     ("mlp", "nosuchmodule_abc:load", "no module named 'nosuchmodule_abc'"),
     ("small.py:nothing_here", "synthetic", "nothing_here"),    # found by the child
 ])
+@ONCE_IN_THE_IMAGE
 def test_bad_user_specs_one_line_exit_2_nothing_written(tmp_path, model, dataset, words):
     (tmp_path / "small.py").write_text(USER_MODEL)
     proc, out = _user_benchmark(tmp_path, model, dataset)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.unit.helpers import error_lines, run_app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app
 
 QUICK = ["--dataset", "synthetic", "--max-train-samples", "128", "--max-val-samples", "32",
          "--batch-size", "32", "--precision", "float32", "--progress", "lines", "--offline",
@@ -67,6 +67,7 @@ def test_bad_environment_variable(tmp_path):
     assert_usage_error(proc, "TFMP_EPOCHS", out)
 
 
+@ONCE_IN_THE_IMAGE
 def test_missing_data_dir(tmp_path):
     out = tmp_path / "run"
     proc = run_app("train", "--dataset", "mnist", "--data-dir", str(tmp_path / "nodata"),
@@ -74,6 +75,7 @@ def test_missing_data_dir(tmp_path):
     assert_usage_error(proc, "does not exist", out)
 
 
+@ONCE_IN_THE_IMAGE
 def test_missing_file_offline(tmp_path):
     out = tmp_path / "run"
     proc = run_app("train", "--dataset", "mnist", "--data-dir", str(tmp_path), "--offline",
@@ -81,6 +83,7 @@ def test_missing_file_offline(tmp_path):
     assert_usage_error(proc, "mnist.npz", out)
 
 
+@ONCE_IN_THE_IMAGE
 def test_corrupt_data_file(tmp_path):
     (tmp_path / "mnist.npz").write_bytes(b"\x00garbage" * 10)
     out = tmp_path / "run"
@@ -88,6 +91,7 @@ def test_corrupt_data_file(tmp_path):
     assert_usage_error(proc, "corrupt", out)
 
 
+@ONCE_IN_THE_IMAGE
 def test_unwritable_output(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -95,12 +99,14 @@ def test_unwritable_output(tmp_path):
     assert_usage_error(proc, "cannot be created")
 
 
+@ONCE_IN_THE_IMAGE
 def test_resume_without_checkpoint(tmp_path):
     out = tmp_path / "run"
     proc = run_app("train", *QUICK, "--output", str(out), "--resume")
     assert_usage_error(proc, "no checkpoint", out)
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.slow
 def test_resume_with_incompatible_checkpoint(tmp_path):
     out = tmp_path / "run"
@@ -113,6 +119,7 @@ def test_resume_with_incompatible_checkpoint(tmp_path):
     assert (out / "metrics.json").read_text() == before   # the old run is untouched
 
 
+@ONCE_IN_THE_IMAGE
 def test_existing_run_is_not_overwritten(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -121,6 +128,7 @@ def test_existing_run_is_not_overwritten(tmp_path):
     assert_usage_error(proc, "already holds a run")
 
 
+@ONCE_IN_THE_IMAGE
 def test_env_text_and_json():
     text = run_app("env")
     assert text.returncode == 0, text.stderr

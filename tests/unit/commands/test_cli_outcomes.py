@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from tests.unit.helpers import error_lines, run_app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app
 
 # The image's self-test leaves this to a real container: tests/image/test_interrupt_image.py
 # stops a training container (SIGTERM, SIGINT) on TF 2.9 and resumes it in a new one.
@@ -17,6 +17,7 @@ SMALL = ["--dataset", "synthetic", "--max-train-samples", "256", "--max-val-samp
          "--no-save-model"]
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_diverging_run_exits_3_with_its_diagnosis(tmp_path, loop):
     """float32 has no loss scaling to recover with: a learning rate of 1e30 makes the weights
@@ -35,6 +36,7 @@ def test_a_diverging_run_exits_3_with_its_diagnosis(tmp_path, loop):
 
 @pytest.mark.slow
 @pytest.mark.host_only(reason=IN_CONTAINERS)
+@pytest.mark.in_containers(reason=IN_CONTAINERS)
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
                          ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_with_its_code_and_a_checkpoint_and_resume_finishes(tmp_path, signum,

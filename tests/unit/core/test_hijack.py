@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.paths import ROOT
+from tests.unit.helpers import ONCE_IN_THE_IMAGE
 
 HOSTILE = "import sys\nprint('HIJACKED')\nsys.exit(42)\n"
 USER_MODEL = """\
@@ -52,6 +53,7 @@ def test_the_hostile_folder_does_hijack_python_dash_m(tmp_path):
     assert proc.returncode == 42 and "HIJACKED" in proc.stdout
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.parametrize("kind", ["app.py", "app/"])
 def test_tfmp_script_trains_with_our_package_and_the_users_spec(tmp_path, kind):
     tfmp = shutil.which("tfmp")
@@ -71,6 +73,7 @@ def test_tfmp_script_trains_with_our_package_and_the_users_spec(tmp_path, kind):
     assert metrics["task"]["model"] == "mymodel:build"
 
 
+@ONCE_IN_THE_IMAGE
 def test_benchmark_children_run_our_package_from_a_hostile_folder(tmp_path, monkeypatch):
     from app.benchmark import runner
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from app.core import shadowing
-from tests.unit.helpers import error_lines, run_app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app
 
 KERAS_FIRST = "import tensorflow as tf\n\nMODEL = tf.keras.Sequential()\n"
 
@@ -39,6 +39,7 @@ def test_namesakes_are_module_files_and_packages_only(tmp_path):
     assert shadowing.namesakes(str(tmp_path / "nowhere")) == []
 
 
+@ONCE_IN_THE_IMAGE
 def test_a_file_taking_a_modules_place_is_one_line_and_nothing_runs(tmp_path):
     (tmp_path / "glob.py").write_text("print('my own glob')\n")
     proc = run_app("train", "--dataset", "synthetic", "--epochs", "1", "--output", "run",
@@ -63,6 +64,7 @@ def test_a_file_that_breaks_tensorflows_import_is_named(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.parametrize("name", ["test.py", "mymodel.py"])
 def test_a_namesake_nothing_imports_is_left_alone(tmp_path, name):
     (tmp_path / name).write_text("raise SystemExit('imported')\n")

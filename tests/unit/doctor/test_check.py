@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.paths import UNIT, USER_MODELS
-from tests.unit.helpers import error_lines, run_app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app
 
 HERE = str(UNIT)  # user_models/ is imported from here
 MODELS = str(USER_MODELS)
@@ -235,6 +235,7 @@ def test_cli_says_what_it_did_to_the_data_as_train_does(tmp_path):
     assert json.loads(out.read_text())["notes"] == said
 
 
+@ONCE_IN_THE_IMAGE
 def test_cli_py_path_ready_with_json(tmp_path):
     out = tmp_path / "check.json"
     r = run_app("check", "--model", os.path.join(MODELS, "policy_aware.py") + ":build",
@@ -251,6 +252,7 @@ def test_cli_py_path_ready_with_json(tmp_path):
     assert os.listdir(tmp_path) == ["check.json"]  # atomic write: no temporary left
 
 
+@ONCE_IN_THE_IMAGE
 def test_cli_dotted_module_blocked_exit_1(tmp_path):
     r = run_app("check", "--model", "user_models.float16_softmax:build", *SMALL_FLAGS,
                 "--precision", "mixed_bfloat16", cwd=HERE)
@@ -259,6 +261,7 @@ def test_cli_dotted_module_blocked_exit_1(tmp_path):
     assert "BLOCKER" in r.stdout and "class_probs" in r.stdout
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.parametrize("args, expected", [
     (("--model", "no_such_module_xyz:build"), "no module named 'no_such_module_xyz'"),
     (("--model", os.path.join(MODELS, "policy_aware.py") + ":nope"), "has no 'nope'"),

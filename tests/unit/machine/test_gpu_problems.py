@@ -21,6 +21,7 @@ from app.machine import gpu_problems as gp
 from app.machine.hardware import make_gpu
 
 from tests.paths import ROOT
+from tests.unit.helpers import ONCE_IN_THE_IMAGE
 
 STUB_SOURCE = Path(__file__).with_name("stub_libcuda.c")
 
@@ -337,6 +338,7 @@ def test_env_report_text_lists_problems_with_their_fixes():
     assert format_text(dict(report, gpu_problems=[])).endswith("GPU problems:\n  none")
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.slow
 def test_env_json_carries_the_list_beside_the_report():
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3",

@@ -16,6 +16,10 @@ from app.run_folder.lock import LOCK_NAME, OutputInUse, RunLock
 
 from tests.paths import ROOT
 
+TWINS = ("the same two runs are driven in real containers on TF 2.9 by "
+         "tests/image/test_interrupt_image.py and test_stack.py")
+
+
 # A child that takes the lock, says so, and sleeps until killed.
 HOLDER = textwrap.dedent("""
     import sys, time
@@ -117,8 +121,8 @@ def _snapshot(folder):
 
 
 @pytest.mark.slow
-@pytest.mark.host_only(reason="the same two runs are driven in real containers on TF 2.9 by "
-                               "tests/image/test_interrupt_image.py and test_stack.py")
+@pytest.mark.host_only(reason=TWINS)
+@pytest.mark.in_containers(reason=TWINS)
 def test_second_train_into_a_live_runs_folder_exits_2_and_touches_nothing(tmp_path):
     from tests.unit.helpers import run_app
     from tests.unit.training_process import TrainingProcess
@@ -148,8 +152,8 @@ def test_second_train_into_a_live_runs_folder_exits_2_and_touches_nothing(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.host_only(reason="the same two runs are driven in real containers on TF 2.9 by "
-                               "tests/image/test_interrupt_image.py and test_stack.py")
+@pytest.mark.host_only(reason=TWINS)
+@pytest.mark.in_containers(reason=TWINS)
 def test_a_run_killed_with_sigkill_leaves_the_folder_free_for_resume(tmp_path):
     from tests.unit.helpers import run_app
     from tests.unit.training_process import TrainingProcess

@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from tests.paths import USER_MODELS as _USER_MODELS
+from tests.unit.helpers import ONCE_IN_THE_IMAGE
 
 # The checkout whose app this interpreter imports (PYTHONPATH on the host, the installed
 # package in the image): the command-line runs use the same.
@@ -338,6 +339,7 @@ def test_an_automatically_numbered_name_says_why_it_may_differ(policy_kept):
         in info.value.line()
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.slow
 def test_check_on_mobilenet_with_the_flag_has_no_blocker(policy_kept):
     from app.doctor.check import check

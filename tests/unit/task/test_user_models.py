@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.paths import ROOT, UNIT, USER_MODELS
-from tests.unit.helpers import error_lines, run_app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app
 
 HERE = str(UNIT)  # user_models/ is imported from here
 USER = str(USER_MODELS)
@@ -260,6 +260,7 @@ def test_float32_constant_in_a_custom_layer_is_named_in_one_line(tmp_path):
     assert ok.returncode == 0, ok.stderr
 
 
+@ONCE_IN_THE_IMAGE
 def test_an_exception_in_user_code_keeps_its_traceback(tmp_path):
     out = tmp_path / "run"
     proc = run_app("train", "--model", MISC + ":broken", "--dataset", ARRAYS, *QUICK,
@@ -273,6 +274,7 @@ def test_an_exception_in_user_code_keeps_its_traceback(tmp_path):
 
 # ---- interruption, resume, replicas ---------------------------------------------------------
 
+@ONCE_IN_THE_IMAGE
 def test_sigterm_then_resume_with_a_user_model(tmp_path):
     out = tmp_path / "run"
     args = ["train", "--model", AWARE, "--dataset", "synthetic", "--input-shape", "8,8,1",
@@ -301,6 +303,7 @@ def test_sigterm_then_resume_with_a_user_model(tmp_path):
     assert (out / "metrics.json").read_text() == before
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_mirrored_over_two_logical_cpus_with_a_user_model(tiny_config, tmp_path, loop):
     out = tmp_path / "run"
@@ -348,6 +351,7 @@ def test_spec_errors_are_one_line(tmp_path, capsys, model, dataset, needle):
     assert not out.exists()
 
 
+@ONCE_IN_THE_IMAGE
 def test_user_dataset_function_that_raises_is_their_bug(tmp_path):
     out = tmp_path / "run"
     proc = run_app("train", "--dataset", os.path.join(USER, "datasets.py") + ":raises",

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from tests.paths import ROOT
-from tests.unit.helpers import free_ports, tf_config
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, free_ports, tf_config
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +76,7 @@ def _wait(procs, timeout):
     return codes
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_mirrored_over_two_logical_cpus_reaches_target_accuracy(tmp_path, loop):
     out = tmp_path / "run"
@@ -92,6 +93,7 @@ def test_mirrored_over_two_logical_cpus_reaches_target_accuracy(tmp_path, loop):
     assert m["epochs"][0]["steps"] == 512 // 32     # one step per *global* batch
 
 
+@ONCE_IN_THE_IMAGE
 def test_mirrored_replicas_skip_overflowing_steps_together(tmp_path):
     """mixed_float16 with a first loss scale of 2**22: the first steps overflow; both
     replicas skip them together (the optimizer all-reduces and our counter agrees: the
@@ -145,6 +147,7 @@ def _final_weights(out):
     return [w.numpy() for w in model.weights]
 
 
+@ONCE_IN_THE_IMAGE
 def test_two_workers_finish_only_the_chief_writes_and_accumulating_matches_the_plain_batch(
         tmp_path):
     """Two two-worker jobs side by side: the plain batch of 16 per worker, and --accumulate 2
@@ -185,6 +188,7 @@ def test_two_workers_finish_only_the_chief_writes_and_accumulating_matches_the_p
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@ONCE_IN_THE_IMAGE
 def test_killed_worker_restarted_resumes_from_the_backup(tmp_path):
     out = tmp_path / "run"
     ports = free_ports(2)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from app.core.settings import parse_step_range
-from tests.unit.helpers import error_lines, run_app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app
 
 TINY = ("--model", "mlp", "--dataset", "synthetic", "--epochs", "1", "--batch-size", "32",
         "--max-train-samples", "256", "--max-val-samples", "32", "--precision", "float32",
         "--no-save-model", "--progress", "lines")
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_profile_of_a_few_cpu_steps_is_written_for_tensorboard(tmp_path, loop):

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE
 
 N, FEATURES = 512, 8
 LOOPS = ["fit", "custom"]
@@ -379,6 +380,7 @@ def test_under_mirrored_strategy_the_report_names_the_replica(tmp_path):
     assert f["where"]["samples"] and all(first <= s < first + 8 for s in f["where"]["samples"])
 
 
+@ONCE_IN_THE_IMAGE
 @pytest.mark.slow
 def test_in_a_two_worker_job_every_worker_names_the_worker_whose_batch_failed(tmp_path):
     """A real MultiWorkerMirroredStrategy job, two workers on localhost ports (the custom

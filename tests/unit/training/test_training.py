@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from app.training.job import train
+from tests.unit.helpers import ONCE_IN_THE_IMAGE
 
 # Synthetic data: 10 classes, one random prototype each plus noise (fixed seed); chance is 0.1.
 TARGET_ACCURACY = 0.9
@@ -230,6 +231,7 @@ def test_a_run_that_finishes_between_the_check_and_the_lock_is_not_overwritten(t
         assert fh.read() == theirs
 
 
+@ONCE_IN_THE_IMAGE
 def test_a_batch_holding_the_whole_training_set_is_noted(tiny_config, capsys):
     """One update an epoch is said in one note; a batch that leaves several says nothing."""
     run = train(tiny_config(epochs=1, batch_size=64, max_train_samples=64, max_val_samples=32))

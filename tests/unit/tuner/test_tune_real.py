@@ -18,7 +18,7 @@ import pytest
 
 from app.tuner import report
 from app.training import tuned
-from tests.unit.helpers import run_app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, run_app
 
 pytestmark = pytest.mark.slow
 MODEL = "tests.unit.user_models.activation_heavy:build"
@@ -94,6 +94,7 @@ def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_pa
         f"accumulate {choice['accumulate']}" in proc.stdout
 
 
+@ONCE_IN_THE_IMAGE
 def test_nothing_fits_is_one_line_naming_the_smallest_size_exit_2(tmp_path):
     out = tmp_path / "tune"
     proc = run_app("tune", "--model", "mlp", "--dataset", "synthetic", "--precision", "float32",
