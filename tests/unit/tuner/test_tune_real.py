@@ -24,8 +24,14 @@ pytestmark = pytest.mark.slow
 MODEL = "tests.unit.user_models.activation_heavy:build"
 
 
-@pytest.mark.host_only(reason="tests/image/test_tune_image.py runs the same tune and train "
-                               "--tuned inside the image, under a container memory limit")
+# Its twin, tests/image/test_tune_image.py, asserts the same of a container's tune (both
+# precisions where TF 2.9 runs bfloat16, a boundary, a global-batch plan, train --tuned).
+TWIN = ("tests/image/test_tune_image.py runs the same tune and train --tuned inside the image, "
+        "under a container memory limit")
+
+
+@pytest.mark.host_only(reason=TWIN)
+@pytest.mark.in_containers(reason=TWIN)
 def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_path):
     out = tmp_path / "tune"
     proc = run_app("tune", "--model", MODEL, "--dataset", "synthetic", "--input-shape", "90,90,3",
