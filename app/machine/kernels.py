@@ -410,7 +410,8 @@ def refusal_from_error(exc: BaseException, model: str,
            else f"one of its ops takes no {dtype} ({line})")
     if op and dtype == "float16" and not _gpus():
         # mixed_float16 is a GPU's policy: its kernels cover ops a CPU's do not.
-        why += " (on this CPU; a GPU's kernels may have it: run check there before you change the model)"
+        why += (" (on this CPU; a GPU's kernels may have it: run check there before you "
+                "change the model)")
     if in_build_function:
         in_float32 = (f"dtype='float32' on {'layer ' + repr(name) if name else 'that layer'} "
                       "where the model function makes it (it fails as the function calls it, "

@@ -5,9 +5,9 @@ Kept to a few trials: a model whose memory is almost all activations (tens of MB
 tests/unit/user_models/activation_heavy.py) on 90x90 inputs under a 1.5 GiB budget, so batch
 8 fits and 16 does not, under float32 and mixed_bfloat16 alike, each by a quarter of a GiB or
 more (TF 2.21, 2-core AMD EPYC without AVX-512: batch 8 peaks at 1.10 GiB; at 64x64 under
-1.25 GiB, batch 16 peaked 27 MiB under the limit there and above it on a CPU with AVX-512), and a --global-batch of 32 that does not
-fit is planned as micro-batches of 8 accumulated 4 times.  Each trial still starts
-TensorFlow, so this takes about a minute on 2 cores.
+1.25 GiB, batch 16 peaked 27 MiB under the limit there and above it on a CPU with AVX-512),
+and a --global-batch of 32 that does not fit is planned as micro-batches of 8 accumulated 4
+times.  Each trial still starts TensorFlow, so this takes about two minutes on 2 cores.
 """
 from __future__ import annotations
 
