@@ -297,8 +297,12 @@ def load(seed):
     return (x[:256], y[:256]), (x[256:], y[256:])
 '''
 
-# Every training sample waits 4 ms in a Python function, one at a time: the data, not the
-# model, sets the pace (about 250 samples/s), whatever the machine.
+# Every training sample waits 50 ms in a Python function, one at a time: the data, not the
+# model, sets the pace (at most 20 samples/s, 0.8 s a batch of 16), whatever the machine. A
+# sleep does not slow down on a busy machine while the model's steps do, so the margin is
+# wide: at 15 ms a sample (a 0.24 s batch) a 2-core machine under the image's self-test
+# trained at 45% of the pipeline's rate, and was rightly not called input-bound; at 50 ms,
+# with a load average of 8.9 here, training still ran at 99% of it.
 SLOW_DATA = '''
 import time
 
@@ -307,17 +311,17 @@ import tensorflow as tf
 
 
 def _slow(x):
-    time.sleep(0.015)  # ~65 samples/s at most: far below what the model trains at, even on a loaded machine
+    time.sleep(0.05)
     return x
 
 
 def load():
     rng = np.random.default_rng(0)
-    y = rng.integers(0, 3, size=160).astype("int32")
-    x = (rng.normal(size=(160, 12)) + y[:, None]).astype("float32")
-    train = tf.data.Dataset.from_tensor_slices((x[:128], y[:128])).map(
+    y = rng.integers(0, 3, size=96).astype("int32")
+    x = (rng.normal(size=(96, 12)) + y[:, None]).astype("float32")
+    train = tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).map(
         lambda a, b: (tf.ensure_shape(tf.py_function(_slow, [a], tf.float32), [12]), b))
-    val = tf.data.Dataset.from_tensor_slices((x[128:], y[128:]))
+    val = tf.data.Dataset.from_tensor_slices((x[64:], y[64:]))
     return train, val
 '''
 
