@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional, Union
+import time
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from app.core.errors import UsageError
 
@@ -52,6 +53,14 @@ def text(parsed: Parsed) -> Optional[str]:
     if parsed is None or isinstance(parsed, str):
         return parsed
     return ",".join(f"{c}={w:g}" for c, w in parsed.items())
+
+
+def exact_text(table: List[float]) -> str:
+    """A table of class weights as the flag's CLASS=WEIGHT pairs, to 9 significant digits
+    (what a float32, which the weights are applied in, needs to be read back the same):
+    classes weighing 1 left out, as the flag leaves them."""
+    pairs = [f"{c}={w:.9g}" for c, w in enumerate(table) if w != 1.0]
+    return ",".join(pairs) or "0=1"
 
 
 def _bad(why: str, value: Any, said: str) -> UsageError:
@@ -106,13 +115,21 @@ def weigh(bundle, parsed: Parsed):
                          "for values, a weight a sample: (x, y, sample_weight)")
     k = int(bundle.num_classes)
     if parsed == BALANCED:
-        counts = _class_counts(bundle, k)
+        started = time.perf_counter()
+        counts, passed = _class_counts(bundle, k)
         present = sum(1 for c in counts if c)
         n = sum(counts)
         table = [n / (present * c) if c else 1.0 for c in counts]
         note = (f"{FLAG} balanced: class weights " + ", ".join(
             f"{i}: {w:.3g}" for i, w in enumerate(table)) + " (from the training labels' "
             f"counts {', '.join(str(c) for c in counts)})")
+        if passed:
+            # The pass runs the whole input pipeline (decoding, augmenting) for the labels
+            # alone: as long as an epoch of reading, before the first step. Said, with the
+            # flag that gives the same weights without it.
+            note += (f"; counting read the training data once, in "
+                     f"{time.perf_counter() - started:.1f} s: {FLAG} {exact_text(table)} "
+                     "gives the same weights without that pass")
     else:
         beyond = sorted(c for c in parsed if c >= k)
         if beyond:
@@ -146,19 +163,20 @@ def _weighed(train, table: List[float], label_kind: str):
     return train.map(weigh_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _class_counts(bundle, k: int) -> List[int]:
-    """Each class's training samples: from the arrays when the data is arrays, else one pass
-    over the training labels."""
+def _class_counts(bundle, k: int) -> Tuple[List[int], bool]:
+    """Each class's training samples, and whether counting them took a pass over the
+    training data: from the arrays when the data is arrays, else one pass over the
+    pipeline."""
     import numpy as np
 
     rows = getattr(bundle.train_rows, "arrays", None)
     if rows is not None:
         y = np.asarray(rows[-1])
         ids = y.argmax(axis=-1) if bundle.label_kind == "onehot" else y.reshape(-1)
-        return [int(c) for c in np.bincount(ids.astype(np.int64), minlength=k)[:k]]
+        return [int(c) for c in np.bincount(ids.astype(np.int64), minlength=k)[:k]], False
     import tensorflow as tf
 
     counts = bundle.train.map(lambda x, y, *w: tf.math.bincount(
         _class_ids(y, bundle.label_kind), minlength=k, maxlength=k, dtype=tf.int64)).reduce(
         tf.zeros([k], tf.int64), lambda total, c: total + c)
-    return [int(c) for c in counts.numpy()]
+    return [int(c) for c in counts.numpy()], True

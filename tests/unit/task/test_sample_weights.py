@@ -4,6 +4,7 @@
 tuner's trials and ``--accumulate`` take the weighted batches; weights no loss can use are
 one line each."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -171,7 +172,16 @@ def test_balanced_weights_come_from_the_counts_of_arrays_and_of_tf_data_alike():
             __import__("tensorflow").data.Dataset.from_tensor_slices(p) for p in ((x, y), val))):
         bundle = class_weights.weigh(from_user(returned, "t:w", 64), balanced)
         assert bundle.class_weight == pytest.approx(expected) and bundle.weighted
-        assert f"counts {', '.join(map(str, counts))}" in bundle.notes[-1]
+        note = bundle.notes[-1]
+        assert f"counts {', '.join(map(str, counts))}" in note
+        # A pipeline is read once more for its labels: said, with the flag that skips it.
+        said = re.search(r"counting read the training data once, in [\d.]+ s: "
+                         r"--class-weight (\S+) gives the same weights without that pass$", note)
+        assert (said is None) == isinstance(returned[0], tuple), note   # arrays: no pass
+        if said:
+            again = class_weights.weigh(from_user(returned, "t:w", 64),
+                                        class_weights.parse(said.group(1)))
+            assert np.array_equal(np.float32(again.class_weight), np.float32(bundle.class_weight))
         xb, yb, wb = next(iter(bundle.train))
         assert np.allclose(wb.numpy(), np.take(expected, yb.numpy()))
         assert len(next(iter(bundle.val))) == 2   # fit does not weigh validation by class
