@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
 from app.core.errors import UsageError
 
@@ -52,15 +52,18 @@ def text(parsed: Parsed) -> Optional[str]:
     """The setting as the flag writes it: "balanced" or "0=1,3=10"; None for none."""
     if parsed is None or isinstance(parsed, str):
         return parsed
-    return ",".join(f"{c}={w:g}" for c, w in parsed.items())
+    return _pairs_text(parsed, "g")
 
 
 def exact_text(table: List[float]) -> str:
     """A table of class weights as the flag's CLASS=WEIGHT pairs, to 9 significant digits
     (what a float32, which the weights are applied in, needs to be read back the same):
     classes weighing 1 left out, as the flag leaves them."""
-    pairs = [f"{c}={w:.9g}" for c, w in enumerate(table) if w != 1.0]
-    return ",".join(pairs) or "0=1"
+    return _pairs_text({c: w for c, w in enumerate(table) if w != 1.0}, ".9g") or "0=1"
+
+
+def _pairs_text(weights: Dict[int, float], spec: str) -> str:
+    return ",".join(f"{c}={w:{spec}}" for c, w in weights.items())
 
 
 def _bad(why: str, value: Any, said: str) -> UsageError:
@@ -116,14 +119,16 @@ def weigh(bundle, parsed: Parsed):
     k = int(bundle.num_classes)
     if parsed == BALANCED:
         started = time.perf_counter()
-        counts, passed = _class_counts(bundle, k)
+        labels = _array_labels(bundle)
+        counts = (_label_counts(labels, bundle.label_kind, k) if labels is not None
+                  else _pipeline_counts(bundle, k))
         present = sum(1 for c in counts if c)
         n = sum(counts)
         table = [n / (present * c) if c else 1.0 for c in counts]
         note = (f"{FLAG} balanced: class weights " + ", ".join(
             f"{i}: {w:.3g}" for i, w in enumerate(table)) + " (from the training labels' "
             f"counts {', '.join(str(c) for c in counts)})")
-        if passed:
+        if labels is None:
             # The pass runs the whole input pipeline (decoding, augmenting) for the labels
             # alone: as long as an epoch of reading, before the first step. Said, with the
             # flag that gives the same weights without it.
@@ -163,20 +168,26 @@ def _weighed(train, table: List[float], label_kind: str):
     return train.map(weigh_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _class_counts(bundle, k: int) -> Tuple[List[int], bool]:
-    """Each class's training samples, and whether counting them took a pass over the
-    training data: from the arrays when the data is arrays, else one pass over the
-    pipeline."""
+def _array_labels(bundle):
+    """The training labels when the data is arrays; None for a pipeline."""
+    rows = getattr(bundle.train_rows, "arrays", None)
+    return None if rows is None else rows[-1]
+
+
+def _label_counts(labels, label_kind: str, k: int) -> List[int]:
+    """Each class's samples among array ``labels``."""
     import numpy as np
 
-    rows = getattr(bundle.train_rows, "arrays", None)
-    if rows is not None:
-        y = np.asarray(rows[-1])
-        ids = y.argmax(axis=-1) if bundle.label_kind == "onehot" else y.reshape(-1)
-        return [int(c) for c in np.bincount(ids.astype(np.int64), minlength=k)[:k]], False
+    y = np.asarray(labels)
+    ids = y.argmax(axis=-1) if label_kind == "onehot" else y.reshape(-1)
+    return [int(c) for c in np.bincount(ids.astype(np.int64), minlength=k)[:k]]
+
+
+def _pipeline_counts(bundle, k: int) -> List[int]:
+    """Each class's training samples, in one pass over the training pipeline."""
     import tensorflow as tf
 
     counts = bundle.train.map(lambda x, y, *w: tf.math.bincount(
         _class_ids(y, bundle.label_kind), minlength=k, maxlength=k, dtype=tf.int64)).reduce(
         tf.zeros([k], tf.int64), lambda total, c: total + c)
-    return [int(c) for c in counts.numpy()], True
+    return [int(c) for c in counts.numpy()]

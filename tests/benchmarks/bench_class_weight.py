@@ -80,7 +80,7 @@ def main(argv=None) -> int:
         counting.append(counted)
         reading.append(read)
         ratios.append(counted / read)
-    print(f"{args.samples * 7 // 8} training samples, {args.size}px JPEG decoded and resized, "
+    print(f"{bundle.train_samples} training samples, {args.size}px JPEG decoded and resized, "
           f"batch {args.batch_size}, {args.rounds} rounds")
     print(f"counting pass: median {statistics.median(counting):.2f} s; one epoch read alone: "
           f"median {statistics.median(reading):.2f} s; counting / epoch read: median "

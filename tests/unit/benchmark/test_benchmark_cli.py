@@ -298,11 +298,11 @@ def load(seed):
 '''
 
 # Every training sample waits 50 ms in a Python function, one at a time: the data, not the
-# model, sets the pace (at most 20 samples/s, 0.8 s a batch of 16), whatever the machine. A
-# sleep does not slow down on a busy machine while the model's steps do, so the margin is
-# wide: at 15 ms a sample (a 0.24 s batch) a 2-core machine under the image's self-test
-# trained at 45% of the pipeline's rate, and was rightly not called input-bound; at 50 ms,
-# with a load average of 8.9 here, training still ran at 99% of it.
+# model, sets the pace (at most 20 samples/s, 0.8 s a batch of 16). A sleep does not slow
+# down on a busy machine while the model's steps do, so the margin is wide: at 15 ms a
+# sample (a 0.24 s batch) a 2-core machine under the image's self-test trained at 45% of the
+# pipeline's rate, and was rightly not called input-bound; at 50 ms, with a load average of
+# 8.9 here, training still ran at 99% of it.
 SLOW_DATA = '''
 import time
 
