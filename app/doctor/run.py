@@ -420,7 +420,8 @@ def _clash_finding(exc, policy, task) -> Finding:
     from app.precision import dtype_clash
 
     layer = dtype_clash.failing_layer(exc)
-    line = dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec)
+    line = dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec,
+                                float32_flag=lambda name: float32_layers.flag([name]))
     what, _, fix = line.partition("; fix: ")
     return Finding(BLOCKER, "dtype_clash", getattr(layer, "name", None), what,
                    fix or dtype_clash.FIX)

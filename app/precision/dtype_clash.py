@@ -10,7 +10,7 @@ Used by ``train`` (the run stops with that line) and by ``check`` (a blocker in 
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 _16 = r"(half|float16|bfloat16)"
 _32 = r"(float|float32)"
@@ -92,15 +92,21 @@ def first_line(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def describe(exc: BaseException, policy: str, model_spec: str = "") -> str:
-    """One line: which layer, what clashed, the fix."""
+def describe(exc: BaseException, policy: str, model_spec: str = "",
+             float32_flag: Optional[Callable[[str], str]] = None) -> str:
+    """One line: which layer, what clashed, the fix.  ``float32_flag(name)`` is the flag
+    that runs that layer in float32 (``--float32-layers``, which ``app.task`` owns): the fix
+    that needs no edit of the model, offered when the layer is known and 16-bit."""
     layer = failing_layer(exc)
+    fix = FIX
     if layer is not None:
-        who = (f"layer {layer.name!r} ({type(layer).__name__}, compute dtype "
-               f"{getattr(layer, 'compute_dtype', '?')})")
+        compute = str(getattr(layer, "compute_dtype", "?"))
+        who = f"layer {layer.name!r} ({type(layer).__name__}, compute dtype {compute})"
+        if float32_flag is not None and compute in ("float16", "bfloat16"):
+            fix += f"; or, without editing the model, run it in float32: {float32_flag(layer.name)}"
     else:
         named = layer_name_from_message(exc)
         who = f"layer {named}" if named else "a layer"
     where = f" in model {model_spec!r}" if model_spec else ""
     return (f"{who}{where} mixes float16/bfloat16 and float32 tensors under {policy} "
-            f"({first_line(exc)}); fix: {FIX}")
+            f"({first_line(exc)}); fix: {fix}")

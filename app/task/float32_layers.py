@@ -14,14 +14,23 @@ after any float32 layer), and Keras saves each layer's policy with the model.  A
 variables were made 16-bit (Keras 2's Normalization in EfficientNet, dtype='float16') is made
 again: the model is cloned with that layer in float32 and the weights carried over.
 
+A layer can fail in 16 bits while the model function is still building the model (a custom
+layer that adds a float32 constant to its input stops Keras' functional construction with a
+dtype clash), so ``while_building(names)`` is in force while the model function runs: a layer
+whose plain name is named computes in float32 from its first call on, with the layers inside
+it and those it calls.  The model function then returns, and ``apply`` finds the same layers
+by name as for any other model.  A path (``outer/inner``) is known only once the model is
+built, so it waits for ``apply``.
+
 ``flag(paths)`` is the exact flag for layers that should be float32: ``check``'s findings
 print it, as does anything else that names such a layer.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
-from typing import Any, Iterable, List, Sequence, Tuple
+from typing import Any, Iterable, Iterator, List, Sequence, Tuple
 
 from app.core.errors import UsageError
 
@@ -68,6 +77,46 @@ def text(names: Iterable[str]) -> str:
 def flag(paths: Iterable[str]) -> str:
     """``--float32-layers a,b``: the flag that runs these layers in float32."""
     return f"{FLAG} {text(paths)}"
+
+
+@contextlib.contextmanager
+def while_building(names: Sequence[str]) -> Iterator[None]:
+    """While the model function runs: each layer whose plain name is in ``names`` gets the
+    float32 policy at its first call, before it computes anything, as do the layers inside it
+    and every layer first called during its call (those it makes in ``build``).  Keras calls
+    each layer of a functional or Sequential model as the function wires it, so a layer that
+    would fail there in 16 bits never runs in 16 bits; a subclassed model's first call comes
+    later, after ``apply``.  ``Layer.__call__`` is wrapped for the model function's call only:
+    training's steps run the plain one."""
+    plain = {name for name in names if "/" not in name}
+    if not plain:
+        yield
+        return
+    import tensorflow as tf
+
+    from app.precision.layer_policy import set_policy
+    from app.task import model_layers
+
+    base = tf.keras.layers.Layer
+    original = base.__dict__["__call__"]
+    running: List[Any] = []   # the named layers whose calls are under way
+
+    def call(layer, *args, **kwargs):
+        if not (running or getattr(layer, "name", None) in plain):
+            return original(layer, *args, **kwargs)
+        set_policy(layer, "float32")
+        for _path, inner, _parent in model_layers.walk(layer):
+            set_policy(inner, "float32")
+        running.append(layer)
+        try:
+            return original(layer, *args, **kwargs)
+        finally:
+            running.pop()
+    base.__call__ = call
+    try:
+        yield
+    finally:
+        base.__call__ = original
 
 
 def _matches(name: str, entries) -> list:

@@ -134,7 +134,7 @@ class Task:
         policy = precision.global_policy_name()
         tf.keras.backend.clear_session()
         precision.apply_policy(policy)
-        model = _call_model(self.model, bundle)
+        model = _call_model(self.model, bundle, self.float32_layers)
         model, _ = _before_first_call(model, self.float32_layers, self.model.spec)
         if bundle.sample_batch is not None:   # ops of custom layers: their kernels run
             _forward(model, bundle.sample_batch[0], self.model.spec)
@@ -142,7 +142,7 @@ class Task:
 
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
-        model = _call_model(self.model, bundle)
+        model = _call_model(self.model, bundle, self.float32_layers)
         # Read before --float32-layers may clone the model (a clone is not compiled).
         compiled_loss, compiled_metrics, optimizer = _compiled_parts(model)
         model, float32_paths = _before_first_call(model, self.float32_layers, self.model.spec)
@@ -216,16 +216,18 @@ def _data_shape_for_model(entry, shape: tuple) -> tuple:
     return tuple(shape)
 
 
-def _call_model(entry, bundle):
-    """The model function's keras.Model for the data's shape and class count."""
+def _call_model(entry, bundle, float32_layers=()):
+    """The model function's keras.Model for the data's shape and class count (the layers
+    ``float32_layers`` names computing in float32 as it wires them: ``f32.while_building``)."""
     import tensorflow as tf
 
     several = several_inputs(bundle.input_shape)
     try:
-        model = specs.call_user(entry.function, entry.spec, "model",
-                                {"input_shape": (bundle.input_shape if several
-                                                 else tuple(bundle.input_shape)),
-                                 "num_classes": int(bundle.num_classes)})
+        with f32.while_building(float32_layers):
+            model = specs.call_user(entry.function, entry.spec, "model",
+                                    {"input_shape": (bundle.input_shape if several
+                                                     else tuple(bundle.input_shape)),
+                                     "num_classes": int(bundle.num_classes)})
     except UserCodeError as exc:
         from app.task.model_layers import refusal_from_build_error
 

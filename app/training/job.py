@@ -52,6 +52,7 @@ from app.run_folder.lock import RunLock
 from app.training.resuming import (check_same_task, read_previous_metrics, resumed_class_weight,
                                    resumed_float32_layers)
 from app.task import class_weights, model_layers
+from app.task.float32_layers import flag as f32_flag
 from app.task.task import BuiltModel, Task
 
 DIAGNOSIS = (
@@ -513,4 +514,5 @@ def clash_diagnosis(exc: BaseException, policy: str, task: Task) -> Optional[str
 
     if policy == "float32" or not dtype_clash.is_dtype_clash(exc):
         return None
-    return dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec)
+    return dtype_clash.describe(exc, policy, "" if task.model.builtin else task.model.spec,
+                                float32_flag=lambda name: f32_flag([name]))

@@ -74,6 +74,10 @@ def test_float32_constant_in_call_is_named(user_models):
     if clash:
         assert report["verdict"] == "blocked"
         assert "compute_dtype" in clash[0]["fix"]
+        assert clash[0]["fix"].endswith("run it in float32: --float32-layers add_offset")
+    fixed = _check(user_models("float32_constant").build, float32_layers="add_offset")
+    assert fixed["verdict"] != "blocked", fixed["findings"]
+    assert fixed["float32_layers"] == ["add_offset"]
 
 
 def test_float16_softmax_output_is_a_blocker(user_models):

@@ -356,6 +356,84 @@ def test_check_on_mobilenet_with_the_flag_has_no_blocker(policy_kept):
             "fix": None} in report["findings"]
 
 
+# ---- a layer that fails in 16 bits while the model function builds the model -----------------
+
+CONSTANT = os.path.join(USER_MODELS, "float32_constant.py")
+SMALL_RUN = dict(data="synthetic", precision="mixed_float16", epochs=1, input_shape=(8,),
+                 num_classes=4, batch_size=16, max_train_samples=64, max_val_samples=16,
+                 offline=True, progress="lines", save_model=False)
+
+
+def test_a_layer_that_fails_while_the_model_is_built_trains_with_the_flag(tmp_path, capsys,
+                                                                          policy_kept):
+    """float32_constant.py's AddOffset adds a float32 constant to its 16-bit input: Keras
+    stops the functional model's construction, inside the model function, before there is a
+    model to give a policy.  The one line names the flag; with it the layer computes in
+    float32 from its first call and the run trains."""
+    import app
+    from app.core.errors import MixedPrecisionClash
+
+    with pytest.raises(MixedPrecisionClash) as info:
+        app.train(model=CONSTANT + ":build", output=str(tmp_path / "plain"),
+                  workspace=str(tmp_path / "ws"), **SMALL_RUN)
+    assert info.value.line().startswith("error: layer 'add_offset' (AddOffset, compute dtype "
+                                        "float16) in model "), info.value.line()
+    assert info.value.line().endswith("; or, without editing the model, run it in float32: "
+                                      "--float32-layers add_offset"), info.value.line()
+    metrics = app.train(model=CONSTANT + ":build", output=str(tmp_path / "fixed"),
+                        workspace=str(tmp_path / "ws"), float32_layers="add_offset", **SMALL_RUN)
+    assert metrics["status"] == "completed"
+    assert metrics["task"]["float32_layers"] == ["add_offset"]
+    assert "note: --float32-layers: add_offset compute in float32, the rest of the model " \
+        "under the policy" in capsys.readouterr().err
+
+
+def test_a_layer_of_layers_named_reaches_those_it_makes_in_init_and_in_build(policy_kept):
+    """``nested``: the clash sits in layers that 'block' makes in ``__init__`` and in
+    ``build``; naming 'block' runs all of them in float32, and only them."""
+    from app.doctor.check import check
+
+    small = dict(input_shape=(8,), num_classes=4, batch_size=8, steps=1, verbose=False)
+    blocked = check(CONSTANT + ":nested", **small)
+    clash = [f for f in blocked["findings"] if f["check"] == "dtype_clash"]
+    assert [f["layer"] for f in clash] == ["inner_offset"], blocked["findings"]
+    assert clash[0]["fix"].endswith("--float32-layers inner_offset")
+    fixed = check(CONSTANT + ":nested", float32_layers="block", **small)
+    assert fixed["verdict"] != "blocked", fixed["findings"]
+    rows = {r["name"]: r["compute_dtype"] for r in fixed["layers"]}
+    assert {name: rows[name] for name in ("block", "block/inner_offset", "block/inner_dense",
+                                          "block/late_offset", "hidden")} == \
+        {"block": "float32", "block/inner_offset": "float32", "block/inner_dense": "float32",
+         "block/late_offset": "float32", "hidden": "float16"}, rows
+
+
+def test_the_wrapped_call_is_in_force_only_while_the_model_function_runs(policy_kept):
+    """The steps run Keras' own ``Layer.__call__``; a path waits for the built model."""
+    import tensorflow as tf
+
+    from app.precision import policy as prec
+    from app.precision.layer_policy import policy_name
+    from app.task.float32_layers import while_building
+
+    prec.apply_policy("mixed_float16")
+    plain_call = tf.keras.layers.Layer.__dict__["__call__"]
+    with while_building(["late", "outer/inner"]):
+        assert tf.keras.layers.Layer.__dict__["__call__"] is not plain_call
+        early = tf.keras.layers.Dense(2, name="late")
+        inner = tf.keras.layers.Dense(2, name="inner")
+        early(tf.ones((1, 3)))
+        inner(tf.ones((1, 3)))
+    assert tf.keras.layers.Layer.__dict__["__call__"] is plain_call
+    assert (policy_name(early), policy_name(inner)) == ("float32", "mixed_float16")
+    with pytest.raises(ZeroDivisionError):
+        with while_building(["late"]):
+            1 / 0
+    assert tf.keras.layers.Layer.__dict__["__call__"] is plain_call
+    later = tf.keras.layers.Dense(2, name="late")
+    later(tf.ones((1, 3)))
+    assert policy_name(later) == "mixed_float16"
+
+
 # ---- train and --resume ----------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -253,6 +253,7 @@ def test_float32_constant_in_a_custom_layer_is_named_in_one_line(tmp_path):
     errors = error_lines(proc.stderr)
     assert len(errors) == 1, proc.stderr
     assert "layer 'add_offset' (AddOffset" in errors[0] and "self.compute_dtype" in errors[0]
+    assert errors[0].endswith("run it in float32: --float32-layers add_offset"), errors[0]
     # float32 has nothing to clash with: the same model trains
     ok = run_app("train", "--model", os.path.join(USER, "float32_constant.py") + ":build",
                  "--dataset", ARRAYS, "--precision", "float32", "--epochs", "1", *QUICK,

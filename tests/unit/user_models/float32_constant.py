@@ -1,6 +1,9 @@
 """A user's custom layer that breaks under mixed precision: it adds a float32 constant to
 its (float16) input inside ``call``.  Keras 2 stops with a dtype clash; where the two are
-promoted instead, the layer hands on float32.  ``check`` names the layer either way."""
+promoted instead, the layer hands on float32.  ``check`` names the layer either way.
+
+``nested`` hides the same fault in a layer of layers: one inner layer made in ``__init__``,
+the others in ``build`` (``--float32-layers block`` must reach all three)."""
 import tensorflow as tf
 
 
@@ -9,11 +12,35 @@ class AddOffset(tf.keras.layers.Layer):
         return x + tf.constant(0.5)   # float32, whatever the policy: the bug
 
 
+class Block(tf.keras.layers.Layer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.offset = AddOffset(name="inner_offset")
+
+    def build(self, input_shape):
+        self.dense = tf.keras.layers.Dense(int(input_shape[-1]), name="inner_dense")
+        self.late_offset = AddOffset(name="late_offset")
+        super().build(input_shape)
+
+    def call(self, x):
+        return self.late_offset(self.dense(self.offset(x)))
+
+
 def build(input_shape, num_classes):
     inputs = tf.keras.Input(shape=input_shape)
     x = tf.keras.layers.Flatten()(inputs)
     x = tf.keras.layers.Dense(16, activation="relu")(x)
     x = AddOffset(name="add_offset")(x)
+    x = tf.keras.layers.Dense(num_classes)(x)
+    outputs = tf.keras.layers.Activation("softmax", dtype="float32")(x)
+    return tf.keras.Model(inputs, outputs)
+
+
+def nested(input_shape, num_classes):
+    inputs = tf.keras.Input(shape=input_shape)
+    x = tf.keras.layers.Flatten()(inputs)
+    x = tf.keras.layers.Dense(16, activation="relu", name="hidden")(x)
+    x = Block(name="block")(x)
     x = tf.keras.layers.Dense(num_classes)(x)
     outputs = tf.keras.layers.Activation("softmax", dtype="float32")(x)
     return tf.keras.Model(inputs, outputs)
