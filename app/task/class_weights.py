@@ -106,10 +106,12 @@ def _weight(weight: Any, value: Any, said: str) -> float:
 
 # ---- the weights on the training batches --------------------------------------------------------
 
-def weigh(bundle, parsed: Parsed):
+def weigh(bundle, parsed: Parsed, counted: Optional[List[float]] = None):
     """``bundle`` with its training batches weighed by class (``parsed`` from ``parse``);
     the bundle itself when there are no class weights.  The table and a note are kept on the
-    bundle (``class_weight``, ``notes``)."""
+    bundle (``class_weight``, ``notes``).  ``counted``: the table a resumed balanced run
+    counted when it began, used as it is (one per class) instead of counting again: the loss
+    stays the run's even where the data changed, and a pipeline is not read an extra time."""
     if parsed is None:
         return bundle
     if bundle.label_kind not in ("sparse", "binary", "onehot"):
@@ -117,7 +119,12 @@ def weigh(bundle, parsed: Parsed):
                          "are values, not classes", "class ids or one-hot rows as labels; "
                          "for values, a weight a sample: (x, y, sample_weight)")
     k = int(bundle.num_classes)
-    if parsed == BALANCED:
+    if parsed == BALANCED and counted is not None and len(counted) == k:
+        table = [float(w) for w in counted]
+        note = (f"{FLAG} balanced: the run's class weights " + ", ".join(
+            f"{i}: {w:.3g}" for i, w in enumerate(table)) + " (counted when the run began: "
+            "--resume does not count the labels again)")
+    elif parsed == BALANCED:
         started = time.perf_counter()
         labels = _array_labels(bundle)
         counts = (_label_counts(labels, bundle.label_kind, k) if labels is not None

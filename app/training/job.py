@@ -49,8 +49,8 @@ from app.training.sentinel_watch import SentinelWatch
 from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
                                    plain_lines)
 from app.run_folder.lock import RunLock
-from app.training.resuming import (check_same_task, read_previous_metrics, resumed_class_weight,
-                                   resumed_float32_layers)
+from app.training.resuming import (check_same_task, counted_class_weights, read_previous_metrics,
+                                   resumed_class_weight, resumed_float32_layers)
 from app.task import class_weights, model_layers
 from app.task.float32_layers import flag as f32_flag
 from app.task.task import BuiltModel, Task
@@ -119,17 +119,18 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     if not resume and dist.is_chief:
         check_holds_no_run(output)
     task = task or Task.from_config(cfg)
-    previous = None
+    previous, counted = None, None
     if resume:
         previous = read_previous_metrics(output)
         check_same_task(previous, task, output)
         cfg, task = resumed_float32_layers(cfg, task, previous)
         cfg = resumed_class_weight(cfg, previous)
+        counted = counted_class_weights(cfg, previous)
     bundle = task.load_data(dist.global_batch, cfg.data_dir or default_data_dir(cfg.workspace),
                             image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
                             max_val_samples=cfg.max_val_samples, seed=cfg.seed,
                             offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
-    bundle = class_weights.weigh(bundle, class_weights.parse(cfg.class_weight))
+    bundle = class_weights.weigh(bundle, class_weights.parse(cfg.class_weight), counted)
     chosen = _runnable_model(decision, task, bundle)
     if chosen is not decision:
         decision = chosen

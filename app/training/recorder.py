@@ -101,7 +101,8 @@ def new_metrics(run, env: dict, loop: str) -> dict:
                  "label_kind": bundle.label_kind,
                  # (x, y, sample_weight): the loss weighs each sample, the metrics do not
                  **({"sample_weights": True} if bundle.weighted else {}),
-                 **({"class_weight": [round(w, 6) for w in bundle.class_weight]}
+                 # exact: a resumed balanced run applies them as they are
+                 **({"class_weight": [float(w) for w in bundle.class_weight]}
                     if bundle.class_weight else {})},
         "epochs": [],
         "steps": [],          # every --log-every steps: loss, grad_norm, loss_scale

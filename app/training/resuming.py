@@ -7,7 +7,8 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Optional
+import math
+from typing import List, Optional
 
 from app.core.errors import UsageError
 from app.task.task import Task
@@ -79,8 +80,7 @@ def resumed_float32_layers(cfg: TrainConfig, task: Task, previous: Optional[dict
 def resumed_class_weight(cfg: TrainConfig, previous: Optional[dict]) -> TrainConfig:
     """--resume keeps the class weights the run was trained with when none are given (the
     loss would change under it otherwise); given ones replace them, and a line says so."""
-    recorded = ((previous or {}).get("config") or {}).get("class_weight") \
-        if isinstance(previous, dict) else None
+    recorded = _section(previous, "config").get("class_weight")
     from app.task import class_weights
 
     try:
@@ -96,3 +96,31 @@ def resumed_class_weight(cfg: TrainConfig, previous: Optional[dict]) -> TrainCon
         print(f"note: the run was trained with {class_weights.FLAG} {was or '(none)'}; it "
               f"continues with {cfg.class_weight}", file=sys.stderr, flush=True)
     return cfg
+
+
+def counted_class_weights(cfg: TrainConfig, previous: Optional[dict]) -> Optional[List[float]]:
+    """The class weights a balanced run counted when it began (metrics.json's
+    ``data.class_weight``), when it continues balanced: ``class_weights.weigh`` uses them
+    instead of counting the labels again.  None otherwise, or when the table is not one this
+    program wrote (then the labels are counted as for a new run)."""
+    from app.task import class_weights
+
+    try:
+        balanced = class_weights.parse(cfg.class_weight) == class_weights.BALANCED and \
+            class_weights.parse(_section(previous, "config").get("class_weight")) == \
+            class_weights.BALANCED
+    except UsageError:
+        return None
+    table = _section(previous, "data").get("class_weight") if balanced else None
+    if not isinstance(table, list) or not table or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
+            and w >= 0 for w in table):
+        return None
+    return [float(w) for w in table]
+
+
+def _section(previous: Optional[dict], key: str) -> dict:
+    """metrics.json's ``key`` part; {} where the file or the part is not what this program
+    writes (edited by hand, or from another tool)."""
+    part = previous.get(key) if isinstance(previous, dict) else None
+    return part if isinstance(part, dict) else {}

@@ -152,6 +152,76 @@ def test_resume_keeps_the_runs_class_weights_unless_told_otherwise(tiny_config, 
         in capsys.readouterr().err
 
 
+GROWING_DATA = """
+import os
+import numpy as np
+import tensorflow as tf
+
+def load(seed=0):
+    # The share of class 0 is read from a file beside this one: the data a run resumes on
+    # may have grown since it began.
+    share = float(open(os.path.join(os.path.dirname(__file__), "share.txt")).read())
+    rng = np.random.default_rng(seed)
+    n = 256
+    y = (rng.random(n) >= share).astype(np.int64)
+    x = (rng.normal(size=(n, 8)) + y[:, None]).astype(np.float32)
+    return (tf.data.Dataset.from_tensor_slices((x, y)),
+            tf.data.Dataset.from_tensor_slices((x[:64], y[:64])))
+"""
+
+
+def test_a_resumed_balanced_run_keeps_the_weights_it_counted(tiny_config, tmp_path, capsys):
+    """Counted once, when the run began: --resume applies that table exactly (metrics.json
+    keeps it at full precision), whatever the data holds now, and reads no extra epoch."""
+    (tmp_path / "growing.py").write_text(GROWING_DATA)
+    (tmp_path / "share.txt").write_text("0.8")
+    spec = f"{tmp_path / 'growing.py'}:load"
+
+    def run(**kw):
+        from app.training.job import train
+
+        return train(tiny_config(dataset=spec, loop="custom", max_train_samples=None,
+                                 max_val_samples=None, **kw))
+    first = run(epochs=1, class_weight="balanced")
+    said = capsys.readouterr().err
+    assert "counting read the training data once" in said
+    table = first["data"]["class_weight"]
+    counts = re.search(r"training labels' counts (\d+), (\d+)\)", said).groups()
+    n0, n1 = int(counts[0]), int(counts[1])
+    assert table == [256 / (2 * n0), 256 / (2 * n1)]   # exact, not rounded
+    (tmp_path / "share.txt").write_text("0.5")   # a count now would give other weights
+    resumed = run(epochs=2, resume=True)
+    said = capsys.readouterr().err
+    assert "note: --resume keeps the run's class weights (--class-weight balanced)" in said
+    assert "--class-weight balanced: the run's class weights " in said and \
+        "(counted when the run began: --resume does not count the labels again)" in said
+    assert "counting read the training data once" not in said
+    assert resumed["data"]["class_weight"] == table and len(resumed["epochs"]) == 2
+    # Other weights given: they replace the counted ones.
+    other = run(epochs=3, resume=True, class_weight="0=2")
+    assert other["data"]["class_weight"] == [2.0, 1.0]
+
+
+def test_a_table_this_program_did_not_write_is_counted_again():
+    from app.training.config import TrainConfig
+    from app.training.resuming import counted_class_weights
+
+    balanced = TrainConfig(class_weight="balanced")
+
+    def run(table, setting="balanced"):
+        return {"config": {"class_weight": setting}, "data": {"class_weight": table}}
+    assert counted_class_weights(balanced, run([0.5, 2])) == [0.5, 2.0]
+    for bad in ([], [0.5, "x"], [float("nan")], [-1.0], [True], "0.5", None, {"0": 1}):
+        assert counted_class_weights(balanced, run(bad)) is None, bad
+    assert counted_class_weights(TrainConfig(class_weight="0=2"), run([0.5, 2])) is None
+    assert counted_class_weights(balanced, run([0.5, 2], setting="0=2")) is None
+    assert counted_class_weights(balanced, run([0.5, 2], setting="nonsense")) is None
+    assert counted_class_weights(balanced, None) is None
+    assert counted_class_weights(balanced, {"config": "garbled", "data": []}) is None
+    assert counted_class_weights(balanced, {"config": {"class_weight": "balanced"},
+                                            "data": "garbled"}) is None
+
+
 def test_class_weights_multiply_the_datas_own_weights(tiny_config):
     """The data weighs class 0 by 8; --class-weight 0=0.1 makes that 0.8, under the 0.7/0.3
     that class 1 has: the region goes back to 1."""
