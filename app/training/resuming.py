@@ -18,15 +18,22 @@ from app.training.config import TrainConfig
 def read_previous_metrics(output: str) -> Optional[dict]:
     """The metrics.json of the run being resumed; None when it wrote none."""
     path = os.path.join(output, "metrics.json")
+    allowed = "restore it from a copy, or start a new --output"
     try:
         with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+            previous = json.load(fh)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path!r} cannot be read ({type(exc).__name__}); the run cannot be "
-                         "resumed safely", "restore it from a copy, or start a new --output")\
-            from None
+                         "resumed safely", allowed) from None
+    wrong = ("the file is " + type(previous).__name__ if not isinstance(previous, dict) else
+             next((f"its {k!r} is {type(previous[k]).__name__}" for k in ("config", "task", "data")
+                   if previous.get(k) is not None and not isinstance(previous[k], dict)), None))
+    if wrong:
+        raise UsageError(f"{path!r} is not the metrics of a run ({wrong}, not a mapping); the run "
+                         "cannot be resumed safely", allowed)
+    return previous
 
 
 def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
@@ -34,11 +41,8 @@ def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
     changed would restore weights into something else (or fail deep in TensorFlow)."""
     if previous is None:
         return
-    before = previous.get("task") if isinstance(previous, dict) else None
-    if not isinstance(before, dict):
-        before = {"model": previous.get("config", {}).get("model"),
-                  "dataset": previous.get("config", {}).get("dataset")} \
-            if isinstance(previous, dict) else {}
+    before = _section(previous, "task") or {k: _section(previous, "config").get(k)
+                                            for k in ("model", "dataset")}
     now = task.describe()
     changed = [k for k in ("model", "dataset", "loss", "metrics") if k in before
                and before.get(k) != now.get(k)]
@@ -53,11 +57,9 @@ def resumed_float32_layers(cfg: TrainConfig, task: Task, previous: Optional[dict
     """--resume keeps the float32 layers the run was trained with when none are given; given
     ones (a fix after a fault) replace them, and a line says so.  The weights fit either
     way: a layer's variables are float32 under every policy."""
-    before = previous.get("task") if isinstance(previous, dict) else None
-    recorded = before.get("float32_layers") if isinstance(before, dict) else None
+    recorded = _section(previous, "task").get("float32_layers")
     if recorded is None:
-        recorded = ((previous or {}).get("config") or {}).get("float32_layers") \
-            if isinstance(previous, dict) else None
+        recorded = _section(previous, "config").get("float32_layers")
     from app.task import float32_layers as f32
 
     try:

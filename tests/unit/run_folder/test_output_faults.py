@@ -151,14 +151,24 @@ def test_every_checkpoint_damaged_is_one_line_not_a_restart(tmp_path, capsys):
     assert (out / "metrics.json").read_text() == before
 
 
-@pytest.mark.parametrize("content", ["{not json", ""])
-def test_corrupt_metrics_json_is_one_line(tmp_path, capsys, content):
+@pytest.mark.parametrize("content, words", [
+    ("{not json", "cannot be read (JSONDecodeError)"),
+    ("", "cannot be read (JSONDecodeError)"),
+    ("[1, 2]", "is not the metrics of a run (the file is list, not a mapping)"),
+    ('{"config": "edited", "epochs": []}',
+     "is not the metrics of a run (its 'config' is str, not a mapping)"),
+    ('{"config": {}, "data": [1]}', "is not the metrics of a run (its 'data' is list, not a "
+                                    "mapping)"),
+])
+def test_corrupt_metrics_json_is_one_line(tmp_path, capsys, content, words):
     out = _three_epochs(tmp_path, capsys)
     (out / "metrics.json").write_text(content)
     code, err = _main(capsys, *ARGS, "--output", str(out), "--resume", "--epochs", "4")
     assert code == 2, err
     [line] = error_lines(err)
-    assert "metrics.json" in line and "cannot be read" in line
+    assert "metrics.json" in line and words in line and "cannot be resumed safely" in line, line
+    assert "allowed: restore it from a copy, or start a new --output" in line
+    assert (out / "metrics.json").read_text() == content   # left as it was
 
 
 def test_checkpoint_of_another_model_is_one_line(tmp_path, capsys):
