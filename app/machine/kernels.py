@@ -263,12 +263,13 @@ def reconcile(policy: str, m: Machine, probe_errors: Optional[Mapping[str, str]]
     return Support(policy, failing, True, dict(probe_errors), dnn)
 
 
-def _refusal(support: Support, what: str, kinds: Sequence[str]) -> PrecisionUnsupported:
+def _refusal(support: Support, what: str, kinds: Sequence[str],
+             or_else: str = "") -> PrecisionUnsupported:
     first, also = kinds[0], kinds[1:]   # distinct: the callers pass dict.fromkeys(...)
     cause = support.failing[first]
     more = f" (also {', '.join(also)})" if also else ""
     return PrecisionUnsupported(support.policy, f"{support.policy} cannot run {what}{more} "
-                                f"here: {cause.text(first)}", cause.allowed, kinds)
+                                f"here: {cause.text(first)}", cause.allowed + or_else, kinds)
 
 
 def refusal_for_kinds(support: Support, kinds: Iterable[str],
@@ -293,8 +294,15 @@ def refusal_for_layers(support: Support, layers: Sequence[Tuple[str, str, Option
         return None
     path, cls, _ = bad[0]
     where = f" of model {model!r}" if model else ""
+    paths = list(dict.fromkeys(p for p, _, _ in bad))
+    or_else = ""
+    if len(paths) <= FEW_LAYERS and not support.everything:
+        # A few layers (an LSTM among Dense ones): those in float32, the rest in 16 bits.
+        those = "that layer" if len(paths) == 1 else "those layers"
+        or_else = (f", or --float32-layers {','.join(paths)} ({those} in float32, the rest in "
+                   f"{no_kernel.POLICY_DTYPES.get(support.policy, support.policy)})")
     return _refusal(support, f"layer {path!r} ({cls}){where}",
-                    list(dict.fromkeys(k for _, _, k in bad)))
+                    list(dict.fromkeys(k for _, _, k in bad)), or_else)
 
 
 def builtin_refusals(model: str, env: Mapping) -> Dict[str, PrecisionUnsupported]:
@@ -314,6 +322,7 @@ def builtin_refusals(model: str, env: Mapping) -> Dict[str, PrecisionUnsupported
 
 
 REFUSAL = " cannot run "
+FEW_LAYERS = 3   # refused layers a --float32-layers fix names; more is a model of that kind
 
 
 def refused_policy(line: Optional[str]) -> Optional[str]:
@@ -375,17 +384,14 @@ def _first_line(exc: BaseException) -> str:
 
 def refusal_from_error(exc: BaseException, model: str,
                        layers: Sequence[Tuple[str, str]] = (),
-                       policy: str = PROBED_POLICY, in_build_function: bool = False
-                       ) -> Optional[PrecisionUnsupported]:
+                       policy: str = PROBED_POLICY) -> Optional[PrecisionUnsupported]:
     """A model failed under ``policy`` (mixed_bfloat16 or mixed_float16), as its build
     function made it, on its first batch or in its first training step, because an op takes
     no 16-bit input here (Keras 2's LSTM and GRU as they are traced, an op of a custom or an
     augmentation layer with no kernel for the dtype): the refusal naming the layer, the cause
     and what works, instead of "your code raised" or a traceback; None for any other error.
     ``layers``: the model's (path, class name) pairs, to name the layer of an error that
-    gives only its class (Keras 3) or its node (an op inside a training step).
-    ``in_build_function``: it failed as the model function called the layer, before
-    ``--float32-layers`` can set the layer's policy, so the fix is ``dtype='float32'`` there."""
+    gives only its class (Keras 3) or its node (an op inside a training step)."""
     dtype = no_kernel.POLICY_DTYPES.get(policy)
     line = no_kernel.line(exc, dtype) if dtype else None
     if line is None:
@@ -412,13 +418,8 @@ def refusal_from_error(exc: BaseException, model: str,
         # mixed_float16 is a GPU's policy: its kernels cover ops a CPU's do not.
         why += (" (on this CPU; a GPU's kernels may have it: run check there before you "
                 "change the model)")
-    if in_build_function:
-        in_float32 = (f"dtype='float32' on {'layer ' + repr(name) if name else 'that layer'} "
-                      "where the model function makes it (it fails as the function calls it, "
-                      "before --float32-layers could set it)")
-    else:
-        in_float32 = (f"--float32-layers {name} (that layer in float32, the rest in {dtype})"
-                      if name else "that layer with dtype='float32'")
+    in_float32 = (f"--float32-layers {name} (that layer in float32, the rest in {dtype})"
+                  if name else "that layer with dtype='float32'")
     return PrecisionUnsupported(policy, f"{policy}{REFUSAL}{where} of model {model!r}: {why}",
                                 f"--precision float32, or {in_float32}",
                                 [kind] if kind else [])

@@ -86,8 +86,7 @@ def refusal_from_build_error(exc: BaseException, spec: str, model=None):
 
     layers = [(path, type(layer).__name__)
               for path, layer, _parent in (walk(model) if model is not None else ())]
-    return kernels.refusal_from_error(exc, spec, layers, global_policy_name(),
-                                      in_build_function=model is None)
+    return kernels.refusal_from_error(exc, spec, layers, global_policy_name())
 
 
 def policy_mismatch(model, policy: str, float32_paths=()) -> Optional[str]:

@@ -2,6 +2,8 @@
 the rule on the TensorFlow that runs the suite (TF 2.9 in the image, a current one on the host)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app.machine import kernels
@@ -297,7 +299,8 @@ def test_a_users_model_is_refused_after_its_build_not_blamed(no_bf16_convs, tiny
     assert "your code raised" not in line and line.startswith("error: mixed_bfloat16 cannot run "
                                                              "layer 'conv2d")
     assert "(also BatchNormalization, LayerNormalization)" in line
-    assert line.endswith("allowed: " + kernels.ALLOWED)
+    assert "allowed: " + kernels.ALLOWED + ", or --float32-layers conv2d," in line
+    assert line.endswith(" (those layers in float32, the rest in bfloat16)"), line
 
 
 @pytest.fixture
@@ -344,7 +347,8 @@ def test_auto_tries_bfloat16_on_a_users_model_and_falls_back_for_an_lstm(no_bf16
                    hardware=spr).decision.policy == BF16
 
 
-def test_an_lstm_asked_for_in_bfloat16_is_refused_in_one_line(no_bf16_lstm, tiny_config):
+def test_an_lstm_in_bfloat16_is_refused_in_one_line_whose_float32_layers_flag_trains(
+        no_bf16_lstm, tiny_config):
     import os
 
     from app.training.job import train
@@ -356,6 +360,18 @@ def test_an_lstm_asked_for_in_bfloat16_is_refused_in_one_line(no_bf16_lstm, tiny
                           precision=BF16))
     assert err.value.line().startswith(
         f"error: mixed_bfloat16 cannot run layer 'lstm' (LSTM) of model '{recurrent}:build' here")
+    assert err.value.line().endswith(
+        ", or --float32-layers lstm (that layer in float32, the rest in bfloat16)")
+    # The flag it gives: the LSTM computes in float32 from the model function's first call of
+    # it (Keras 2.9 traces its cuDNN op there), the Dense layers in bfloat16.  Keras' names
+    # as a new process (the command line) gives them.
+    import tensorflow as tf
+
+    tf.keras.backend.clear_session()
+    m = train(tiny_config(model=f"{recurrent}:build", dataset=f"{recurrent}:arrays",
+                          precision=BF16, float32_layers="lstm", epochs=1))
+    assert m["status"] == "completed" and m["precision"]["policy"] == BF16
+    assert m["task"]["float32_layers"] == ["lstm"]
 
 
 def test_an_op_without_a_bfloat16_kernel_is_a_refusal_and_float32_layers_is_its_fix(
@@ -390,6 +406,40 @@ def test_an_op_without_a_bfloat16_kernel_is_a_refusal_and_float32_layers_is_its_
                                          "bfloat16 kernel for its op Lgamma here")
 
 
+def test_a_layer_that_fails_as_the_model_function_calls_it_takes_the_flag(tiny_config, tmp_path):
+    """Keras 2.9's RandomRotation stops the model function under mixed_bfloat16 (its transform
+    op takes no bfloat16): the line gives --float32-layers, and with it the layer computes
+    in float32 from that first call, the rest in bfloat16, and the run trains."""
+    import os
+
+    import tensorflow as tf
+
+    from app.precision.layer_policy import policy_name
+    from app.training.job import train
+    from tests.paths import USER_MODELS
+
+    spec = os.path.join(USER_MODELS, "no_bf16_op.py") + ":rotated"
+    cfg = dict(model=spec, input_shape="16,16,3", epochs=1, max_train_samples=64,
+               max_val_samples=16, precision=BF16)
+    try:
+        train(tiny_config(**cfg))
+    except PrecisionUnsupported as err:   # Keras 2.9; Keras 3's rotation takes bfloat16
+        line = err.line()
+        assert line.startswith(f"error: mixed_bfloat16 cannot run layer 'rotate' "
+                               f"(RandomRotation) of model '{spec}': one of its ops takes no "
+                               "bfloat16 ("), line
+        assert line.endswith("; allowed: --precision float32, or --float32-layers rotate (that "
+                             "layer in float32, the rest in bfloat16)"), line
+    tf.keras.backend.clear_session()
+    m = train(tiny_config(float32_layers="rotate", save_model=True,
+                          output=str(tmp_path / "fixed"), **cfg))
+    assert m["status"] == "completed" and m["precision"]["policy"] == BF16
+    assert m["task"]["float32_layers"] == ["rotate"]
+    saved = tf.keras.models.load_model(m["model_path"], compile=False)
+    assert [policy_name(saved.get_layer(n)) for n in ("rotate", "dense")] == [
+        "float32", BF16]
+
+
 def test_check_reports_it_as_a_blocker(no_bf16_convs):
     from app.doctor.check import check
 
@@ -397,7 +447,10 @@ def test_check_reports_it_as_a_blocker(no_bf16_convs):
     assert report["verdict"] == "blocked"
     (finding,) = [f for f in report["findings"] if f["check"] == "kernels"]
     assert finding["severity"] == "blocker" and "Conv2D" in finding["what"]
-    assert finding["fix"] == "use " + kernels.ALLOWED
+    # (Keras numbers the layer on in a process that built one before: conv2d_N.)
+    assert re.fullmatch(re.escape("use " + kernels.ALLOWED) + r", or --float32-layers "
+                        r"conv2d(_\d+)? \(that layer in float32, the rest in bfloat16\)",
+                        finding["fix"]), finding["fix"]
 
 
 def test_benchmark_leaves_a_refused_policy_out_and_goes_on(tmp_path):
