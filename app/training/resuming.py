@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
-import math
 from typing import List, Optional
 
 from app.core.errors import UsageError
