@@ -17,10 +17,9 @@ again: the model is cloned with that layer in float32 and the weights carried ov
 A layer can fail in 16 bits while the model function is still building the model (a custom
 layer that adds a float32 constant to its input stops Keras' functional construction with a
 dtype clash), so ``while_building(names)`` is in force while the model function runs: a layer
-whose plain name is named computes in float32 from its first call on, with the layers inside
-it and those it calls.  The model function then returns, and ``apply`` finds the same layers
-by name as for any other model.  A path (``outer/inner``) is known only once the model is
-built, so it waits for ``apply``.
+named (by its plain name, or by its path in the calls under way) computes in float32 from its
+first call on, with the layers inside it and those it calls.  The model function then
+returns, and ``apply`` finds the same layers by name as for any other model.
 
 ``flag(paths)`` is the exact flag for layers that should be float32: ``check``'s findings
 print it, as does anything else that names such a layer.
@@ -81,15 +80,17 @@ def flag(paths: Iterable[str]) -> str:
 
 @contextlib.contextmanager
 def while_building(names: Sequence[str]) -> Iterator[None]:
-    """While the model function runs: each layer whose plain name is in ``names`` gets the
-    float32 policy at its first call, before it computes anything, as do the layers inside it
-    and every layer first called during its call (those it makes in ``build``).  Keras calls
-    each layer of a functional or Sequential model as the function wires it, so a layer that
-    would fail there in 16 bits never runs in 16 bits; a subclassed model's first call comes
-    later, after ``apply``.  ``Layer.__call__`` is wrapped for the model function's call only:
-    training's steps run the plain one."""
-    plain = {name for name in names if "/" not in name}
-    if not plain:
+    """While the model function runs: each layer that ``names`` names gets the float32
+    policy at its first call, before it computes anything, as do the layers inside it and
+    every layer first called during its call (those it makes in ``build``).  Keras calls each
+    layer of a functional or Sequential model as the function wires it, so a layer that would
+    fail there in 16 bits never runs in 16 bits; a subclassed model's first call comes later,
+    after ``apply``.  A name is matched as ``apply`` matches it, against the layer's path in
+    the calls under way (``block/inner`` for a layer a layer of layers calls); the layers of
+    a nested functional model are first called as that model is made, outside any call, so
+    there their plain name reaches them and their path waits for ``apply``.  ``Layer.__call__``
+    is wrapped for the model function's call only: training's steps run the plain one."""
+    if not names:
         yield
         return
     import tensorflow as tf
@@ -99,19 +100,23 @@ def while_building(names: Sequence[str]) -> Iterator[None]:
 
     base = tf.keras.layers.Layer
     original = base.__dict__["__call__"]
-    running: List[Any] = []   # the named layers whose calls are under way
+    calls: List[str] = []      # the names of the layers whose calls are under way
+    inside = [0]               # how many of those calls are of layers made float32 here
 
     def call(layer, *args, **kwargs):
-        if not (running or getattr(layer, "name", None) in plain):
-            return original(layer, *args, **kwargs)
-        set_policy(layer, "float32")
-        for _path, inner, _parent in model_layers.walk(layer):
-            set_policy(inner, "float32")
-        running.append(layer)
+        path = "/".join(calls + [str(getattr(layer, "name", ""))])
+        chosen = inside[0] > 0 or any(path == n or path.endswith("/" + n) for n in names)
+        if chosen:
+            set_policy(layer, "float32")
+            for _path, inner, _parent in model_layers.walk(layer):
+                set_policy(inner, "float32")
+        calls.append(str(getattr(layer, "name", "")))
+        inside[0] += chosen
         try:
             return original(layer, *args, **kwargs)
         finally:
-            running.pop()
+            calls.pop()
+            inside[0] -= chosen
     base.__call__ = call
     try:
         yield

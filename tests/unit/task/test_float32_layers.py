@@ -407,6 +407,25 @@ def test_a_layer_of_layers_named_reaches_those_it_makes_in_init_and_in_build(pol
          "block/late_offset": "float32", "hidden": "float16"}, rows
 
 
+def test_a_path_reaches_a_layer_that_fails_inside_one_of_two_layers_of_layers(policy_kept):
+    """``twice``: two Shift layers, each holding a faulty 'offset'.  The plain name fits
+    both (one line listing their paths, which is the allowed form); the paths reach them as
+    the model function wires the model, by the calls under way."""
+    from app.core.errors import UsageError
+    from app.doctor.check import check
+
+    small = dict(input_shape=(8,), num_classes=4, batch_size=8, steps=1, verbose=False)
+    with pytest.raises(UsageError) as info:
+        check(CONSTANT + ":twice", float32_layers="offset", **small)
+    assert "has 2 layers of that name (shift_a/offset, shift_b/offset); allowed: one layer's " \
+        "full path, e.g. shift_a/offset" in info.value.line(), info.value.line()
+    fixed = check(CONSTANT + ":twice", float32_layers="shift_a/offset,shift_b/offset", **small)
+    assert fixed["verdict"] != "blocked", fixed["findings"]
+    rows = {r["name"]: r["compute_dtype"] for r in fixed["layers"]}
+    assert [rows[n] for n in ("shift_a/offset", "shift_b/offset", "shift_a", "hidden")] == \
+        ["float32", "float32", "float16", "float16"], rows
+
+
 def test_the_wrapped_call_is_in_force_only_while_the_model_function_runs(policy_kept):
     """The steps run Keras' own ``Layer.__call__``; a path waits for the built model."""
     import tensorflow as tf
@@ -422,7 +441,7 @@ def test_the_wrapped_call_is_in_force_only_while_the_model_function_runs(policy_
         early = tf.keras.layers.Dense(2, name="late")
         inner = tf.keras.layers.Dense(2, name="inner")
         early(tf.ones((1, 3)))
-        inner(tf.ones((1, 3)))
+        inner(tf.ones((1, 3)))   # called outside 'outer': not the layer the path names
     assert tf.keras.layers.Layer.__dict__["__call__"] is plain_call
     assert (policy_name(early), policy_name(inner)) == ("float32", "mixed_float16")
     with pytest.raises(ZeroDivisionError):

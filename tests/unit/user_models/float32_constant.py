@@ -3,7 +3,8 @@ its (float16) input inside ``call``.  Keras 2 stops with a dtype clash; where th
 promoted instead, the layer hands on float32.  ``check`` names the layer either way.
 
 ``nested`` hides the same fault in a layer of layers: one inner layer made in ``__init__``,
-the others in ``build`` (``--float32-layers block`` must reach all three)."""
+the others in ``build`` (``--float32-layers block`` must reach all three); ``twice`` in two
+(``offset`` names both, ``shift_a/offset`` one)."""
 import tensorflow as tf
 
 
@@ -41,6 +42,28 @@ def nested(input_shape, num_classes):
     x = tf.keras.layers.Flatten()(inputs)
     x = tf.keras.layers.Dense(16, activation="relu", name="hidden")(x)
     x = Block(name="block")(x)
+    x = tf.keras.layers.Dense(num_classes)(x)
+    outputs = tf.keras.layers.Activation("softmax", dtype="float32")(x)
+    return tf.keras.Model(inputs, outputs)
+
+
+class Shift(tf.keras.layers.Layer):
+    """A layer of layers whose one inner layer, 'offset', is the faulty AddOffset."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.offset = AddOffset(name="offset")
+
+    def call(self, x):
+        return self.offset(x)
+
+
+def twice(input_shape, num_classes):
+    """Two Shift layers: 'offset' names two layers, 'shift_a/offset' one."""
+    inputs = tf.keras.Input(shape=input_shape)
+    x = tf.keras.layers.Flatten()(inputs)
+    x = tf.keras.layers.Dense(16, activation="relu", name="hidden")(x)
+    x = Shift(name="shift_b")(Shift(name="shift_a")(x))
     x = tf.keras.layers.Dense(num_classes)(x)
     outputs = tf.keras.layers.Activation("softmax", dtype="float32")(x)
     return tf.keras.Model(inputs, outputs)
