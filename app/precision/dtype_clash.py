@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
+from app.core.catalog import SIXTEEN_BIT
+
 _16 = r"(half|float16|bfloat16)"
 _32 = r"(float|float32)"
 _CLASH_PATTERNS = (
@@ -102,7 +104,7 @@ def describe(exc: BaseException, policy: str, model_spec: str = "",
     if layer is not None:
         compute = str(getattr(layer, "compute_dtype", "?"))
         who = f"layer {layer.name!r} ({type(layer).__name__}, compute dtype {compute})"
-        if float32_flag is not None and compute in ("float16", "bfloat16"):
+        if float32_flag is not None and compute in SIXTEEN_BIT:
             fix += f"; or, without editing the model, run it in float32: {float32_flag(layer.name)}"
     else:
         named = layer_name_from_message(exc)

@@ -66,6 +66,11 @@ def _pairs_text(weights: Dict[int, float], spec: str) -> str:
     return ",".join(f"{c}={w:{spec}}" for c, w in weights.items())
 
 
+def _table_text(table: List[float]) -> str:
+    """A table of class weights as the notes show it: ``0: 0.625, 1: 2.5``."""
+    return ", ".join(f"{c}: {w:.3g}" for c, w in enumerate(table))
+
+
 def _bad(why: str, value: Any, said: str) -> UsageError:
     return UsageError(f"{said}: {why}. Received: {said}={value!r}", FORMS)
 
@@ -121,9 +126,8 @@ def weigh(bundle, parsed: Parsed, counted: Optional[List[float]] = None):
     k = int(bundle.num_classes)
     if parsed == BALANCED and counted is not None and len(counted) == k:
         table = [float(w) for w in counted]
-        note = (f"{FLAG} balanced: the run's class weights " + ", ".join(
-            f"{i}: {w:.3g}" for i, w in enumerate(table)) + " (counted when the run began: "
-            "--resume does not count the labels again)")
+        note = (f"{FLAG} balanced: the run's class weights {_table_text(table)} (counted when "
+                "the run began: --resume does not count the labels again)")
     elif parsed == BALANCED:
         started = time.perf_counter()
         labels = _array_labels(bundle)
@@ -132,9 +136,8 @@ def weigh(bundle, parsed: Parsed, counted: Optional[List[float]] = None):
         present = sum(1 for c in counts if c)
         n = sum(counts)
         table = [n / (present * c) if c else 1.0 for c in counts]
-        note = (f"{FLAG} balanced: class weights " + ", ".join(
-            f"{i}: {w:.3g}" for i, w in enumerate(table)) + " (from the training labels' "
-            f"counts {', '.join(str(c) for c in counts)})")
+        note = (f"{FLAG} balanced: class weights {_table_text(table)} (from the training "
+                f"labels' counts {', '.join(str(c) for c in counts)})")
         if labels is None:
             # The pass runs the whole input pipeline (decoding, augmenting) for the labels
             # alone: as long as an epoch of reading, before the first step. Said, with the

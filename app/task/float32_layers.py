@@ -104,13 +104,14 @@ def while_building(names: Sequence[str]) -> Iterator[None]:
     inside = [0]               # how many of those calls are of layers made float32 here
 
     def call(layer, *args, **kwargs):
-        path = "/".join(calls + [str(getattr(layer, "name", ""))])
-        chosen = inside[0] > 0 or any(path == n or path.endswith("/" + n) for n in names)
+        name = str(getattr(layer, "name", ""))
+        path = "/".join(calls + [name])
+        chosen = inside[0] > 0 or any(_names(n, path) for n in names)
         if chosen:
             set_policy(layer, "float32")
             for _path, inner, _parent in model_layers.walk(layer):
                 set_policy(inner, "float32")
-        calls.append(str(getattr(layer, "name", "")))
+        calls.append(name)
         inside[0] += chosen
         try:
             return original(layer, *args, **kwargs)
@@ -124,12 +125,17 @@ def while_building(names: Sequence[str]) -> Iterator[None]:
         base.__call__ = original
 
 
+def _names(name: str, path: str) -> bool:
+    """``name`` names the layer at ``path``: it is the path, or the path's last parts."""
+    return path == name or path.endswith("/" + name)
+
+
 def _matches(name: str, entries) -> list:
     """The entries ``name`` names: its full path, else every path ending in ``/name``."""
     exact = [e for e in entries if e[0] == name]
     if exact:
         return exact
-    return [e for e in entries if e[0].endswith("/" + name)]
+    return [e for e in entries if _names(name, e[0])]
 
 
 def _closest(name: str, paths: Sequence[str]) -> List[str]:
@@ -213,11 +219,11 @@ def apply(model, names: Sequence[str], spec: str) -> Tuple[Any, List[str]]:
 def _sixteen_bit(layer) -> List[str]:
     """The 16-bit dtypes of ``layer``'s variables: made in its compute dtype when the model
     was built (Keras 2's Normalization, as in EfficientNet; or dtype='float16')."""
+    from app.core.catalog import SIXTEEN_BIT
     from app.precision.finite import variables_of
     from app.task.model_layers import dtype_name
 
-    return sorted({dtype_name(w.dtype) for w in variables_of(layer.weights)}
-                  & {"float16", "bfloat16"})
+    return sorted({dtype_name(w.dtype) for w in variables_of(layer.weights)} & set(SIXTEEN_BIT))
 
 
 def _rebuilt(model, sixteen: Sequence[Tuple[str, Any]], spec: str):

@@ -400,7 +400,7 @@ def _output_dtype(model, prediction) -> Optional[str]:
 
 def _output_warnings(model, prediction) -> list:
     out_dtype = _output_dtype(model, prediction)
-    if out_dtype not in ("float16", "bfloat16"):
+    if out_dtype not in registry.SIXTEEN_BIT:
         return []
     name = output_layer_name(model)
     return [f"the model's output (layer {name!r}) is {out_dtype}; it is "

@@ -27,9 +27,7 @@ def read_previous_metrics(output: str) -> Optional[dict]:
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path!r} cannot be read ({type(exc).__name__}); the run cannot be "
                          "resumed safely", allowed) from None
-    wrong = ("the file is " + type(previous).__name__ if not isinstance(previous, dict) else
-             next((f"its {k!r} is {type(previous[k]).__name__}" for k in ("config", "task", "data")
-                   if previous.get(k) is not None and not isinstance(previous[k], dict)), None))
+    wrong = _not_a_mapping(previous)
     if wrong:
         raise UsageError(f"{path!r} is not the metrics of a run ({wrong}, not a mapping); the run "
                          "cannot be resumed safely", allowed)
@@ -119,6 +117,17 @@ def counted_class_weights(cfg: TrainConfig, previous: Optional[dict]) -> Optiona
             and w >= 0 for w in table):
         return None
     return [float(w) for w in table]
+
+
+def _not_a_mapping(previous) -> Optional[str]:
+    """What of a read metrics.json is not the mapping this program writes (the file, or its
+    config, task or data part), in words; None when each is."""
+    if not isinstance(previous, dict):
+        return f"the file is {type(previous).__name__}"
+    for key in ("config", "task", "data"):
+        if previous.get(key) is not None and not isinstance(previous[key], dict):
+            return f"its {key!r} is {type(previous[key]).__name__}"
+    return None
 
 
 def _section(previous: Optional[dict], key: str) -> dict:
