@@ -18,8 +18,15 @@ A layer can fail in 16 bits while the model function is still building the model
 layer that adds a float32 constant to its input stops Keras' functional construction with a
 dtype clash), so ``while_building(names)`` is in force while the model function runs: a layer
 named (by its plain name, or by its path in the calls under way) computes in float32 from its
-first call on, with the layers inside it and those it calls.  The model function then
-returns, and ``apply`` finds the same layers by name as for any other model.
+first call on, with the layers inside it and those it calls.  The layers of a nested
+functional model are called as that model is made, before it has a name to be part of their
+path, so there a layer the last parts of a path name that fails in 16 bits is made float32
+provisionally; once the model function has returned, ``apply`` finds the names in the built
+model and puts the provisional layers they do not name back under the policy.
+
+A name several layers have (the same layer in each copy of a block) names all of them: a
+layer that fails as it is wired is known by its plain name only, which is the name its
+refusal gives, and that flag has to work.
 
 ``flag(paths)`` is the exact flag for layers that should be float32: ``check``'s findings
 print it, as does anything else that names such a layer.
@@ -35,7 +42,8 @@ from app.core.errors import UsageError
 
 FLAG = "--float32-layers"
 FORMS = ("comma-separated layer names of the model: a layer's full path (outer/inner for "
-         "a layer of a nested model or layer) or its plain name when no other layer has it")
+         "a layer of a nested model or layer) or its last parts, such as its plain name "
+         "(every layer that has them)")
 _SHOWN = 5          # closest names listed for a name the model does not have
 
 
@@ -79,50 +87,91 @@ def flag(paths: Iterable[str]) -> str:
 
 
 @contextlib.contextmanager
-def while_building(names: Sequence[str]) -> Iterator[None]:
+def while_building(names: Sequence[str]) -> Iterator[List[Tuple[Any, str]]]:
     """While the model function runs: each layer that ``names`` names gets the float32
     policy at its first call, before it computes anything, as do the layers inside it and
     every layer first called during its call (those it makes in ``build``).  Keras calls each
     layer of a functional or Sequential model as the function wires it, so a layer that would
     fail there in 16 bits never runs in 16 bits; a subclassed model's first call comes later,
     after ``apply``.  A name is matched as ``apply`` matches it, against the layer's path in
-    the calls under way (``block/inner`` for a layer a layer of layers calls); the layers of
-    a nested functional model are first called as that model is made, outside any call, so
-    there their plain name reaches them and their path waits for ``apply``.  ``Layer.__call__``
+    the calls under way (``block/inner`` for a layer a layer of layers calls).
+
+    The layers of a nested functional model are first called as that model is made, outside
+    any call of it, so their path is not known yet.  A layer whose path so far ends a name
+    given (``rotate`` for ``augment/rotate``) is called as it is; only when that call fails
+    is it made float32 and called again, provisionally.  (Made float32 before its first call,
+    a layer makes its variables float32 without Keras 2's casting wrapper, and could not go
+    back to 16 bits.)  Yields the list of those [(layer, its policy before)] for ``apply``,
+    which puts back the ones the names do not reach in the built model.  ``Layer.__call__``
     is wrapped for the model function's call only: training's steps run the plain one."""
+    provisional: List[Tuple[Any, str]] = []
     if not names:
-        yield
+        yield provisional
         return
     import tensorflow as tf
 
     from app.precision.layer_policy import set_policy
     from app.task import model_layers
 
+    paths = [n for n in names if "/" in n]
     base = tf.keras.layers.Layer
     original = base.__dict__["__call__"]
     calls: List[str] = []      # the names of the layers whose calls are under way
     inside = [0]               # how many of those calls are of layers made float32 here
 
-    def call(layer, *args, **kwargs):
-        name = str(getattr(layer, "name", ""))
-        path = "/".join(calls + [name])
-        chosen = inside[0] > 0 or any(_names(n, path) for n in names)
-        if chosen:
-            set_policy(layer, "float32")
-            for _path, inner, _parent in model_layers.walk(layer):
-                set_policy(inner, "float32")
-        calls.append(name)
-        inside[0] += chosen
+    def plain(layer, args, kwargs):
+        calls.append(str(getattr(layer, "name", "")))
         try:
             return original(layer, *args, **kwargs)
         finally:
             calls.pop()
-            inside[0] -= chosen
+
+    def in_float32(layer, made, args, kwargs):
+        for inner in [layer] + [entry[1] for entry in model_layers.walk(layer)]:
+            _to_float32(inner, made)
+        inside[0] += 1
+        try:
+            return plain(layer, args, kwargs)
+        finally:
+            inside[0] -= 1
+
+    def call(layer, *args, **kwargs):
+        path = "/".join(calls + [str(getattr(layer, "name", ""))])
+        if inside[0] or any(_names(n, path) for n in names):
+            return in_float32(layer, None, args, kwargs)
+        if not any(n.endswith("/" + path) for n in paths):
+            return plain(layer, args, kwargs)
+        try:
+            return plain(layer, args, kwargs)
+        except Exception as exc:   # whatever fails in 16 bits may run in float32
+            failed = exc
+        made = len(provisional)
+        try:
+            return in_float32(layer, provisional, args, kwargs)
+        except Exception:   # float32 does not help: the error in 16 bits is the one to give
+            pass
+        for inner, before in provisional[made:]:
+            set_policy(inner, before)
+        del provisional[made:]
+        raise failed
     base.__call__ = call
     try:
-        yield
+        yield provisional
     finally:
         base.__call__ = original
+
+
+def _to_float32(layer, provisional) -> None:
+    """Give ``layer`` the float32 policy; when ``provisional`` is a list, note there the
+    layer and the policy it had."""
+    from app.precision.layer_policy import policy_name, set_policy
+
+    before = policy_name(layer)
+    if before == "float32":
+        return
+    if provisional is not None:
+        provisional.append((layer, before))
+    set_policy(layer, "float32")
 
 
 def _names(name: str, path: str) -> bool:
@@ -160,9 +209,10 @@ def _unnumbered(path: str) -> str:
 
 
 def resolve(model, names: Sequence[str], spec: str) -> List[Tuple[str, Any]]:
-    """[(full path, layer)] of each name in ``names``, in the order given.  A name the
-    model does not have, or one that fits several of its layers, raises UsageError naming
-    it, the forms allowed, and the model's layers that come closest."""
+    """[(full path, layer)] of the layers each name in ``names`` names, in the order given
+    (every layer a name fits: the same layer in each copy of a block).  A name the model
+    does not have raises UsageError naming it, the forms allowed, and the model's layers
+    that come closest."""
     from app.task import model_layers
 
     entries = model_layers.walk(model)
@@ -170,12 +220,6 @@ def resolve(model, names: Sequence[str], spec: str) -> List[Tuple[str, Any]]:
     found: List[Tuple[str, Any]] = []
     for name in names:
         hits = _matches(name, entries)
-        if len(hits) > 1:
-            raise UsageError(
-                f"{FLAG} {name!r}: model {spec!r} has {len(hits)} layers of that name "
-                f"({', '.join(p for p, _l, _parent in hits[:_SHOWN])}"
-                f"{', ...' if len(hits) > _SHOWN else ''})",
-                "one layer's full path, e.g. " + hits[0][0])
         if not hits:
             close = _closest(name, paths)
             near = (f"; the closest of its {len(paths)} layers: {', '.join(close)}" if close
@@ -187,24 +231,32 @@ def resolve(model, names: Sequence[str], spec: str) -> List[Tuple[str, Any]]:
                          "or use the name this process gives it)")
             raise UsageError(f"{FLAG} {name!r}: model {spec!r} has no layer of that name{near}",
                              FORMS)
-        path, layer, _parent = hits[0]
-        if all(p != path for p, _l in found):
-            found.append((path, layer))
+        for path, layer, _parent in hits:
+            if all(p != path for p, _l in found):
+                found.append((path, layer))
     return found
 
 
-def apply(model, names: Sequence[str], spec: str) -> Tuple[Any, List[str]]:
+def apply(model, names: Sequence[str], spec: str,
+          provisional: Sequence[Tuple[Any, str]] = ()) -> Tuple[Any, List[str]]:
     """Give the layers ``names`` name (and, for a nested model or a layer of layers, every
     layer inside it) the float32 policy; returns (the model, their full paths).  Call it
     after the model function returned and before the model's first call (``Task.build``).
-    The model is ``model`` itself, or, when a layer named made its variables 16-bit, its
-    clone with that layer made again in float32 (``_rebuilt``)."""
+    ``provisional``: what ``while_building`` made float32 by the end of a path, [(layer,
+    its policy before)]; those the names do not reach here go back to that policy.  The
+    model is ``model`` itself, or, when a layer named made its variables 16-bit, its clone
+    with that layer made again in float32 (``_rebuilt``)."""
     if not names:
         return model, []
     from app.precision.layer_policy import set_policy
     from app.task import model_layers
 
     found = resolve(model, names, spec)
+    reached = {id(inner) for _path, layer in found
+               for inner in [layer] + [entry[1] for entry in model_layers.walk(layer)]}
+    for layer, before in provisional:
+        if id(layer) not in reached:
+            set_policy(layer, before)
     sixteen = [(path, layer) for path, layer in found if _sixteen_bit(layer)]
     if sixteen:
         model = _rebuilt(model, sixteen, spec)

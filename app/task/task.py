@@ -134,18 +134,19 @@ class Task:
         policy = precision.global_policy_name()
         tf.keras.backend.clear_session()
         precision.apply_policy(policy)
-        model = _call_model(self.model, bundle, self.float32_layers)
-        model, _ = _before_first_call(model, self.float32_layers, self.model.spec)
+        model, provisional = _call_model(self.model, bundle, self.float32_layers)
+        model, _ = _before_first_call(model, self.float32_layers, self.model.spec, provisional)
         if bundle.sample_batch is not None:   # ops of custom layers: their kernels run
             _forward(model, bundle.sample_batch[0], self.model.spec)
             _trial_step(model, bundle.sample_batch[0], self.model.spec)
 
     def build(self, bundle, sample_batch=None) -> BuiltModel:
         """Call the model function (policy already set, inside the strategy's scope)."""
-        model = _call_model(self.model, bundle, self.float32_layers)
+        model, provisional = _call_model(self.model, bundle, self.float32_layers)
         # Read before --float32-layers may clone the model (a clone is not compiled).
         compiled_loss, compiled_metrics, optimizer = _compiled_parts(model)
-        model, float32_paths = _before_first_call(model, self.float32_layers, self.model.spec)
+        model, float32_paths = _before_first_call(model, self.float32_layers, self.model.spec,
+                                                  provisional)
         # One forward pass on a few samples: it builds a subclassed model, and its output
         # gives the unit count, the dtype and whether the outputs are probabilities.
         if sample_batch is not None:
@@ -180,7 +181,7 @@ class Task:
                           float32_paths)
 
 
-def _before_first_call(model, float32_layers, spec: str) -> list:
+def _before_first_call(model, float32_layers, spec: str, provisional=()) -> list:
     """The float32 layers set (so every step traces them in float32, and the kernels check
     sees the dtypes the model will run in), then the kernels check: a layer whose dtype this
     TensorFlow has no kernels for here (bfloat16 convolutions on TF 2.9 without AVX-512) is
@@ -188,7 +189,7 @@ def _before_first_call(model, float32_layers, spec: str) -> list:
     cloned, the float32 layers' full paths)."""
     from app.task import model_layers
 
-    model, paths = f32.apply(model, float32_layers, spec)
+    model, paths = f32.apply(model, float32_layers, spec, provisional)
     model_layers.check_model(model, spec)
     return model, paths
 
@@ -217,13 +218,14 @@ def _data_shape_for_model(entry, shape: tuple) -> tuple:
 
 
 def _call_model(entry, bundle, float32_layers=()):
-    """The model function's keras.Model for the data's shape and class count (the layers
-    ``float32_layers`` names computing in float32 as it wires them: ``f32.while_building``)."""
+    """(The model function's keras.Model for the data's shape and class count, the layers
+    made float32 provisionally as it was wired): the layers ``float32_layers`` names compute
+    in float32 as the function wires them (``f32.while_building``)."""
     import tensorflow as tf
 
     several = several_inputs(bundle.input_shape)
     try:
-        with f32.while_building(float32_layers):
+        with f32.while_building(float32_layers) as provisional:
             model = specs.call_user(entry.function, entry.spec, "model",
                                     {"input_shape": (bundle.input_shape if several
                                                      else tuple(bundle.input_shape)),
@@ -244,7 +246,7 @@ def _call_model(entry, bundle, float32_layers=()):
                          f"{type(model).__module__}.{type(model).__name__}, not a keras.Model",
                          "a function returning a tf.keras.Model (Sequential, functional or "
                          "subclassed), compiled or not")
-    return model
+    return model, provisional
 
 
 def _check_output_fits(units, bundle, model_spec: str, dataset_spec: str):

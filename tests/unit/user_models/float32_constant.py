@@ -4,7 +4,8 @@ promoted instead, the layer hands on float32.  ``check`` names the layer either 
 
 ``nested`` hides the same fault in a layer of layers: one inner layer made in ``__init__``,
 the others in ``build`` (``--float32-layers block`` must reach all three); ``twice`` in two
-(``offset`` names both, ``shift_a/offset`` one)."""
+(``offset`` names both, ``shift_a/offset`` one); ``sub_models`` in one of two nested
+functional models, made before they have a name to be part of their layers' paths."""
 import tensorflow as tf
 
 
@@ -64,6 +65,24 @@ def twice(input_shape, num_classes):
     x = tf.keras.layers.Flatten()(inputs)
     x = tf.keras.layers.Dense(16, activation="relu", name="hidden")(x)
     x = Shift(name="shift_b")(Shift(name="shift_a")(x))
+    x = tf.keras.layers.Dense(num_classes)(x)
+    outputs = tf.keras.layers.Activation("softmax", dtype="float32")(x)
+    return tf.keras.Model(inputs, outputs)
+
+
+def _sub_model(name, offset, input_shape):
+    """A functional model of one layer named 'offset', made apart and called as a layer."""
+    inputs = tf.keras.Input(shape=input_shape)
+    return tf.keras.Model(inputs, offset(inputs), name=name)
+
+
+def sub_models(input_shape, num_classes):
+    """Two nested functional models with a layer named 'offset' each: sub_a's is the faulty
+    AddOffset, sub_b's a Dense that computes in 16 bits as well as any."""
+    inputs = tf.keras.Input(shape=input_shape)
+    x = tf.keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
+    x = _sub_model("sub_a", AddOffset(name="offset"), (16,))(x)
+    x = _sub_model("sub_b", tf.keras.layers.Dense(16, name="offset"), (16,))(x)
     x = tf.keras.layers.Dense(num_classes)(x)
     outputs = tf.keras.layers.Activation("softmax", dtype="float32")(x)
     return tf.keras.Model(inputs, outputs)
