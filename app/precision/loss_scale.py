@@ -87,6 +87,17 @@ def multi_replica_context():
     return ctx
 
 
+def strategy_replica_context():
+    """The replica context of a distribution strategy, with one replica or several (a
+    MirroredStrategy over one device; a MultiWorkerMirroredStrategy of one worker); None
+    outside one.  Under such a strategy Keras 2's ``apply_gradients`` synchronises
+    (``merge_call``) even for one replica, which TensorFlow refuses inside a replica's
+    ``tf.cond``: an update behind a cond is taken in the cross-replica context there."""
+    if not tf.distribute.has_strategy():
+        return None
+    return tf.distribute.get_replica_context()
+
+
 def agreed(ok):
     """Several replicas: True only where every replica's ``ok`` is (one scalar all-reduce);
     ``ok`` itself with one replica."""

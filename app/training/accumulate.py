@@ -185,10 +185,11 @@ def micro_batch(acc: Accumulator, opt, grads, samples, apply, *, scale_in=None, 
 
 
 def replica_cond(ok, fn) -> None:
-    """Run ``fn()`` only when ``ok`` (the same on every replica).  Several replicas: the
-    ``cond`` is taken in the cross-replica context, since TensorFlow refuses a cond in a
-    replica context whose branch synchronises (the optimizer's all-reduce)."""
-    ctx = loss_scale.multi_replica_context()
+    """Run ``fn()`` only when ``ok`` (the same on every replica).  Under a strategy (one
+    replica or several) the ``cond`` is taken in the cross-replica context, since TensorFlow
+    refuses a cond in a replica context whose branch synchronises (the optimizer's
+    all-reduce, or Keras 2's merge_call for one replica)."""
+    ctx = loss_scale.strategy_replica_context()
 
     def yes_one():
         fn()

@@ -282,6 +282,8 @@ def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
                  stop: StopFlag | None = None) -> StepMonitor:
     cfg = run.config
     watch = None
+    # Multi-worker without TF_CONFIG is one worker, with no cluster to name.
+    cluster = run.dist.cluster if run.dist.multi_worker else None
     if parts.sentinel is not None:
         watch = SentinelWatch(parts.sentinel, parts.model, parts.built.loss,
                               every=cfg.numerics_every, policy=run.decision.policy,
@@ -289,9 +291,9 @@ def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
                               max_skipped_steps=cfg.max_skipped_steps,
                               probe_batch=run.bundle.sample_batch,
                               global_batch=run.dist.global_batch,
-                              worker=run.dist.cluster.rank if run.dist.multi_worker else None,
-                              workers=run.dist.cluster.num_workers if run.dist.multi_worker else 1,
-                              pool=run.dist.pool_json if run.dist.multi_worker else None,
+                              worker=cluster.rank if cluster else None,
+                              workers=cluster.num_workers if cluster else 1,
+                              pool=run.dist.pool_json if cluster else None,
                               on_probe=recorder.record_probe, rows=run.bundle.train_rows)
         recorder.watch = watch
     return StepMonitor(cfg.log_every, cfg.max_skipped_steps, parts.loss_scaled, parts.optimizer,

@@ -189,10 +189,10 @@ def _guard_unscaled(state: SentinelState, grads, loss, batch, apply, accumulated
     update = None
     if accumulated:
         _, update = apply(grads, ok)
-    elif not several:
+    elif loss_scale.strategy_replica_context() is None:
         _gated(ok, lambda: apply(grads), keep, pivot=pivot)
         return grads, None, None
-    else:
+    else:   # under a strategy, one replica or several: the update synchronises
         _apply_if(ok, lambda *g: apply(list(g)), grads)
     if keep is not None:
         _cond(ok, lambda: None, keep)
@@ -343,14 +343,15 @@ def _in_xla() -> bool:
 
 
 def _apply_if(ok, apply, grads) -> None:
-    """Several replicas: run ``apply(*grads)`` on each only when ``ok`` (the same on every
-    replica).  The ``cond`` is taken in the cross-replica context, since TensorFlow refuses a
-    cond in a replica context whose branch synchronises (the optimizer's all-reduce), as
-    Keras' LossScaleOptimizer does."""
+    """Under a strategy (one replica or several): run ``apply(*grads)`` on each replica only
+    when ``ok`` (the same on every replica).  The ``cond`` is taken in the cross-replica
+    context, since TensorFlow refuses a cond in a replica context whose branch synchronises
+    (the optimizer's all-reduce, or Keras 2's merge_call for one replica), as Keras'
+    LossScaleOptimizer does."""
     def cross(distribution, ok, *per_replica):
         def yes():
             distribution.extended.call_for_each_replica(apply, args=per_replica)
             return tf.constant(True)
         first = distribution.experimental_local_results(ok)[0]
         return tf.cond(first, yes, lambda: tf.constant(False))
-    loss_scale.multi_replica_context().merge_call(cross, args=(ok, *grads))
+    loss_scale.strategy_replica_context().merge_call(cross, args=(ok, *grads))

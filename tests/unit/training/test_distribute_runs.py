@@ -94,6 +94,32 @@ def test_mirrored_over_two_logical_cpus_reaches_target_accuracy(tmp_path, loop):
 
 
 @ONCE_IN_THE_IMAGE
+def test_a_strategy_of_one_replica_trains_behind_the_sentinel(tmp_path):
+    """A strategy with one replica: --strategy mirrored on a machine of one device (one GPU,
+    or none), and multi-worker without TF_CONFIG (one worker).  Keras 2's apply_gradients
+    synchronises (merge_call) under any strategy, one replica too, which TensorFlow refuses
+    inside the tf.cond that gates fit's update and every accumulated one: these runs failed
+    with "merge_call called while defining a new graph" until the gate was taken in the
+    cross-replica context for one replica as for several."""
+    runs = {"mirrored-fit": ["--strategy", "mirrored", "--loop", "fit"],
+            "mirrored-custom-accumulated": ["--strategy", "mirrored", "--loop", "custom",
+                                            "--accumulate", "2"],
+            "multi-worker-accumulated": ["--strategy", "multi-worker", "--loop", LOOP,
+                                         "--accumulate", "2"]}
+    for name, args in runs.items():
+        out, log = tmp_path / name, tmp_path / f"{name}.log"
+        p = _app([*COMMON, *args, "--precision", "float32", "--epochs", "1",
+                  "--max-train-samples", "64", "--output", str(out)], _env(), log)
+        assert _wait([p], 240) == [0], (name, _read(log)[-3000:])
+        assert "1 replica(s)" in _read(log), (name, _read(log)[-3000:])
+        m = _metrics(out)
+        assert m["status"] == "completed" and m["numerics"]["skipped_steps"] == 0, (name, m)
+        assert m["distribute"]["strategy"] == args[1] and m["distribute"]["replicas"] == 1
+        updates = 64 // 16 // (2 if "--accumulate" in args else 1)
+        assert m["epochs"][0]["steps"] == updates, (name, m["epochs"][0])
+
+
+@ONCE_IN_THE_IMAGE
 def test_mirrored_replicas_skip_overflowing_steps_together(tmp_path):
     """mixed_float16 with a first loss scale of 2**22: the first steps overflow; both
     replicas skip them together (the optimizer all-reduces and our counter agrees: the
