@@ -83,7 +83,7 @@ def run(args) -> int:
 
     # Bad flags are one line and exit 2 before TensorFlow is imported.
     validate_name(args.precision)
-    check_args(args.batch_size, args.steps)
+    check_args(args.batch_size, args.steps, args.seed)
     from app.task.float32_layers import parse as parse_float32_layers
 
     parse_float32_layers(args.float32_layers)
@@ -92,6 +92,9 @@ def run(args) -> int:
         if os.path.isdir(args.json) or not os.path.isdir(folder):
             raise UsageError(f"--json {args.json!r}: not a file in an existing folder",
                              "a file path whose folder exists")
+        if not os.access(folder, os.W_OK | os.X_OK):   # a read-only mount, another's folder
+            raise UsageError(f"--json {args.json!r}: the folder {folder!r} denies writing",
+                             "a file path in a folder you can write")
     from app.task.user_code import parse_input_shape
     from app.task.task import Task
 
@@ -105,5 +108,10 @@ def run(args) -> int:
     if args.json:
         from app.core.files import write_json_atomic
 
-        write_json_atomic(args.json, report)
+        try:
+            write_json_atomic(args.json, report)
+        except OSError as exc:   # the disk filled, or the folder changed since the start
+            raise UsageError(f"--json {args.json!r}: the report could not be written "
+                             f"({exc.strerror or exc})", "a file path in a folder you can "
+                             "write, with room for the report") from None
     return exit_code(report)

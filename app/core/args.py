@@ -8,9 +8,16 @@ import sys
 from app.core.exit_codes import EXIT_USAGE
 
 
+# What argparse's own type errors allow, in the words of the package's other lines.
+_ALLOWED = (("invalid int value", "an integer"), ("invalid float value", "a number"),
+            ("expected one argument", "a value after the flag (one that starts with '-' "
+                                      "goes as --flag=VALUE)"))
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse prints the whole usage block on a bad flag; we print one line, exit 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        sys.stderr.write(f"error: {message}; see: {self.prog} --help\n")
+        allowed = next((f"; allowed: {what}" for said, what in _ALLOWED if said in message), "")
+        sys.stderr.write(f"error: {message}{allowed}; see: {self.prog} --help\n")
         raise SystemExit(EXIT_USAGE)

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 ENV_PREFIX = "TFMP_"
+SEED_MAX = 2 ** 32 - 1   # numpy's and TensorFlow's seeds are 32-bit unsigned integers
+# float32's smallest positive (subnormal) and largest finite values: a learning rate outside
+# them is 0 or inf in the optimizer's float32 arithmetic.
+FLOAT32_TINY, FLOAT32_MAX = 1.401298464324817e-45, 3.4028234663852886e+38
 
 
 def parse_bool(v: str) -> bool:
@@ -245,3 +249,11 @@ def add_flags(parser, names: Sequence[str], defaults, help_context: Dict[str, An
                 existing[0] if existing else parser.add_argument_group(title))
         add_flag(groups[key], s, defaults, help_context, show_env)
     return groups
+
+
+def seed_problem(name: str, seed: Any) -> Optional[Tuple[str, str]]:
+    """(what is wrong, what is allowed) for a seed that numpy or TensorFlow cannot take."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        return (f"{name} must be an integer from 0 to 2**32 - 1. Received: {name}={seed!r}",
+                f"an integer from 0 to {SEED_MAX}, e.g. 0")
+    return None

@@ -41,7 +41,7 @@ def check(model: Any, data: Any = None, precision: str = DEFAULT_PRECISION,
     from app.task.task import Task
 
     validate_name(precision)
-    check_args(batch_size, steps)
+    check_args(batch_size, steps, seed)
     task = Task.from_objects(model, data, loss, metrics, input_shape, num_classes,
                              float32_layers=float32_layers)
     report = run_check(task, precision, batch_size, steps, seed=seed)

@@ -12,6 +12,7 @@ from app.task.data import several_inputs, shape_json
 from app.doctor import probe as probe_mod
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding, counts, sort_findings, verdict
 from app.core.errors import PrecisionUnsupported, UsageError, UserCodeError
+from app.core.settings import seed_problem
 
 SCHEMA_VERSION = 1
 DEFAULT_PRECISION = "mixed_float16"
@@ -19,13 +20,16 @@ DEFAULT_BATCH = 32
 DEFAULT_STEPS = 5
 
 
-def check_args(batch_size: int, steps: int) -> None:
+def check_args(batch_size: int, steps: int, seed: int = 0) -> None:
     if not isinstance(batch_size, int) or batch_size < 1:
         raise UsageError(f"batch_size must be a positive integer. Received: batch_size={batch_size!r}",
                          "1 or more, e.g. 32")
     if not isinstance(steps, int) or steps < 1:
         raise UsageError(f"steps must be a positive integer. Received: steps={steps!r}",
                          "1 or more (default 5)")
+    problem = seed_problem("seed", seed)
+    if problem:
+        raise UsageError(*problem)
 
 
 def synthetic_shape(task) -> tuple:
@@ -89,7 +93,7 @@ def run_check(task, precision: str = DEFAULT_PRECISION, batch_size: int = DEFAUL
     something that is not a mixed-precision clash); restores the global dtype policy."""
     from app.precision import policy as prec
 
-    check_args(batch_size, steps)
+    check_args(batch_size, steps, seed)
     prec.validate_name(precision)
     t0 = time.perf_counter()
     from app.machine import hardware as hw_mod

@@ -91,6 +91,17 @@ def _load_npz(path: str):
         raise _corrupt(path, f"missing array {exc}") from None
 
 
+def _consistent(path: str, arrays):
+    """``arrays`` as read from ``path``, when each part holds one label a sample; a file of
+    the right layout whose parts disagree is as corrupt as a truncated one (it would train
+    on the labels there are, or on none)."""
+    for part, (x, y) in zip(("train", "test"), arrays):
+        if x.ndim < 2 or len(x) != len(y) or not len(x):
+            raise _corrupt(path, f"x_{part} holds {len(x)} sample(s) of shape "
+                                 f"{tuple(x.shape[1:])}, y_{part} {len(y)} label(s)")
+    return arrays
+
+
 def _read_idx_gz(path: str, offset: int, shape=None):
     try:
         with gzip.open(path, "rb") as fh:
@@ -160,7 +171,7 @@ def load_arrays(name: str, data_dir: str, offline: bool = False, data_dir_explic
         for rel, reader in _STANDARD[name]:
             path = os.path.join(data_dir, rel)
             if os.path.exists(path):
-                return reader(path)
+                return _consistent(path, reader(path))
     wanted = " or ".join(rel for rel, _ in _STANDARD[name])
     if offline:
         raise UsageError(f"dataset {name!r} not found: no {wanted} in {data_dir!r} and downloads "

@@ -48,6 +48,23 @@ def _bad(spec: str, returned, why: str = "") -> UsageError:
                       + (f" ({why})" if why else ""), EXPECTED)
 
 
+def _given_classes(spec: str, num_classes: Optional[int], kind: str, counted: int) -> int:
+    """The class count: ``num_classes`` when given, else the one the labels show.  A count
+    given that the labels do not fit (a class id past it, one-hot rows of another width)
+    is one line, where the loss would fail on the first batch with TensorFlow's error."""
+    if not num_classes:
+        return counted
+    if kind in ("sparse", "binary") and counted > num_classes:
+        raise UsageError(f"num_classes {num_classes} is too few for dataset {spec!r}: its "
+                         f"labels go up to class id {counted - 1}",
+                         f"num_classes {counted} or more, or leave it unset to count the labels")
+    if kind == "onehot" and counted != num_classes:
+        raise UsageError(f"num_classes {num_classes} does not fit dataset {spec!r}: its labels "
+                         f"are one-hot rows of {counted}",
+                         f"num_classes {counted}, or leave it unset to count the labels")
+    return num_classes
+
+
 def from_user(returned, spec: str, global_batch: int, *, seed: int = 0,
               max_train_samples: Optional[int] = None, max_val_samples: Optional[int] = None,
               input_shape: Callable[[tuple], tuple] = tuple,
@@ -267,7 +284,7 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
         ytr, yva = ytr.astype(np.float32), yva.astype(np.float32)
     else:
         ytr, yva = ytr.astype(np.float32), yva.astype(np.float32)
-    classes = num_classes or classes
+    classes = _given_classes(spec, num_classes, kind, classes)
     return DataBundle(make_dataset(xtr, ytr, global_batch, True, seed, flat_labels=False,
                                    weights=wtr),
                       make_dataset(xva, yva, global_batch, False, flat_labels=False,
@@ -489,8 +506,8 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
     val = (val.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
            .apply(tf.data.experimental.assert_cardinality(n_val))
            .batch(global_batch).prefetch(tf.data.AUTOTUNE))
-    return DataBundle(train, val, shape, num_classes or classes, n_train, n_val,
-                      label_kind=kind, sample_batch=tf.nest.map_structure(
+    return DataBundle(train, val, shape, _given_classes(spec, num_classes, kind, classes),
+                      n_train, n_val, label_kind=kind, sample_batch=tf.nest.map_structure(
                           lambda t: t.numpy(), tuple(sample)),
                       weighted=len(train.element_spec) == 3,
                       train_rows=DatasetElements(n_train, bad, bad_total,

@@ -254,10 +254,14 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
         if v is not None and v < 1:
             raise UsageError(f"{said(name)} must be at least 1. Received: {said(name)}={v!r}",
                              "an integer >= 1, or leave it unset for all samples")
-    if not cfg.learning_rate > 0:
-        raise UsageError(f"{said('learning_rate')} must be positive. Received: "
-                         f"{said('learning_rate')}={cfg.learning_rate!r}",
-                         "a number > 0")
+    if not settings.FLOAT32_TINY <= cfg.learning_rate <= settings.FLOAT32_MAX:
+        # inf, nan, 0 and what float32 rounds to 0 or inf would train nothing, or diverge
+        raise UsageError(f"{said('learning_rate')} must be a finite number > 0 that float32 "
+                         f"holds. Received: {said('learning_rate')}={cfg.learning_rate!r}",
+                         "a number from 1.4e-45 to 3.4e+38, e.g. 0.001")
+    seed = settings.seed_problem(said("seed"), cfg.seed)
+    if seed:
+        raise UsageError(*seed)
     if not (math.isfinite(cfg.initial_loss_scale) and cfg.initial_loss_scale > 0):
         raise UsageError(f"{said('initial_loss_scale')} must be a finite number > 0. Received: "
                          f"{said('initial_loss_scale')}={cfg.initial_loss_scale!r}",

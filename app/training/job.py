@@ -50,7 +50,8 @@ from app.training.recorder import (Recorder, StepCallback, continue_metrics, new
                                    plain_lines)
 from app.run_folder.lock import RunLock
 from app.training.resuming import (check_same_task, counted_class_weights, read_previous_metrics,
-                                   resumed_class_weight, resumed_float32_layers)
+                                   resumed_class_weight, resumed_float32_layers,
+                                   resumed_precision)
 from app.task import class_weights, model_layers
 from app.task.float32_layers import flag as f32_flag
 from app.task.task import BuiltModel, Task
@@ -123,6 +124,9 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     if resume:
         previous = read_previous_metrics(output)
         check_same_task(previous, task, output)
+        decision = resumed_precision(decision, previous, output, lambda policy: _runnable(
+            dataclasses.replace(prec.resolve(policy, hw), reason="the run's own, kept by "
+                                "--resume"), task.model.spec, hw))
         cfg, task = resumed_float32_layers(cfg, task, previous)
         cfg = resumed_class_weight(cfg, previous)
         counted = counted_class_weights(cfg, previous)

@@ -51,6 +51,27 @@ def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
                          "resumed, or a new --output")
 
 
+def resumed_precision(decision, previous: Optional[dict], output: str, resolve):
+    """--resume continues in the precision the run trained in.  Under ``auto`` (the default:
+    no precision asked for) that is the run's own, with a note when auto would pick another
+    here (a CPU run resumed on a GPU box); one asked for that differs is one line: the
+    checkpoint's optimizer state, loss scale and epochs belong to the run's precision.
+    ``resolve(policy)``: the decision for a policy named explicitly."""
+    from app.core.catalog import POLICIES
+
+    was = _section(previous, "precision").get("policy")
+    if was not in POLICIES or was == decision.policy:
+        return decision
+    if decision.requested == "auto":
+        print(f"note: --resume keeps the run's precision, {was} (auto would pick "
+              f"{decision.policy} here)", file=sys.stderr, flush=True)
+        return resolve(was)
+    raise UsageError(f"--resume: the run in {output!r} trained under {was}; --precision "
+                     f"{decision.requested} would continue it under {decision.policy}",
+                     f"--precision {was} or auto (the run's own), or a new --output for a run "
+                     f"under {decision.policy}")
+
+
 def resumed_float32_layers(cfg: TrainConfig, task: Task, previous: Optional[dict]):
     """--resume keeps the float32 layers the run was trained with when none are given; given
     ones (a fix after a fault) replace them, and a line says so.  The weights fit either

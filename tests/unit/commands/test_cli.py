@@ -4,8 +4,10 @@ import os
 
 import pytest
 
+from tests.paths import USER_MODELS
 from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app
 
+DATASETS = os.path.join(USER_MODELS, "datasets.py")
 QUICK = ["--dataset", "synthetic", "--max-train-samples", "128", "--max-val-samples", "32",
          "--batch-size", "32", "--precision", "float32", "--progress", "lines", "--offline",
          "--no-save-model"]
@@ -32,7 +34,19 @@ def assert_usage_error(proc, needle, *not_created):
     (["--image-size", "0"], "image_size must be at least 1"),
     (["--initial-loss-scale", "0"], "initial_loss_scale must be a finite number > 0"),
     (["--initial-loss-scale", "nan"], "initial_loss_scale must be a finite number > 0"),
-    (["--epochs", "two"], "invalid int value"),
+    (["--epochs", "two"], "invalid int value: 'two'; allowed: an integer; see: tfmp train"),
+    (["--learning-rate", "fast"], "invalid float value: 'fast'; allowed: a number; see: "),
+    # inf, and what float32 rounds to inf or to 0, trains nothing or diverges at step 1
+    (["--learning-rate", "inf"], "learning_rate must be a finite number > 0 that float32 "
+                                 "holds. Received: learning_rate=inf; allowed: a number from "
+                                 "1.4e-45 to 3.4e+38, e.g. 0.001"),
+    (["--learning-rate", "1e308"], "Received: learning_rate=1e+308; allowed: a number from "),
+    (["--learning-rate", "1e-320"], "Received: learning_rate=1e-320; allowed: a number from "),
+    # numpy and TensorFlow take 32-bit unsigned seeds (a traceback from numpy before)
+    (["--seed", "-1"], "seed must be an integer from 0 to 2**32 - 1. Received: seed=-1; "
+                       "allowed: an integer from 0 to 4294967295, e.g. 0"),
+    (["--seed", "4294967296"], "seed must be an integer from 0 to 2**32 - 1. Received: "
+                               "seed=4294967296"),
     (["--accumulate", "0"], "accumulate must be at least 1. Received: accumulate=0"),
     (["--global-batch", "100", "--batch-size", "32"],
      "global_batch 100 is not a multiple of the micro-batch 32 (--batch-size 32); allowed: "
@@ -92,6 +106,34 @@ def test_corrupt_data_file(tmp_path):
 
 
 @ONCE_IN_THE_IMAGE
+def test_a_data_file_whose_arrays_disagree_is_corrupt(tmp_path):
+    """An mnist.npz of the right layout whose labels are fewer than its samples trained on
+    the labels there were, exit 0."""
+    import numpy as np
+
+    np.savez(tmp_path / "mnist.npz", x_train=np.zeros((100, 28, 28), np.uint8),
+             y_train=np.zeros(50, np.uint8), x_test=np.zeros((10, 28, 28), np.uint8),
+             y_test=np.zeros(10, np.uint8))
+    out = tmp_path / "run"
+    proc = run_app("train", "--dataset", "mnist", "--data-dir", str(tmp_path), "--offline",
+                   "--output", str(out))
+    assert_usage_error(proc, "is corrupt or not a dataset file (x_train holds 100 sample(s) of "
+                             "shape (28, 28), y_train 50 label(s)); allowed: delete the file", out)
+
+
+@pytest.mark.parametrize("where", ["arrays", "batched"])
+def test_num_classes_the_labels_pass_is_one_line(tmp_path, where):
+    """--num-classes 2 for labels 0..3: the loss failed on the first batch with
+    TensorFlow's "Received a label value of 3" and left a failed run behind."""
+    out = tmp_path / "run"
+    proc = run_app("train", "--model", "mlp", "--dataset", f"{DATASETS}:{where}",
+                   "--num-classes", "2", "--epochs", "1", "--output", str(out))
+    assert_usage_error(proc, f"num_classes 2 is too few for dataset '{DATASETS}:{where}': its "
+                             "labels go up to class id 3; allowed: num_classes 4 or more, or "
+                             "leave it unset to count the labels", out)
+
+
+@ONCE_IN_THE_IMAGE
 def test_unwritable_output(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -117,6 +159,33 @@ def test_resume_with_incompatible_checkpoint(tmp_path):
                    "--model", "cnn")
     assert_usage_error(proc, "trained with a different spec (model 'mlp' -> 'cnn')")
     assert (out / "metrics.json").read_text() == before   # the old run is untouched
+
+
+@ONCE_IN_THE_IMAGE
+@pytest.mark.slow
+def test_resume_continues_in_the_runs_own_precision(tmp_path):
+    """A run trained under mixed_float16: --resume with another precision asked for is one
+    line (float32 to mixed_bfloat16 went on silently, mixed_float16 to float32 failed on
+    the checkpoint with TensorFlow's internals); under auto, the default, it keeps its own."""
+    out = tmp_path / "run"
+    first = run_app("train", *QUICK, "--precision", "mixed_float16", "--epochs", "1",
+                    "--output", str(out))
+    assert first.returncode == 0, first.stderr
+    before = (out / "metrics.json").read_text()
+    proc = run_app("train", *QUICK, "--precision", "mixed_bfloat16", "--epochs", "2",
+                   "--output", str(out), "--resume")
+    assert_usage_error(proc, f"--resume: the run in {str(out)!r} trained under mixed_float16; "
+                             "--precision mixed_bfloat16 would continue it under "
+                             "mixed_bfloat16; allowed: --precision mixed_float16 or auto")
+    assert (out / "metrics.json").read_text() == before
+    kept = run_app("train", *QUICK, "--precision", "auto", "--epochs", "2", "--output", str(out),
+                   "--resume")
+    assert kept.returncode == 0, kept.stderr
+    assert "note: --resume keeps the run's precision, mixed_float16 (auto would pick " \
+        in kept.stderr, kept.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["precision"]["policy"] == "mixed_float16"
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
 
 
 @ONCE_IN_THE_IMAGE

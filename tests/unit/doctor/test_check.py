@@ -273,6 +273,8 @@ def test_cli_dotted_module_blocked_exit_1(tmp_path):
     (("--model", os.path.join(MODELS, "bad_models.py") + ":not_a_model"), "not a keras.Model"),
     (("--model", "mlp", "--precision", "fp8"), "precision must be one of"),
     (("--model", os.path.join(MODELS, "policy_aware.py") + ":build"), "--input-shape"),
+    (("--model", "mlp", "--seed", "-1"), "seed must be an integer from 0 to 2**32 - 1. "
+                                         "Received: seed=-1; allowed: an integer from 0 to "),
 ])
 def test_cli_bad_input_one_line_exit_2(tmp_path, args, expected):
     out = tmp_path / "check.json"
@@ -292,3 +294,31 @@ def test_check_help_states_its_defaults():
     r = run_app("check", "--help")
     assert r.returncode == 0
     assert "default mixed_float16" in r.stdout and "(default: None)" not in r.stdout
+
+
+def test_a_report_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
+    """--json into a folder the user cannot write (a read-only mount): one line before the
+    check runs; a write that fails after it (the disk filled) is one line too."""
+    import argparse
+
+    from app.commands import check as command
+    from app.core.errors import UsageError
+
+    args = argparse.Namespace(precision="float32", batch_size=8, steps=1, seed=0,
+                              float32_layers=None, json=str(tmp_path / "c.json"), model="mlp",
+                              dataset=None, loss=None, metrics=None, input_shape=None,
+                              num_classes=None)
+    monkeypatch.setattr(command.os, "access", lambda path, mode: False)
+    with pytest.raises(UsageError) as info:
+        command.run(args)
+    assert info.value.line() == (f"error: --json {args.json!r}: the folder {str(tmp_path)!r} "
+                                 "denies writing; allowed: a file path in a folder you can write")
+    monkeypatch.undo()
+
+    def full(path, doc):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("app.core.files.write_json_atomic", full)
+    with pytest.raises(UsageError) as info:
+        command.run(args)
+    assert "the report could not be written (No space left on device)" in info.value.line()
+    assert "verdict:" in capsys.readouterr().out   # the report itself was printed
