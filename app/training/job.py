@@ -259,8 +259,11 @@ def build_parts(run: Prepared, stop: StopFlag | None = None) -> TrainingParts:
     if stop is not None:
         stop.model = built.model
     stats = step_stats.StepStats(log_every=cfg.log_every)
+    # A replica's batch holds at most the training set: a --batch-size past it (the whole
+    # set in one batch) must not size the sentinel's copy of the batch by the flag.
+    rows = min(cfg.batch_size, run.bundle.train_samples or cfg.batch_size)
     sentinel = (SentinelState(stats, run.bundle.train.element_spec, _local_replicas(strategy),
-                              cfg.batch_size) if cfg.sentinel else None)
+                              rows) if cfg.sentinel else None)
     return TrainingParts(built.model, opt, strategy, built, stats, ckpt, sentinel,
                          accumulate.for_run(run, built.model, strategy))
 

@@ -189,6 +189,18 @@ def test_resume_continues_in_the_runs_own_precision(tmp_path):
 
 
 @ONCE_IN_THE_IMAGE
+def test_a_batch_larger_than_the_data_trains_in_one_step(tmp_path):
+    """--batch-size past the training set is the whole set in one batch: the sentinel's
+    copy of a failing batch was sized by the flag (an out-of-memory traceback for 2e7)."""
+    out = tmp_path / "run"
+    proc = run_app("train", *QUICK, "--batch-size", "20000000", "--epochs", "1",
+                   "--output", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["epochs"][0]["steps"] == 1, metrics["epochs"][0]
+
+
+@ONCE_IN_THE_IMAGE
 def test_existing_run_is_not_overwritten(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
