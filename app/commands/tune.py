@@ -94,7 +94,11 @@ def run(args) -> int:
     except TrialFailed as exc:
         import sys
 
-        sys.stderr.write(exc.line() + "\n")
+        from app.core.launch import log_traceback
+
+        # The child's traceback first (the user's code that raised, and the line), as train
+        # shows it: the log itself is in a temporary folder a container's --rm removes.
+        sys.stderr.write(log_traceback(exc.log) + exc.line() + "\n")
         return EXIT_FAILED
     if doc.get("choice") is None:
         import sys

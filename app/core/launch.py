@@ -76,6 +76,18 @@ def log_tail(path: str, n: int) -> str:
     return " | ".join(lines[-n:])
 
 
+def log_traceback(path: str) -> str:
+    """The last Python traceback in a child's log, as it was printed ("" if there is none):
+    a user's code that raised in a child is shown as it would be in the parent."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return ""
+    start = text.rfind("Traceback (most recent call last):")
+    return text[start:].rstrip() + "\n" if start >= 0 else ""
+
+
 class ChildFailed(Exception):
     """A child of this package did not give what it was asked for; the message says why."""
 

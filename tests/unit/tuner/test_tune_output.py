@@ -244,6 +244,31 @@ def _ended(tmp_path, rc, log_lines, metrics=None, **kw):
                            kw.get("timed_out", False))
 
 
+def test_a_trial_whose_code_raised_shows_its_traceback_above_the_line(tmp_path, fake, capsys,
+                                                                       monkeypatch):
+    """The trial's log lives in a temporary folder (which a container's --rm removes): the
+    user's traceback is shown from it, as train shows it, then the one line."""
+    from app.tuner import runner
+
+    trace = ["Traceback (most recent call last):",
+             '  File "/w/syn.py", line 2', "    return None", "    ^",
+             "SyntaxError: invalid syntax"]
+    end = _ended(tmp_path, 1, ["$ python3 -m app.tuner.trial --request {...}", *trace],
+                 {"status": "error", "reason": "your code raised SyntaxError while importing "
+                                               "./syn.py (the traceback above points at the line)"})
+
+    def failing_verify(self, policy, batch_size, steps):
+        return runner.outcome_of(end, None, any_fit=False)
+    monkeypatch.setattr(fake, "verify", failing_verify)
+    rc = cli.main(["tune", "--model", "mlp", "--dataset", "synthetic", "--precision", "float32",
+                   "--memory-budget", "1GiB", "--max-batch", "64", "--output",
+                   str(tmp_path / "X"), "--quiet"])
+    err_lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 1 and err_lines[:-1] == trace, err_lines
+    assert err_lines[-1].startswith("error: a trial failed: your code raised SyntaxError"), \
+        err_lines
+
+
 def test_a_verification_that_fails_for_another_reason_is_reported_as_that(tmp_path, fake,
                                                                           capsys, monkeypatch):
     from app.tuner import runner
