@@ -16,9 +16,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from app.core import settings as settings_table
 from app.benchmark import stats
-from app.core.exit_codes import EXIT_USAGE  # train rejected its input
+from app.core.exit_codes import EXIT_FAILED, EXIT_USAGE  # train rejected its input
 from app.core import launch
-from app.core.errors import unprefixed
+from app.core.errors import USER_CODE_RAISED, unprefixed
 from app.core.launch import ChildFailed, environment_report, log_tail, module_command, sigterm_as_exit
 from app.core.files import utc_now_iso
 from app.core.progress import Bar
@@ -45,6 +45,23 @@ class TrainRejectedInput(Exception):
     def __init__(self, line: str):
         self.line = line
         super().__init__(line)
+
+
+class TrainCodeFailed(Exception):
+    """A run's own code raised (the user's model, dataset or loss function, as train says:
+    ``your code raised ...``, exit status 1).  Every other run would raise it too, so the
+    benchmark stops at once and shows it; ``log``: the run's log, which holds the traceback."""
+
+    def __init__(self, line: str, log: str):
+        self.line, self.log = line, log
+        super().__init__(line)
+
+
+def _stop_on_users_code(rc: int, log_path: str) -> None:
+    """Raise TrainCodeFailed when a child ended on the user's code raising."""
+    line = _error_line(log_path) if rc == EXIT_FAILED else ""
+    if line.startswith(USER_CODE_RAISED):
+        raise TrainCodeFailed(line, log_path)
 
 
 # (cmd, log_path, timeout_seconds, env) -> return code
@@ -229,6 +246,7 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
             "series": series,
             "tf32": None,
         }
+        _stop_on_users_code(rc, log_path)
         metrics, rec["error"] = read_metrics(run_dir)
         rec["metrics_summary"] = metrics_summary(metrics or {})
         if metrics is not None:
@@ -296,6 +314,7 @@ def measure_input_rate(settings: Mapping[str, Any], warmup_epochs: int, output: 
         rc = launcher(cmd, log_path, timeout, child_env())
     if rc == EXIT_USAGE:
         raise TrainRejectedInput(_error_line(log_path) or "the settings were rejected")
+    _stop_on_users_code(rc, log_path)
     report: Optional[Dict[str, Any]] = None
     try:
         with open(log_path, encoding="utf-8", errors="replace") as fh:

@@ -8,7 +8,8 @@ import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from app.benchmark import baseline, chart, diagnose, layout, plan, report, runner, stats
-from app.core.errors import UsageError, unprefixed
+from app.core.errors import ReportedError, UsageError, unprefixed
+from app.core.launch import log_traceback
 from app.machine.hardware import HardwareInfo, read_cpu_flags
 from app.core.files import utc_now_iso
 
@@ -153,6 +154,12 @@ def _run_all(schedule, settings, output: str, warmup_epochs: int, *, launcher, t
         _remove_what_we_wrote(output, existed)
         # The trainer's line already says what is allowed.
         raise UsageError(f"tfmp train rejected the settings: {exc.line}") from None
+    except runner.TrainCodeFailed as exc:
+        # The user's traceback from the run's log, then train's own line, as train shows
+        # them (exit status 1); the folder goes with the rest of what was written.
+        sys.stderr.write(log_traceback(exc.log))
+        _remove_what_we_wrote(output, existed)
+        raise ReportedError(exc.line) from None
     return pipeline, records
 
 

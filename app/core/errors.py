@@ -73,6 +73,9 @@ class TrainingInterrupted(Exception):
         super().__init__(f"interrupted by signal {signum}")
 
 
+USER_CODE_RAISED = "your code raised"   # how UserCodeError's line begins, after "error: "
+
+
 class UserCodeError(ReportedError):
     """The user's own code (a ``--model``/``--dataset``/``--loss`` function, or their layer)
     raised.  The original exception is kept with its traceback: it is their bug and they
@@ -84,7 +87,7 @@ class UserCodeError(ReportedError):
 
     def line(self) -> str:
         first = (str(self.original).strip().splitlines() or [""])[0][:200]
-        return (f"error: your code raised {type(self.original).__name__} while {self.during} "
+        return (f"error: {USER_CODE_RAISED} {type(self.original).__name__} while {self.during} "
                 f"({self.spec}): {first} (the traceback above points at the line)")
 
 

@@ -77,15 +77,21 @@ def log_tail(path: str, n: int) -> str:
 
 
 def log_traceback(path: str) -> str:
-    """The last Python traceback in a child's log, as it was printed ("" if there is none):
-    a user's code that raised in a child is shown as it would be in the parent."""
+    """The last Python traceback in a child's log, as it was printed, up to the child's
+    ``error:`` line ("" if there is none): a user's code that raised in a child is shown as
+    it would be in the parent, which then gives the line."""
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             text = fh.read()
     except OSError:
         return ""
     start = text.rfind("Traceback (most recent call last):")
-    return text[start:].rstrip() + "\n" if start >= 0 else ""
+    if start < 0:
+        return ""
+    lines = text[start:].splitlines()
+    # The child's own one-line summary after it is the parent's to give.
+    end = next((i for i, ln in enumerate(lines) if ln.startswith("error: ")), len(lines))
+    return "\n".join(lines[:end]).rstrip() + "\n"
 
 
 class ChildFailed(Exception):

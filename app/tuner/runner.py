@@ -46,7 +46,7 @@ class TrialFailed(Exception):
     """A trial failed for a reason that is not memory (the user's code raised, say)."""
 
     def __init__(self, line: str, log: str, what: str = "a trial"):
-        self.line_text, self.log, self.what = line, log, what
+        self.line_text, self.log, self.what = unprefixed(line), log, what
         super().__init__(line)
 
     def line(self) -> str:

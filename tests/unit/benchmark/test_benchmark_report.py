@@ -156,6 +156,34 @@ def test_rejected_settings_empty_the_users_folder_but_keep_it(tmp_path):
     assert out.is_dir() and list(out.iterdir()) == []
 
 
+def test_a_run_whose_code_raised_stops_the_benchmark_and_shows_the_traceback(tmp_path, capsys):
+    """The user's model file has a syntax error: every run would fail on it.  The first one
+    stops the benchmark (three failed runs and a report of them before), its traceback and
+    train's line are shown, and the folder the benchmark made goes."""
+    from app.core.errors import ReportedError
+
+    calls = []
+    trace = ('Traceback (most recent call last):\n  File "/w/syn.py", line 2\n'
+             '    return None\nSyntaxError: invalid syntax\n')
+    line = ("error: your code raised SyntaxError while importing ./syn.py (./syn.py:build): "
+            "invalid syntax (syn.py, line 2) (the traceback above points at the line)")
+
+    def raises(cmd, log_path, timeout, env):
+        calls.append(cmd)
+        with open(log_path, "w") as fh:
+            fh.write("$ tfmp train ...\n" + trace + line + "\n")
+        return 1
+
+    out = tmp_path / "bench"
+    with pytest.raises(ReportedError) as exc_info:
+        suite.run_benchmark(dict(SETTINGS), None, str(out), repeats=3, warmup_epochs=1,
+                            max_accuracy_gap=1.0, launcher=raises, environment=FAKE_ENV)
+    assert exc_info.value.line() == line and exc_info.value.exit_status == 1
+    assert len(calls) == 1   # the input pipeline's child, the first to import the code
+    assert capsys.readouterr().err.endswith(trace)
+    assert not out.exists()
+
+
 def test_input_pipeline_rate_recorded_and_input_bound_said(tmp_path):
     # The fake trains mixed_bfloat16 at 307 samples/s after warm-up; a pipeline of 330
     # samples/s alone makes that 93%: input-bound.

@@ -254,8 +254,9 @@ def test_a_trial_whose_code_raised_shows_its_traceback_above_the_line(tmp_path, 
              '  File "/w/syn.py", line 2', "    return None", "    ^",
              "SyntaxError: invalid syntax"]
     end = _ended(tmp_path, 1, ["$ python3 -m app.tuner.trial --request {...}", *trace],
-                 {"status": "error", "reason": "your code raised SyntaxError while importing "
-                                               "./syn.py (the traceback above points at the line)"})
+                 {"status": "error", "reason": "error: your code raised SyntaxError while "
+                                               "importing ./syn.py (the traceback above points "
+                                               "at the line)"})
 
     def failing_verify(self, policy, batch_size, steps):
         return runner.outcome_of(end, None, any_fit=False)
