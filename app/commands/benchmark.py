@@ -148,10 +148,6 @@ def validate(args):
     flags = {s.name: getattr(args, s.name) for s in settings_table.PASSED}
     flags["precision"] = "float32"
     cfg = config.resolve_config(flags, use_tuned=False)   # --tuned here is the benchmark's own
-    if cfg.steps_per_execution > 1 and cfg.loop != "fit":
-        raise UsageError(f"steps_per_execution applies to --loop fit only. Received: "
-                         f"steps_per_execution={cfg.steps_per_execution}, loop={cfg.loop!r}",
-                         "--loop fit with --steps-per-execution, or leave it at 1")
     for what, spec in (("model", cfg.model), ("dataset", cfg.dataset), ("loss", cfg.loss)):
         precheck_spec(spec, what)
     output = args.output or os.path.join(

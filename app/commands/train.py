@@ -16,7 +16,7 @@ def add_parser(subparsers):
         subparsers, "train", "train a model with mixed precision",
         description="Train a model. Every flag can also be set with the environment variable "
                     "shown after its help in brackets (e.g. TFMP_EPOCHS=3); a flag wins over "
-                    "the variable. Switches take 1/0/true/false there.",
+                    "the variable. Switches take 1/0, true/false, yes/no or on/off there.",
         epilog=SPEC_HELP)
     add_task_flags(p)
     add_setting_flags(p, [s.name for s in settings.SETTINGS if not s.task])

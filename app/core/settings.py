@@ -19,6 +19,9 @@ SEED_MAX = 2 ** 32 - 1   # numpy's and TensorFlow's seeds are 32-bit unsigned in
 FLOAT32_TINY, FLOAT32_MAX = 1.401298464324817e-45, 3.4028234663852886e+38
 
 
+BOOL_FORMS = "1/0, true/false, yes/no or on/off"
+
+
 def parse_bool(v: str) -> bool:
     low = v.strip().lower()
     if low in {"1", "true", "yes", "on"}:
@@ -85,8 +88,8 @@ class Setting:
         if self.choices:
             return ", ".join(self.choices)
         reader = self.env_parse or (parse_bool if self.switch else self.parse)
-        return {int: "an integer", float: "a number", parse_bool: "1/0/true/false",
-                _parse_negated: "1/0/true/false"}.get(reader, "text")
+        return {int: "an integer", float: "a number", parse_bool: BOOL_FORMS,
+                _parse_negated: BOOL_FORMS}.get(reader, "text")
 
 
 _SPEC_FORMS = "MODULE:FUNCTION / file.py:FUNCTION"

@@ -48,6 +48,20 @@ def _bad(spec: str, returned, why: str = "") -> UsageError:
                       + (f" ({why})" if why else ""), EXPECTED)
 
 
+def _finite_labels(spec: str, which: str, y) -> None:
+    """Labels with NaN or inf are a fault of the data, named with their rows: they read as
+    values, not class ids (so the run asked for a regression loss), and any loss of them
+    is NaN from the first batch that holds one."""
+    y = np.asarray(y)
+    if not np.issubdtype(y.dtype, np.floating):
+        return
+    bad = np.flatnonzero(~np.isfinite(y.reshape(len(y), -1)).all(axis=1))
+    if bad.size:
+        rows = ", ".join(str(int(r)) for r in bad[:5]) + (", ..." if bad.size > 5 else "")
+        raise UsageError(f"dataset {spec!r}: {bad.size} {which} label(s) are NaN or infinite "
+                         f"(rows {rows})", "finite labels: fix or drop those rows")
+
+
 def _given_classes(spec: str, num_classes: Optional[int], kind: str, counted: int) -> int:
     """The class count: ``num_classes`` when given, else the one the labels show.  A count
     given that the labels do not fit (a class id past it, one-hot rows of another width)
@@ -258,6 +272,8 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
         if a.shape[1:] != b.shape[1:]:
             raise _bad(spec, returned, f"training samples{name} have shape {a.shape[1:]}, "
                                        f"validation samples {b.shape[1:]}")
+    for which, y in (("training", ytr), ("validation", yva)):
+        _finite_labels(spec, which, y)
     unread = unread_rows(xtr, ytr, max_train)
     xtr, xva = _rows(xtr, max_train), _rows(xva, max_val)
     ytr, yva = ytr[:max_train], yva[:max_val]

@@ -248,6 +248,11 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
         if not isinstance(v, int) or v < 1:
             raise UsageError(f"{said(name)} must be at least 1. Received: {said(name)}={v!r}",
                              "an integer >= 1")
+    if cfg.steps_per_execution > 1 and cfg.loop != "fit":
+        raise UsageError(f"{said('steps_per_execution')} applies to --loop fit only. Received: "
+                         f"{said('steps_per_execution')}={cfg.steps_per_execution}, "
+                         f"{said('loop')}={cfg.loop!r}",
+                         "--loop fit with --steps-per-execution, or leave it at 1")
     check_accumulation(cfg)
     for name in ("max_train_samples", "max_val_samples"):
         v = getattr(cfg, name)
@@ -262,7 +267,8 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
     seed = settings.seed_problem(said("seed"), cfg.seed)
     if seed:
         raise UsageError(*seed)
-    if not (math.isfinite(cfg.initial_loss_scale) and cfg.initial_loss_scale > 0):
+    if not (math.isfinite(cfg.initial_loss_scale) and
+            0 < cfg.initial_loss_scale <= settings.FLOAT32_MAX):   # the scale is float32
         raise UsageError(f"{said('initial_loss_scale')} must be a finite number > 0. Received: "
                          f"{said('initial_loss_scale')}={cfg.initial_loss_scale!r}",
                          f"a number > 0, e.g. {registry.DEFAULT_INITIAL_LOSS_SCALE:g} (2**15)")

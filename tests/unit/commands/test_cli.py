@@ -45,6 +45,11 @@ def assert_usage_error(proc, needle, *not_created):
     # numpy and TensorFlow take 32-bit unsigned seeds (a traceback from numpy before)
     (["--seed", "-1"], "seed must be an integer from 0 to 2**32 - 1. Received: seed=-1; "
                        "allowed: an integer from 0 to 4294967295, e.g. 0"),
+    (["--initial-loss-scale", "1e300"], "initial_loss_scale must be a finite number > 0. "
+                                        "Received: initial_loss_scale=1e+300"),
+    (["--loop", "custom", "--steps-per-execution", "4"],
+     "steps_per_execution applies to --loop fit only. Received: steps_per_execution=4, "
+     "loop='custom'; allowed: --loop fit with --steps-per-execution, or leave it at 1"),
     (["--seed", "4294967296"], "seed must be an integer from 0 to 2**32 - 1. Received: "
                                "seed=4294967296"),
     (["--accumulate", "0"], "accumulate must be at least 1. Received: accumulate=0"),
@@ -119,6 +124,22 @@ def test_a_data_file_whose_arrays_disagree_is_corrupt(tmp_path):
                    "--output", str(out))
     assert_usage_error(proc, "is corrupt or not a dataset file (x_train holds 100 sample(s) of "
                              "shape (28, 28), y_train 50 label(s)); allowed: delete the file", out)
+
+
+def test_labels_that_are_not_finite_are_named_by_row(tmp_path):
+    """NaN among float labels read as values: the line asked for a regression loss."""
+    (tmp_path / "nan_labels.py").write_text(
+        "import numpy as np\n"
+        "def load():\n"
+        "    x = np.random.default_rng(0).random((64, 8)).astype('float32')\n"
+        "    y = (np.arange(64) % 3).astype('float32')\n"
+        "    y[[5, 17]] = np.nan\n"
+        "    return (x, y), (x[:16], y[:16] * 0)\n")
+    out = tmp_path / "run"
+    proc = run_app("train", "--model", "mlp", "--dataset", f"{tmp_path}/nan_labels.py:load",
+                   "--epochs", "1", "--output", str(out))
+    assert_usage_error(proc, "2 training label(s) are NaN or infinite (rows 5, 17); allowed: "
+                             "finite labels: fix or drop those rows", out)
 
 
 @pytest.mark.parametrize("where", ["arrays", "batched"])

@@ -36,7 +36,7 @@ def test_bad_environment_value_names_the_variable():
     ("TFMP_LOOP", "gradient", "TFMP_LOOP must be one of fit, custom"),
     ("TFMP_MODEL", "vgg", "TFMP_MODEL must be one of mlp, cnn, resnet"),
     ("TFMP_EPOCHS", "0", "TFMP_EPOCHS must be at least 1. Received: TFMP_EPOCHS=0"),
-    ("TFMP_LEARNING_RATE", "-1", "TFMP_LEARNING_RATE must be positive"),
+    ("TFMP_LEARNING_RATE", "-1", "TFMP_LEARNING_RATE must be a finite number > 0"),
 ])
 def test_a_bad_value_from_a_variable_names_the_variable(variable, value, needle):
     """A bad value in .env or -e is named as the user set it: the variable, not the
@@ -58,7 +58,7 @@ def test_a_bad_value_from_a_variable_names_the_variable(variable, value, needle)
     ({"loop": "manual"}, "loop must be one of fit, custom"),
     ({"epochs": 0}, "epochs must be at least 1"),
     ({"batch_size": -4}, "batch_size must be at least 1"),
-    ({"learning_rate": 0.0}, "learning_rate must be positive"),
+    ({"learning_rate": 0.0}, "learning_rate must be a finite number > 0"),
     ({"model": "mlp", "dataset": "cifar10"}, "expects 28x28x1"),
     ({"dataset": "images"}, "needs --image-dir"),
 ])

@@ -106,7 +106,7 @@ def test_precision_margin_cap_checks():
     (["--max-batch", "4"], "max_batch must be an integer of at least 8"),
     (["--time-budget", "0"], "time_budget must be a positive"),
     # what the trials train: train's own rules (config.validate), before any trial
-    (["--learning-rate", "-1"], "learning_rate must be positive"),
+    (["--learning-rate", "-1"], "learning_rate must be a finite number > 0"),
     (["--image-size", "0"], "image_size must be at least 1"),
     (["--max-train-samples", "0"], "max_train_samples must be at least 1"),
     (["--num-classes", "0"], "num_classes must be at least 1"),
