@@ -41,6 +41,10 @@ def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
         return
     before = _section(previous, "task") or {k: _section(previous, "config").get(k)
                                             for k in ("model", "dataset")}
+    if not before.get("model") or not before.get("dataset"):   # cut short, or edited by hand
+        raise UsageError(f"{os.path.join(output, 'metrics.json')!r} names no model and dataset "
+                         "the run was trained on; the run cannot be resumed safely",
+                         "restore it from a copy, or start a new --output")
     now = task.describe()
     changed = [k for k in ("model", "dataset", "loss", "metrics") if k in before
                and before.get(k) != now.get(k)]

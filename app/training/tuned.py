@@ -65,6 +65,8 @@ def read_tuned(path: str, model: str, dataset: str) -> TunedChoice:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise _damaged(path, f"not a {SCHEMA} document")
     task = doc.get("task") if isinstance(doc.get("task"), dict) else {}
+    if not task.get("model") or not task.get("dataset"):   # cut short, or edited by hand
+        raise _damaged(path, "it names no model and dataset it was tuned for")
     mismatched = [f"{k} {task.get(k)!r}, not {v!r}" for k, v in (("model", model),
                                                                   ("dataset", dataset))
                   if task.get(k) != v]

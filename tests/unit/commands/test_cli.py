@@ -183,6 +183,21 @@ def test_resume_with_incompatible_checkpoint(tmp_path):
 
 
 @ONCE_IN_THE_IMAGE
+def test_resume_of_a_metrics_file_that_names_no_job(tmp_path):
+    """metrics.json cut to {} beside a checkpoint: one line saying so, not "trained with a
+    different spec (model None -> 'mlp')"."""
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    (out / "checkpoints" / "ckpt-1.index").write_bytes(b"")
+    (out / "metrics.json").write_text("{}")
+    proc = run_app("train", *QUICK, "--epochs", "2", "--output", str(out), "--resume")
+    assert_usage_error(proc, "metrics.json' names no model and dataset the run was trained on; "
+                             "the run cannot be resumed safely; allowed: restore it from a copy")
+    assert (out / "metrics.json").read_text() == "{}"
+
+
+@ONCE_IN_THE_IMAGE
 @pytest.mark.slow
 def test_resume_continues_in_the_runs_own_precision(tmp_path):
     """A run trained under mixed_float16: --resume with another precision asked for is one

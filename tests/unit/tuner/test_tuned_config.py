@@ -88,9 +88,17 @@ def test_the_benchmark_resolution_ignores_the_tune(tmp_path):
     ({}, {"TFMP_SCALE_LR": "linear"}, "applies with --tuned only"),
     ({"tuned": "TUNE", "model": "cnn"}, {}, "tuned for another job"),
     ({"tuned": "nope.json"}, {}, "does not exist"),
+    # a tune.json cut short to its schema: not "tuned for another job (model None ...)"
+    ({"tuned": "BARE"}, {}, "is not a usable tune file (it names no model and dataset it was "
+                            "tuned for)"),
 ])
 def test_bad_tuned_settings_are_usage_errors(tmp_path, flags, env, needle):
-    flags = {k: (_tune_json(tmp_path) if v == "TUNE" else v) for k, v in flags.items()}
+    from app.training.tuned import SCHEMA as TUNE_SCHEMA
+
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"schema": TUNE_SCHEMA}), encoding="utf-8")
+    flags = {k: (_tune_json(tmp_path) if v == "TUNE" else str(bare) if v == "BARE" else v)
+             for k, v in flags.items()}
     with pytest.raises(UsageError) as err:
         _resolve(flags, env)
     assert needle in err.value.line() and "\n" not in err.value.line()
