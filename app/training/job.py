@@ -95,6 +95,8 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     validate(cfg)
     hw = hardware or hw_mod.detect()
     decision = prec.resolve(cfg.precision, hw)
+    if cfg.tuning and "precision" in cfg.tuning.get("taken", ()):   # not asked for by name
+        decision = dataclasses.replace(decision, reason="taken from the tune, --tuned")
     # Before the data: the strategy must exist before TensorFlow's first tensor.
     dist = distribute.setup(cfg.strategy, cfg.batch_size, len(hw.gpus))
     cfg = accumulate.resolve(cfg, dist)

@@ -294,9 +294,7 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
         elif r.stopped == "cap":
             notes.append(f"{policy}: the cap {r.cap} fits; a larger --max-batch may fit too")
         elif r.stopped == "data":
-            notes.append(f"{policy}: the training set ({r.train_samples:,} samples) limits the "
-                         f"batch to {r.cap}, so that an epoch is at least "
-                         f"{search.MIN_UPDATES_PER_EPOCH} updates")
+            notes.append(data_note(policy, r.train_samples, r.cap))
     if not results:
         raise next(iter(left_out.values()))
     if all(r.max_batch is None for r in results.values()):
@@ -327,6 +325,19 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
     _verify(policy, chosen, runner, bar, limit, verify_steps_for(steps), out, notes,
             planned=global_batch is not None)
     return out
+
+
+def data_note(policy: str, train_samples: int, cap: int) -> str:
+    """What a search the training set stopped says: the batch it allows, and, where even the
+    smallest size tried leaves an epoch fewer updates than wanted, that too."""
+    said = (f"{policy}: the training set ({train_samples:,} samples) limits the batch to "
+            f"{cap}")
+    updates = train_samples // cap if cap else 0
+    if updates >= search.MIN_UPDATES_PER_EPOCH:
+        return f"{said}, so that an epoch is at least {search.MIN_UPDATES_PER_EPOCH} updates"
+    return (f"{said}, the smallest size tried, so an epoch is {updates} update(s) where "
+            f"{search.MIN_UPDATES_PER_EPOCH} are wanted: more training samples give the "
+            "search room")
 
 
 def _verify(policy, chosen, runner, bar, limit, verify_steps, out, notes,

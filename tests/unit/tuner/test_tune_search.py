@@ -237,3 +237,16 @@ def test_a_killed_size_above_is_not_read_as_its_peak():
     assert r.max_batch == expected_max(650, 1.6, search.memory_limit(2048 * MIB, 0.1), 4096)
     assert len(calls) <= 9, calls         # 16..1024 doubling, then the boundary and +8
     assert [t.completed for t in r.trials if t.batch_size == 1024] == [False]
+
+
+def test_the_note_of_a_search_the_training_set_stopped_counts_the_updates():
+    """8 samples at batch 8 is one update an epoch, not "at least 10"."""
+    from app.tuner.tuning import data_note
+
+    assert data_note("float32", 1000, 96) == ("float32: the training set (1,000 samples) "
+                                              "limits the batch to 96, so that an epoch is at "
+                                              "least 10 updates")
+    assert data_note("float32", 8, 8) == ("float32: the training set (8 samples) limits the "
+                                          "batch to 8, the smallest size tried, so an epoch is "
+                                          "1 update(s) where 10 are wanted: more training "
+                                          "samples give the search room")

@@ -160,3 +160,17 @@ def test_the_multiworker_compose_file_leaves_a_tune_in_charge(tmp_path):
            if k.startswith("TFMP_") and k != "TFMP_STRATEGY"}
     cfg = _resolve({}, env)
     assert cfg.batch_size == 32 and "--batch-size 32 overrides the tuned 256" in cfg.tuning["notes"]
+
+
+def test_a_precision_taken_from_the_tune_says_where_it_came_from(tmp_path):
+    """The precision line said "(requested explicitly)" for the tune's choice."""
+    from app.training.job import prepare
+
+    small = {"tuned": _tune_json(tmp_path), "max_train_samples": 64, "max_val_samples": 16,
+             "output": str(tmp_path / "run"), "workspace": str(tmp_path / "ws")}
+    taken = prepare(_resolve(small))
+    assert (taken.decision.policy, taken.decision.reason) == \
+        ("mixed_bfloat16", "taken from the tune, --tuned")
+    named = prepare(_resolve(dict(small, precision="float32")))
+    assert (named.decision.policy, named.decision.reason) == ("float32", "requested explicitly")
+    assert not (tmp_path / "run").exists()
