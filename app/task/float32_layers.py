@@ -111,7 +111,6 @@ def while_building(names: Sequence[str]) -> Iterator[List[Tuple[Any, str]]]:
     import tensorflow as tf
 
     from app.precision.layer_policy import set_policy
-    from app.task import model_layers
 
     paths = [n for n in names if "/" in n]
     base = tf.keras.layers.Layer
@@ -127,7 +126,7 @@ def while_building(names: Sequence[str]) -> Iterator[List[Tuple[Any, str]]]:
             calls.pop()
 
     def in_float32(layer, made, args, kwargs):
-        for inner in [layer] + [entry[1] for entry in model_layers.walk(layer)]:
+        for inner in _whole(layer):
             _to_float32(inner, made)
         inside[0] += 1
         try:
@@ -249,11 +248,9 @@ def apply(model, names: Sequence[str], spec: str,
     if not names:
         return model, []
     from app.precision.layer_policy import set_policy
-    from app.task import model_layers
 
     found = resolve(model, names, spec)
-    reached = {id(inner) for _path, layer in found
-               for inner in [layer] + [entry[1] for entry in model_layers.walk(layer)]}
+    reached = {id(inner) for _path, layer in found for inner in _whole(layer)}
     for layer, before in provisional:
         if id(layer) not in reached:
             set_policy(layer, before)
@@ -262,10 +259,17 @@ def apply(model, names: Sequence[str], spec: str,
         model = _rebuilt(model, sixteen, spec)
         found = resolve(model, [path for path, _layer in found], spec)   # the clone's
     for _path, layer in found:
-        set_policy(layer, "float32")
-        for _inner_path, inner, _parent in model_layers.walk(layer):
+        for inner in _whole(layer):
             set_policy(inner, "float32")
     return model, [path for path, _layer in found]
+
+
+def _whole(layer) -> list:
+    """``layer`` and every layer inside it (a nested model's, a layer of layers'): what a
+    name that names it makes float32."""
+    from app.task import model_layers
+
+    return [layer] + [inner for _path, inner, _parent in model_layers.walk(layer)]
 
 
 def _sixteen_bit(layer) -> List[str]:

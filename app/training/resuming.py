@@ -14,11 +14,13 @@ from app.core.errors import UsageError
 from app.task.task import Task
 from app.training.config import TrainConfig
 
+# What a metrics.json that cannot be trusted leaves the user to do.
+_RESTORE = "restore it from a copy, or start a new --output"
+
 
 def read_previous_metrics(output: str) -> Optional[dict]:
     """The metrics.json of the run being resumed; None when it wrote none."""
     path = os.path.join(output, "metrics.json")
-    allowed = "restore it from a copy, or start a new --output"
     try:
         with open(path, encoding="utf-8") as fh:
             previous = json.load(fh)
@@ -26,11 +28,11 @@ def read_previous_metrics(output: str) -> Optional[dict]:
         return None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path!r} cannot be read ({type(exc).__name__}); the run cannot be "
-                         "resumed safely", allowed) from None
+                         "resumed safely", _RESTORE) from None
     wrong = _not_a_mapping(previous)
     if wrong:
         raise UsageError(f"{path!r} is not the metrics of a run ({wrong}, not a mapping); the run "
-                         "cannot be resumed safely", allowed)
+                         "cannot be resumed safely", _RESTORE)
     return previous
 
 
@@ -44,7 +46,7 @@ def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
     if not before.get("model") or not before.get("dataset"):   # cut short, or edited by hand
         raise UsageError(f"{os.path.join(output, 'metrics.json')!r} names no model and dataset "
                          "the run was trained on; the run cannot be resumed safely",
-                         "restore it from a copy, or start a new --output")
+                         _RESTORE)
     now = task.describe()
     changed = [k for k in ("model", "dataset", "loss", "metrics") if k in before
                and before.get(k) != now.get(k)]
