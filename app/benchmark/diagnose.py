@@ -108,9 +108,9 @@ def input_bound(summary: Mapping[str, Mapping[str, Any]], input_rate: Optional[f
         return [Diagnosis(
             "input_rate_mistimed", "info", policy,
             f"the input pipeline alone measured {input_rate:,.0f} samples/s, slower than "
-            f"training with {policy} ({best:,.0f}): its epochs are too short to time, so "
-            "whether the job is input-bound is not known; more training samples (or "
-            "--epochs) measure it")]
+            f"training with {policy} ({best:,.0f}): its epochs were too short to time, or the "
+            "machine was busier while they ran, so whether the job is input-bound is not "
+            "known; more training samples (or --epochs) on a quiet machine measure it")]
     return [Diagnosis(
         "input_bound", "warning", policy,
         f"this job is input-bound: the input pipeline alone delivers {input_rate:,.0f} "

@@ -29,8 +29,8 @@ UNITS = {
     "loss_scale": "dynamic loss scale after the final epoch (1.0 for policies without loss "
                   "scaling: only mixed_float16 scales the loss)",
     "skipped_steps": "optimizer steps skipped for non-finite gradients, summed over the run",
-    "input_pipeline": "samples/s of the training batches alone (no model; median over the "
-                      "epochs after warm-up, one child process); training_share = the "
+    "input_pipeline": "samples/s of the training batches alone (no model; the fastest of "
+                      "two or more epochs after warm-up, one child process); training_share = the "
                       "fastest policy's median samples/s / this",
 }
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.benchmark import diagnose, layout
+from app.benchmark import diagnose, input_rate, layout
 from app.machine.hardware import HardwareInfo, make_gpu
 
 T4 = HardwareInfo(gpus=[make_gpu("Tesla T4", (7, 5))])
@@ -161,8 +161,19 @@ def test_training_faster_than_its_pipeline_alone_is_no_input_bound_verdict():
     assert (d.code, d.severity, d.policy) == ("input_rate_mistimed", "info", "float32")
     assert d.message == (
         "the input pipeline alone measured 72,823 samples/s, slower than training with "
-        "float32 (117,391): its epochs are too short to time, so whether the job is "
-        "input-bound is not known; more training samples (or --epochs) measure it")
+        "float32 (117,391): its epochs were too short to time, or the machine was busier "
+        "while they ran, so whether the job is input-bound is not known; more training "
+        "samples (or --epochs) on a quiet machine measure it")
+
+
+def test_the_pipeline_rate_is_its_fastest_epoch_after_the_warm_up():
+    """CI once timed a sleep-bound pipeline's one timed epoch at 12.5 samples/s while another
+    test loaded both cores, then trained at 19.4 (the pipeline's true rate): the job was
+    input-bound, and the diagnosis said its epochs were too short to time."""
+    rows = [{"samples_per_second": r} for r in (3.0, 12.5, 19.5, 19.0)]
+    assert input_rate.pipeline_rate(rows, warmup_epochs=1) == 19.5
+    assert input_rate.pipeline_rate(rows[:1], warmup_epochs=1) is None
+    assert input_rate.MIN_TIMED_EPOCHS >= 2
 
 
 def test_input_bound_is_part_of_all_diagnoses():
