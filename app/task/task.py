@@ -32,7 +32,7 @@ from app.task.entries import (DatasetEntry, ModelEntry, dataset_entry, model_ent
                               parse_metrics, resolve_dataset, resolve_model)
 from app.core.errors import UsageError, UserCodeError
 from app.task.user_code import parse_input_shape  # noqa: F401  (re-exported)
-from app.task.data import several_inputs
+from app.task.data import several_inputs, shape_text
 
 
 @dataclass
@@ -154,6 +154,7 @@ class Task:
         prediction = (_forward(model, sample_batch[0], self.model.spec)
                       if sample_batch is not None else None)
         _check_one_output(prediction, self.model.spec)
+        _check_output_is_a_row(prediction, bundle, self.model.spec, self.dataset.spec)
         units = _output_units(model, prediction)
         _check_output_fits(units, bundle, self.model.spec, self.dataset.spec)
         notes: list = []
@@ -261,6 +262,24 @@ def _check_output_fits(units, bundle, model_spec: str, dataset_spec: str):
                          f"(0..{need - 1})",
                          f"a model whose last layer has {need} units (use num_classes), "
                          "or labels 0..units-1")
+
+
+def _check_output_is_a_row(prediction, bundle, model_spec: str, dataset_spec: str):
+    """Class labels take one row of scores a sample.  A model without a Flatten (or a
+    pooling) before its last Dense outputs a grid of rows: one line saying so, not Keras'
+    "labels.shape must equal logits.shape" from inside the first step, exit 1."""
+    if prediction is None or bundle.label_kind == "other" or len(prediction.shape) <= 2:
+        return
+    per_sample = "x".join(str(d) for d in prediction.shape[1:])
+    labels = (f"a one-hot row of {bundle.num_classes}" if bundle.label_kind == "onehot"
+              else "one class id")
+    synthetic = (" (synthetic data's sample shape is --input-shape, default 28,28,1: give "
+                 "the shape your model takes)" if dataset_spec == "synthetic" else "")
+    raise UsageError(f"model {model_spec!r} outputs {per_sample} a sample for samples of "
+                     f"{shape_text(bundle.input_shape)}, but the labels of dataset "
+                     f"{dataset_spec!r} are {labels} a sample{synthetic}",
+                     f"a model whose output is one row of {bundle.num_classes} a sample: "
+                     "Flatten() or GlobalAveragePooling2D() before its last Dense")
 
 
 def _check_inputs_fit(model, x, model_spec: str, dataset_spec: str):

@@ -71,8 +71,66 @@ def _import_file(path: str, spec: str, what: str):
         del sys.modules[mod_name]
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
+        _refuse_shadowing(folder, spec, what, exc)
         raise UserCodeError(spec, f"importing {path}", exc) from exc
     return module
+
+
+def shadowing_modules(folder: str) -> list[tuple[str, str]]:
+    """(name, file) of the modules imported from ``folder`` in place of another's: a
+    ``random.py`` or ``imp.py`` beside the user's model, found first because the model's
+    folder leads sys.path, and imported by a library (TensorFlow imports ``imp``) that wanted
+    Python's own.  A module the folder's own code imports is the user's, on purpose."""
+    import importlib.machinery
+
+    folder = os.path.realpath(folder)
+    elsewhere = [p for p in sys.path if p and os.path.realpath(p) != folder]
+    found = []
+    for name, mod in list(sys.modules.items()):
+        file = getattr(mod, "__file__", None)
+        if "." in name or not file or name.startswith("tfmp_user_"):
+            continue
+        top = os.path.dirname(os.path.realpath(file))
+        if os.path.basename(file) == "__init__.py":
+            top = os.path.dirname(top)
+        if (top == folder and not _imported_by_folder(folder, name)
+                and importlib.machinery.PathFinder.find_spec(name, elsewhere) is not None):
+            found.append((name, file))
+    return sorted(found)
+
+
+def _imported_by_folder(folder: str, name: str, most: int = 200) -> bool:
+    """Does a .py file of ``folder`` (its first ``most``) import ``name`` itself?"""
+    import re
+
+    pattern = re.compile(rf"^\s*(import|from)\s+{re.escape(name)}\b", re.MULTILINE)
+    try:
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".py"))[:most]
+    except OSError:
+        return False
+    for f in files:
+        try:
+            with open(os.path.join(folder, f), encoding="utf-8", errors="replace") as fh:
+                if pattern.search(fh.read()):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _refuse_shadowing(folder: str, spec: str, what: str, exc: BaseException) -> None:
+    """An import that failed because a file of the user's folder stood in for a library's
+    module is one line naming the file, not a traceback deep in that library."""
+    shadows = shadowing_modules(folder)
+    if not shadows:
+        return
+    files = ", ".join(f"{os.path.basename(f) if os.path.basename(f) != '__init__.py' else n}"
+                      f" (module {n!r})" for n, f in shadows)
+    raise UsageError(f"{what} spec {spec!r}: importing it failed ({type(exc).__name__}: "
+                     f"{str(exc)[:160]}) because {files} in {folder} was imported in place of "
+                     "the module of that name that Python or a library needs",
+                     "rename that file (and its __pycache__), or keep your code in a folder "
+                     "without it") from None
 
 
 def current_folder_importable() -> None:
@@ -96,8 +154,10 @@ def _import_module(name: str, spec: str, what: str):
                              f"path (current directory {os.getcwd()})",
                              f"{SPEC_FORMS}; run from the folder that holds the module, add it "
                              "to PYTHONPATH, or give the .py file's path") from None
+        _refuse_shadowing(os.getcwd(), spec, what, exc)
         raise UserCodeError(spec, f"importing {name}", exc) from exc
     except Exception as exc:
+        _refuse_shadowing(os.getcwd(), spec, what, exc)
         raise UserCodeError(spec, f"importing {name}", exc) from exc
 
 

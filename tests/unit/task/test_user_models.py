@@ -328,6 +328,9 @@ def test_mirrored_over_two_logical_cpus_with_a_user_model(tiny_config, tmp_path,
     (MISC + ":needs_more", ARRAYS, "parameter 'depth' has no value we can give"),
     (MISC + ":not_a_model", ARRAYS, "returned builtins.str, not a keras.Model"),
     (MISC + ":three_outputs", ARRAYS, "has 3 output unit(s) but the labels"),
+    (MISC + ":no_flatten", ARRAYS, "outputs 8x8x4 a sample for samples of 8x8x1, but the "
+     "labels of dataset '" + ARRAYS + "' are one class id a sample; allowed: a model whose "
+     "output is one row of 4 a sample: Flatten() or GlobalAveragePooling2D() before"),
     ("mlp:", ARRAYS, "is not MODULE:FUNCTION"),
     ("vgg", ARRAYS, "model must be one of mlp, cnn, resnet or MODULE:FUNCTION"),
     (AWARE + " --loss nosuchloss", ARRAYS, "loss 'nosuchloss' is not a Keras loss"),

@@ -31,6 +31,12 @@ def three_outputs(input_shape):
                                 tf.keras.layers.Dense(3)])
 
 
+def no_flatten(input_shape, num_classes):
+    """The classifier head on an image's grid: a row of scores per pixel, not per sample."""
+    return tf.keras.Sequential([tf.keras.Input(shape=input_shape),
+                                tf.keras.layers.Dense(num_classes)])
+
+
 def broken(input_shape, num_classes):
     return undefined_helper(input_shape)  # noqa: F821 - the user's bug, on purpose
 
