@@ -21,6 +21,9 @@ from app.core.errors import UsageError
 from app.task.data_rows import DataRows, listed, unread_rows
 
 SYNTHETIC_TRAIN, SYNTHETIC_VAL = 2048, 512
+# An image folder keeps this share of its images for validation (Keras' validation_split).
+VALIDATION_SPLIT = 0.2
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")   # the ones Keras reads
 _ALLOWED_FIX = ("delete the file to download it again, or replace it with the standard "
                 "Keras dataset file")
 
@@ -283,7 +286,15 @@ def _image_folder(image_dir: str, image_size: int, batch_size: int, seed: int, m
         raise UsageError(f"image directory {image_dir!r} has {len(classes)} class subfolders",
                          "a folder with at least two subfolders of images, one per class")
     kw = dict(labels="inferred", label_mode="int", image_size=(image_size, image_size),
-              batch_size=None, seed=seed, validation_split=0.2, color_mode="rgb")
+              batch_size=None, seed=seed, validation_split=VALIDATION_SPLIT, color_mode="rgb")
+    found = _count_images(image_dir, classes)
+    if 0 < found < 1 / VALIDATION_SPLIT:
+        # Keras keeps int(20% of the images) for validation, none of fewer than five, and
+        # then says "No images found" of a folder whose images it has listed.
+        raise UsageError(f"image directory {image_dir!r} has {found} image(s): too few to "
+                         f"keep {VALIDATION_SPLIT:.0%} of them for validation (that is none)",
+                         f"{round(1 / VALIDATION_SPLIT)} images or more in its class "
+                         "subfolders, better dozens a class")
     try:
         train = tf.keras.utils.image_dataset_from_directory(image_dir, subset="training", **kw)
         val = tf.keras.utils.image_dataset_from_directory(image_dir, subset="validation", **kw)
@@ -307,6 +318,16 @@ def _image_folder(image_dir: str, image_size: int, batch_size: int, seed: int, m
     val = val.batch(batch_size).prefetch(tf.data.AUTOTUNE)
     return DataBundle(train, val, (image_size, image_size, 3), len(classes), n_train, n_val,
                       classes)
+
+
+def _count_images(image_dir: str, classes) -> int:
+    """The files Keras' image_dataset_from_directory takes: those in the class subfolders
+    (and below) with an image extension."""
+    count = 0
+    for cls in classes:
+        for _, _, names in os.walk(os.path.join(image_dir, cls), followlinks=True):
+            count += sum(1 for n in names if n.lower().endswith(IMAGE_EXTENSIONS))
+    return count
 
 
 def _decoded(cached, files, image_dir: str) -> None:

@@ -128,3 +128,26 @@ def test_missing_default_data_dir_offline_names_the_file_not_a_flag(tmp_path):
     assert "mnist.npz" in line and folder in line and "downloads are off" in line
     assert "--data-dir" not in line
     assert not os.path.exists(folder)
+
+
+def test_an_image_folder_too_small_to_keep_validation_images_says_so(tmp_path):
+    """Four images: Keras keeps int(20%) = none for validation and said "No images found"
+    of the folder whose four training images it had just listed."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    for cls in ("cats", "dogs"):
+        os.makedirs(tmp_path / cls)
+        for i in range(2):
+            img = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)
+            tf.io.write_file(str(tmp_path / cls / f"{i}.png"), tf.io.encode_png(img))
+    with pytest.raises(UsageError) as caught:
+        data.load("images", (32, 32, 3), 4, image_dir=str(tmp_path))
+    assert str(caught.value) == (
+        f"error: image directory {str(tmp_path)!r} has 4 image(s): too few to keep 20% of "
+        "them for validation (that is none); allowed: 5 images or more in its class "
+        "subfolders, better dozens a class")
+    tf.io.write_file(str(tmp_path / "dogs" / "2.png"),
+                     tf.io.encode_png(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)))
+    bundle = data.load("images", (32, 32, 3), 4, image_dir=str(tmp_path))
+    assert (bundle.train_samples, bundle.val_samples) == (4, 1)
