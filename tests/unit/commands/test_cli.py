@@ -247,16 +247,53 @@ def test_existing_run_is_not_overwritten(tmp_path):
 
 @ONCE_IN_THE_IMAGE
 def test_env_text_and_json():
-    text = run_app("env")
+    cluster = json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                          "task": {"type": "worker", "index": 1}})
+    text = run_app("env", env={"TFMP_EPOCHS": "3", "TF_CONFIG": cluster})
     assert text.returncode == 0, text.stderr
     for label in ("TensorFlow:", "Keras:", "NumPy:", "CUDA build:", "CPU bfloat16:",
-                  "auto precision:"):
-        assert label in text.stdout
-    js = run_app("env", "--json")
+                  "auto precision:", "Settings from the environment (flags override them):",
+                  "  TFMP_EPOCHS=3",
+                  "  TF_CONFIG: a cluster of 2 worker(s); this process is worker:1 (not the "
+                  "chief)"):
+        assert label in text.stdout, label
+    # A variable train would refuse: the report still, its error line, and exit 2
+    js = run_app("env", "--json", env={"TFMP_EPOCHS": "lots", "TF_CONFIG": "{bad"})
+    assert js.returncode == 2, js.stderr
     report = json.loads(js.stdout)
     assert report["auto_precision"]["policy"] in ("float32", "mixed_float16", "mixed_bfloat16")
     assert {"tensorflow", "keras", "python", "numpy", "cuda_version", "cudnn_version",
             "hardware"} <= set(report)
+    errors = error_lines(js.stderr)
+    assert len(errors) == 2 and errors == report["environment"]["errors"], js.stderr
+    assert errors[0].startswith("error: environment variable TFMP_EPOCHS='lots' is not valid")
+    assert errors[1].startswith("error: environment variable TF_CONFIG is not valid: not JSON")
+
+
+@pytest.mark.parametrize("environ, variables, tf_config, errors", [
+    ({}, {}, "unset: one worker", 0),
+    ({"TFMP_BATCH_SIZE": "64", "TFMP_JIT": "yes", "TFMP_OUTPUT": "", "HOME": "/x"},
+     {"TFMP_BATCH_SIZE": 64, "TFMP_JIT": True}, "unset: one worker", 0),
+    ({"TFMP_PRECISION": "fp16"}, {"TFMP_PRECISION": None}, "unset: one worker", 1),
+    # another setting's value a flag may give: not this variable's fault
+    ({"TFMP_DATASET": "images"}, {"TFMP_DATASET": "images"}, "unset: one worker", 0),
+    ({"TF_CONFIG": '{"cluster": {"chief": ["c:1"], "worker": ["w:1"]}, '
+                   '"task": {"type": "chief", "index": 0}}'},
+     {}, "a cluster of 2 worker(s); this process is chief:0 (the chief)", 0),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["w:1"]}, "task": {"type": "worker", "index": 3}}'},
+     {}, None, 1),
+])
+def test_env_checks_the_settings_the_environment_gives(environ, variables, tf_config, errors):
+    from app.commands.env import environment_settings, settings_lines
+
+    env = environment_settings(environ)
+    assert (env["variables"], env["tf_config"], len(env["errors"])) == (variables, tf_config,
+                                                                         errors)
+    assert all(e.startswith("error: ") and ("TF_CONFIG" in e or "TFMP_" in e)
+               for e in env["errors"]), env["errors"]
+    lines = settings_lines(env)
+    assert lines[-1] == f"  TF_CONFIG: {tf_config or 'not valid'}"
+    assert ("  no TFMP_ setting is set" in lines) == (not variables)
 
 
 def test_env_text_format_from_a_fake_report():
