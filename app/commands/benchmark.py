@@ -14,6 +14,7 @@ from app.core import settings as settings_table
 from app.core.errors import UsageError
 from app.core.exit_codes import EXIT_FAILED
 from app.core.catalog import POLICIES
+from app.core.settings import non_empty
 
 # The training settings the benchmark passes to its runs (app.core.settings' ``passed``
 # column), apart from the task flags and --epochs (its own, below) and the two speed
@@ -40,7 +41,7 @@ def add_parser(subparsers):
     add_setting_flags(p, _WHAT, group=what)
     add_setting_flags(p, _SPEED, group=p.add_argument_group("speed settings recorded with the results"))
     how = p.add_argument_group("how to measure")
-    how.add_argument("--policies", default=None, metavar="LIST",
+    how.add_argument("--policies", type=non_empty, default=None, metavar="LIST",
                      help="comma-separated subset of float32,mixed_float16,mixed_bfloat16 "
                           "(default: all that make sense on this hardware; named ones always run)")
     how.add_argument("--repeats", type=int, default=3, metavar="N",
@@ -67,13 +68,13 @@ def add_parser(subparsers):
     best = p.add_argument_group(
         "each at its own best batch (the larger batch mixed precision allows; docs/benchmark.md)")
     one = best.add_mutually_exclusive_group()
-    one.add_argument("--tuned", default=None, metavar="FILE",
+    one.add_argument("--tuned", type=non_empty, default=None, metavar="FILE",
                      help="a tune.json of `tfmp tune` for this --model and --dataset: after the "
                           "equal-batch runs, each policy runs again at its own best batch")
     one.add_argument("--best-batch", action="store_true",
                      help="run `tfmp tune` first (into <output>/tune, default budget), then "
                           "the same comparison")
-    how.add_argument("--output", default=None, metavar="DIR",
+    how.add_argument("--output", type=non_empty, default=None, metavar="DIR",
                      help="new or empty folder for the results (default: "
                           "<workspace>/benchmarks/<UTC time>-<model>)")
     return p

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from app.core.settings import non_empty
 from app.doctor.run import DEFAULT_BATCH, DEFAULT_PRECISION, DEFAULT_STEPS
 
 EPILOG = """\
@@ -58,7 +59,7 @@ def add_parser(subparsers):
             action.help = ("sample shape of the synthetic data when no --dataset is given "
                            "(required for your own model then; built-ins know theirs)")
     how = p.add_argument_group("how to check")
-    how.add_argument("--precision", default=DEFAULT_PRECISION,
+    how.add_argument("--precision", type=non_empty, default=DEFAULT_PRECISION,
                      help=f"one of {', '.join(CHOICES)} (default {DEFAULT_PRECISION}: the "
                           "policy whose problems the doctor finds; auto picks what train would)")
     how.add_argument("--batch-size", type=int, default=DEFAULT_BATCH,
@@ -71,7 +72,7 @@ def add_parser(subparsers):
                           f"(default {DEFAULT_STEPS})")
     how.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     out = p.add_argument_group("output")
-    out.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    out.add_argument("--json", type=non_empty, metavar="FILE", help="also write the report as JSON to FILE")
     return p
 
 

@@ -8,6 +8,8 @@ The image's start-up runs ``--install /workspace/notebooks`` as the unprivileged
 """
 from __future__ import annotations
 
+from app.core.settings import non_empty
+
 
 def add_parser(subparsers):
     p = subparsers.add_parser(
@@ -15,7 +17,7 @@ def add_parser(subparsers):
         description="The mixed-precision guide notebooks shipped with the package. With "
                     "--install, copy the missing ones into DIR and refresh copies you never "
                     "changed; a notebook you edited is never overwritten.")
-    p.add_argument("--install", metavar="DIR", default=None,
+    p.add_argument("--install", type=non_empty, metavar="DIR", default=None,
                    help="folder to copy the notebooks into (created if missing)")
     return p
 

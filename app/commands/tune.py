@@ -6,8 +6,8 @@ the log is named), 2 bad input or no size fits (one line, nothing written).
 """
 from __future__ import annotations
 
-
 from app.core.exit_codes import EXIT_FAILED, EXIT_OK
+from app.core.settings import non_empty
 
 EPILOG = """\
 how it searches (each trial is its own process; warm-up steps excluded):
@@ -46,10 +46,10 @@ def add_parser(subparsers):
     add_setting_flags(p, ("workspace",), group=what)     # TFMP_WORKSPACE, as train reads it
     require(what, "model", "dataset")
     how = p.add_argument_group("how to tune")
-    how.add_argument("--precision", metavar="P[,P...]",
+    how.add_argument("--precision", type=non_empty, metavar="P[,P...]",
                      help="policies to tune, from float32, mixed_float16, mixed_bfloat16, auto "
                           "(default: float32 and what auto picks here)")
-    how.add_argument("--memory-budget", default="auto", metavar="auto|SIZE",
+    how.add_argument("--memory-budget", type=non_empty, default="auto", metavar="auto|SIZE",
                      help="GPU: auto is the GPU's memory; CPU: what is free under the "
                           "container's memory limit (the limit less what the container uses "
                           "now), else the memory available now; or a size (2GiB, 1500MiB)")
@@ -72,7 +72,7 @@ def add_parser(subparsers):
                           "also plan, per precision, the micro-batch and the accumulation N "
                           "(B = micro-batch x N) that reach it fastest, measured; "
                           "`train --tuned` then trains with them (docs/tune.md)")
-    how.add_argument("--output", metavar="DIR",
+    how.add_argument("--output", type=non_empty, metavar="DIR",
                      help="where tune.json, tune.png and the trials' logs go (default "
                           "<workspace>/tune/<UTC time>-<model>-<dataset>)")
     how.add_argument("--quiet", action="store_true", help="no progress and no table")

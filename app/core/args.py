@@ -11,7 +11,8 @@ from app.core.exit_codes import EXIT_USAGE
 # What argparse's own type errors allow, in the words of the package's other lines.
 _ALLOWED = (("invalid int value", "an integer"), ("invalid float value", "a number"),
             ("expected one argument", "a value after the flag (one that starts with '-' "
-                                      "goes as --flag=VALUE)"))
+                                      "goes as --flag=VALUE)"),
+            (": is empty", "a value, or leave the flag out for its default"))
 
 
 class OneLineParser(argparse.ArgumentParser):

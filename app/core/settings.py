@@ -35,6 +35,22 @@ def _parse_negated(v: str) -> bool:
     return not parse_bool(v)
 
 
+EMPTY_ALLOWED = "a value, or leave it out for its default"
+# Settings whose empty value says "none" (a --resume given it drops the run's own); every
+# other text setting refuses an empty value.
+EMPTY_IS_NONE = ("float32_layers", "class_weight")
+
+
+def non_empty(v: str) -> str:
+    """A text flag's value.  Empty is refused, not read as "not given": ``--output "$OUT"``
+    with OUT unset sent the run to the default folder, in a container one not mounted."""
+    if not v.strip():
+        import argparse
+
+        raise argparse.ArgumentTypeError("is empty")
+    return v
+
+
 STEP_RANGE_FORM = "A-B with 1 <= A <= B, e.g. 10-15 (training steps, counted from 1)"
 
 
@@ -113,7 +129,7 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("float32_layers", "what", "run these layers of the model in float32, the rest "
             "under the policy, without editing the model: full paths (outer/inner) or plain "
             "names; `tfmp check` names the layers and prints this flag; a train --resume "
-            "without it keeps the run's own", metavar="NAME[,NAME...]", passed=True, task=True),
+            "without it keeps the run's own, with '' drops them", metavar="NAME[,NAME...]", passed=True, task=True),
     Setting("image_dir", "what", "for --dataset images: folder with one subfolder per class",
             passed=True),
     Setting("image_size", "what", "images are resized to this square size ({default})", int,
@@ -227,8 +243,8 @@ def add_flag(group, s: Setting, defaults, help_context: Dict[str, Any], show_env
     if s.switch:
         kw["action"] = "store_false" if s.flag.startswith("--no-") else "store_true"
     else:
-        if s.parse is not str:
-            kw["type"] = s.parse
+        kw["type"] = (non_empty if s.parse is str and s.name not in EMPTY_IS_NONE
+                      else s.parse)
         metavar = s.metavar or _METAVARS.get(s.name) or ("N" if s.parse is int else None)
         if metavar and not s.choices:
             kw["metavar"] = metavar

@@ -225,6 +225,11 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
     def said(name: str) -> str:
         return named.get(name, name)
 
+    for name, value in cfg.to_dict().items():
+        if (isinstance(value, str) and not value.strip()   # the API's output="" and the like
+                and name not in settings.EMPTY_IS_NONE):
+            raise UsageError(f"{said(name)} is empty. Received: {said(name)}={value!r}",
+                             settings.EMPTY_ALLOWED)
     _one_of(said("precision"), cfg.precision, PRECISIONS)
     _spec_or_one_of(said("model"), cfg.model, MODELS)
     _spec_or_one_of(said("dataset"), cfg.dataset, DATASETS)

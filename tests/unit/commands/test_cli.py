@@ -80,6 +80,43 @@ def test_a_flag_before_the_command_is_named_not_taken_for_the_command(capsys, ar
                       "see: tfmp --help"]
 
 
+@pytest.mark.parametrize("command, flag", [
+    ("train", "--output"), ("train", "--workspace"), ("train", "--model"),
+    ("train", "--tuned"), ("check", "--dataset"), ("check", "--json"), ("tune", "--output"),
+    ("tune", "--memory-budget"), ("benchmark", "--data-dir"), ("benchmark", "--output"),
+    ("notebooks", "--install"),
+])
+def test_an_empty_value_is_refused_not_read_as_the_default(tmp_path, monkeypatch, capsys,
+                                                           command, flag):
+    """`--output "$OUT"` with OUT unset trained into the default folder, which in a
+    container without a mount is gone with it."""
+    from app.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main([command, flag, " " if flag == "--workspace" else ""])
+    assert stop.value.code == 2
+    assert error_lines(capsys.readouterr().err) == [
+        f"error: argument {flag}: is empty; allowed: a value, or leave the flag out for its "
+        f"default; see: tfmp {command} --help"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_value_through_the_api_or_a_variable_is_one_line(tmp_path):
+    from app.core.errors import UsageError
+    from app.training.config import resolve_config
+
+    with pytest.raises(UsageError) as caught:
+        resolve_config({"output": ""})
+    assert str(caught.value) == ("error: output is empty. Received: output=''; allowed: a "
+                                 "value, or leave it out for its default")
+    with pytest.raises(UsageError, match="TFMP_WORKSPACE is empty"):
+        resolve_config({}, {"TFMP_WORKSPACE": "  "})
+    # Empty says "none" where none is a value: a --resume drops the run's float32 layers
+    cfg = resolve_config({"float32_layers": "", "class_weight": ""}, {})
+    assert (cfg.float32_layers, cfg.class_weight) == ("", None)
+
+
 def test_bad_environment_variable(tmp_path):
     out = tmp_path / "run"
     proc = run_app("train", "--output", str(out), env={"TFMP_EPOCHS": "lots"})
