@@ -124,7 +124,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     task = task or Task.from_config(cfg)
     previous, counted = None, None
     if resume:
-        previous = read_previous_metrics(output)
+        previous = read_previous_metrics(output, required=dist.is_chief)
         check_same_task(previous, task, output)
         decision = resumed_precision(decision, previous, output, lambda policy: _runnable(
             dataclasses.replace(prec.resolve(policy, hw), reason="the run's own, kept by "

@@ -18,13 +18,21 @@ from app.training.config import TrainConfig
 _RESTORE = "restore it from a copy, or start a new --output"
 
 
-def read_previous_metrics(output: str) -> Optional[dict]:
-    """The metrics.json of the run being resumed; None when it wrote none."""
+def read_previous_metrics(output: str, required: bool = True) -> Optional[dict]:
+    """The metrics.json of the run being resumed.  A run writes it before its first
+    checkpoint, so one missing beside a checkpoint was deleted or lost: without it the run's
+    model and dataset cannot be checked and its earlier epochs would be dropped from the
+    record, so it is one line unless not ``required`` (None: a multi-worker job's worker,
+    whose folder the chief's metrics.json need not be in)."""
     path = os.path.join(output, "metrics.json")
     try:
         with open(path, encoding="utf-8") as fh:
             previous = json.load(fh)
     except FileNotFoundError:
+        if required:
+            raise UsageError(f"--resume: {path!r} is missing beside the run's checkpoints: the "
+                             "model and dataset it trained and its epochs so far are not "
+                             "known, so the run cannot be resumed safely", _RESTORE) from None
         return None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path!r} cannot be read ({type(exc).__name__}); the run cannot be "

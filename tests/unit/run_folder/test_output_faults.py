@@ -171,9 +171,28 @@ def test_corrupt_metrics_json_is_one_line(tmp_path, capsys, content, words):
     assert (out / "metrics.json").read_text() == content   # left as it was
 
 
+def test_metrics_json_deleted_beside_the_checkpoints_is_one_line(tmp_path, capsys):
+    """It resumed, and the new metrics.json held only the epochs after the checkpoint."""
+    out = _three_epochs(tmp_path, capsys)
+    os.remove(out / "metrics.json")
+    listing = sorted(p.name for p in (out / "checkpoints").iterdir())
+    code, err = _main(capsys, *ARGS, "--output", str(out), "--resume", "--epochs", "4")
+    assert code == 2, err
+    assert error_lines(err) == [
+        f"error: --resume: {str(out / 'metrics.json')!r} is missing beside the run's "
+        "checkpoints: the model and dataset it trained and its epochs so far are not known, "
+        "so the run cannot be resumed safely; allowed: restore it from a copy, or start a new "
+        "--output"]
+    assert not (out / "metrics.json").exists()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == listing
+
+
 def test_checkpoint_of_another_model_is_one_line(tmp_path, capsys):
     out = _three_epochs(tmp_path, capsys)
-    os.remove(out / "metrics.json")        # no spec to compare: the checkpoint itself says no
+    # metrics.json edited to name cnn: the spec check passes, and the checkpoint itself says no
+    doc = json.loads((out / "metrics.json").read_text())
+    doc["task"]["model"] = doc["config"]["model"] = "cnn"
+    (out / "metrics.json").write_text(json.dumps(doc))
     code, err = _main(capsys, *ARGS, "--output", str(out), "--resume", "--model", "cnn")
     assert code == 2, err
     [line] = error_lines(err)
