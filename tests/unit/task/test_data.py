@@ -65,17 +65,22 @@ def test_image_folder(tmp_path):
     assert float(np.max(x)) <= 1.0
 
 
+def _noise_pngs(folder, per_class, classes=("cats", "dogs")):
+    """``per_class`` 12x12 PNGs of noise in a subfolder per class."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(len(classes))
+    for cls in classes:
+        os.makedirs(folder / cls, exist_ok=True)
+        for i in range(per_class):
+            img = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)
+            tf.io.write_file(str(folder / cls / f"{i}.png"), tf.io.encode_png(img))
+
+
 def test_an_image_that_does_not_decode_is_named_at_load(tmp_path):
     """A text file named .png and a truncated GIF named .jpg: the training stopped midway
     in TensorFlow's "Invalid GIF data" traceback."""
-    import tensorflow as tf
-
-    rng = np.random.default_rng(0)
-    for cls in ("cats", "dogs"):
-        os.makedirs(tmp_path / cls)
-        for i in range(6):
-            img = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)
-            tf.io.write_file(str(tmp_path / cls / f"{i}.png"), tf.io.encode_png(img))
+    _noise_pngs(tmp_path, 6)
     (tmp_path / "cats" / "notes.png").write_text("not an image")
     (tmp_path / "dogs" / "cut.jpg").write_bytes(b"GIF89a and then nothing")
     with pytest.raises(UsageError) as caught:
@@ -133,21 +138,13 @@ def test_missing_default_data_dir_offline_names_the_file_not_a_flag(tmp_path):
 def test_an_image_folder_too_small_to_keep_validation_images_says_so(tmp_path):
     """Four images: Keras keeps int(20%) = none for validation and said "No images found"
     of the folder whose four training images it had just listed."""
-    import tensorflow as tf
-
-    rng = np.random.default_rng(0)
-    for cls in ("cats", "dogs"):
-        os.makedirs(tmp_path / cls)
-        for i in range(2):
-            img = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)
-            tf.io.write_file(str(tmp_path / cls / f"{i}.png"), tf.io.encode_png(img))
+    _noise_pngs(tmp_path, 2)
     with pytest.raises(UsageError) as caught:
         data.load("images", (32, 32, 3), 4, image_dir=str(tmp_path))
     assert str(caught.value) == (
         f"error: image directory {str(tmp_path)!r} has 4 image(s): too few to keep 20% of "
         "them for validation (that is none); allowed: 5 images or more in its class "
         "subfolders, better dozens a class")
-    tf.io.write_file(str(tmp_path / "dogs" / "2.png"),
-                     tf.io.encode_png(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)))
+    _noise_pngs(tmp_path, 1, classes=("birds",))
     bundle = data.load("images", (32, 32, 3), 4, image_dir=str(tmp_path))
     assert (bundle.train_samples, bundle.val_samples) == (4, 1)
