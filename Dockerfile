@@ -145,6 +145,9 @@ COPY docker/config/jupyter_server_config.py /etc/jupyter/jupyter_server_config.p
 COPY docker/config/jupyter-templates/ /usr/local/share/tfmp/jupyter-templates/
 # Server extension loaded by that config: `sandbox` in the /nbconvert/ pages' CSP.
 COPY docker/python/tfmp_nbconvert_csp.py /opt/tfmp/src/tfmp_nbconvert_csp.py
+# The identity provider the start names on the server's command line: the token is the
+# image's whatever a config file says (docker/python/tfmp_token_auth.py).
+COPY docker/python/tfmp_token_auth.py /opt/tfmp/src/tfmp_token_auth.py
 # No "news"/update checks: training boxes are often offline; no pop-up over the launcher.
 COPY docker/config/jupyterlab-overrides.json /usr/local/share/jupyter/lab/settings/overrides.json
 COPY docker/config/profile-container-env.sh /etc/profile.d/zz-container-env.sh

@@ -121,10 +121,15 @@ refuse_user_path() {
 }
 
 read_secret_file() { # $1 = variable name holding a path
-  local var=$1 path=${!1}
+  local var=$1 path=${!1} value
   refuse_user_path "$var"
   [[ -f $path && -r $path ]] || fatal "$var='$path' is not a readable file"
-  tr -d '\r\n' <"$path"
+  # One line, its line ending dropped (\n, or \r\n from a Windows editor); two lines were
+  # joined into one secret that neither line is.
+  value=$(<"$path")
+  value=${value%$'\r'}
+  [[ $value != *$'\n'* ]] || fatal "$var='$path' holds more than one line; allowed: the secret alone, on one line"
+  printf '%s' "$value"
 }
 
 # A secret from NAME or NAME_FILE (e.g. a Docker secret); prints "" when neither is set.
@@ -159,7 +164,20 @@ check_ids() {
   NB_GID=${NB_GID:-1000}
   [[ $NB_UID =~ ^[0-9]+$ ]] || fatal "NB_UID must be a number (your host's \`id -u\`). Received: NB_UID='$NB_UID'"
   [[ $NB_GID =~ ^[0-9]+$ ]] || fatal "NB_GID must be a number (your host's \`id -g\`). Received: NB_GID='$NB_GID'"
-  [[ $NB_UID -ne 0 ]] || fatal "NB_UID=0 is refused: the user must not be root (use your host's \`id -u\`)"
+  # Compared as text first: bash arithmetic reads 08 as bad octal and wraps 2**64 to 0.
+  [[ $NB_UID =~ ^0+$ ]] && fatal "NB_UID=0 is refused: the user must not be root (use your host's \`id -u\`)"
+  id_in_range NB_UID "$NB_UID" "id -u"
+  id_in_range NB_GID "$NB_GID" "id -g"
+  NB_UID=$((10#$NB_UID)) NB_GID=$((10#$NB_GID))
+}
+
+# $1 = name, $2 = digits, $3 = the host command that prints it.  Linux IDs are 32-bit, and
+# 4294967295 is (uid_t)-1, "no ID"; leading zeros are dropped.
+id_in_range() {
+  local digits=${2#"${2%%[!0]*}"}
+  if ((${#digits} > 10)) || ((10#${digits:-0} > 4294967294)); then
+    fatal "$1 must be at most 4294967294 (your host's \`$3\`). Received: $1='$2'"
+  fi
 }
 
 remap_user() {

@@ -287,6 +287,15 @@ def test_arbitrary_uid_gets_a_name_and_the_home(image, container, tmp_path):
     (["-e", "CHOWN_EXTRA=/workspace/../tmp/../workspace"], ["true"], "is in /home/tf or /workspace"),
     (["-e", "CHOWN_EXTRA=/home/tf"], ["true"], "CHOWN_EXTRA: '/home/tf' is in /home/tf or /workspace"),
     (["-e", "CHOWN_EXTRA_OPTS=-L", "-e", "CHOWN_EXTRA=/opt"], ["true"], "CHOWN_EXTRA_OPTS may be -R"),
+    # Owning a system folder, or one above it or above the home, makes the user root
+    (["-e", "CHOWN_EXTRA=/etc"], ["true"], "CHOWN_EXTRA: '/etc' is a system folder or holds one (/etc)"),
+    (["-e", "CHOWN_EXTRA=/mnt,/usr/local/lib"], ["true"], "'/usr/local/lib' is a system folder or holds one (/usr)"),
+    (["-e", "CHOWN_EXTRA=/opt"], ["true"], "'/opt' is a system folder or holds one (/opt/tfmp)"),
+    (["-e", "CHOWN_EXTRA=/home"], ["true"], "CHOWN_EXTRA: '/home' holds /home/tf or /workspace"),
+    (["-e", "NB_UID=18446744073709551616"], ["true"], "NB_UID must be at most 4294967294"),
+    (["-e", "NB_GID=4294967295"], ["true"], "NB_GID must be at most 4294967294"),
+    (["-e", "NOTEBOOK_ARGS=--config=/tmp/noauth.py"], ["serve"], "the Jupyter option --config is refused"),
+    (["-e", "JUPYTER_PORT=22"], ["serve"], "the Jupyter port 22 is the SSH server's in the container"),
     (["-e", "JUPYTER_ENV_VARS_TO_UNSET=A,B-C"], ["true"], "JUPYTER_ENV_VARS_TO_UNSET must name variables"),
     (["-e", "JUPYTERHUB_API_TOKEN=x"], ["serve"], "JUPYTERHUB_API_TOKEN is set but JUPYTERHUB_API_URL is not"),
     # After the (empty) hook folders ran, the entrypoint's set -e still holds: a check failing

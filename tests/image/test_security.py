@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import uuid
@@ -213,6 +215,44 @@ def test_empty_public_key_file_stops_with_one_fatal_line(image, tmp_path):
     proc = docker_run(image, "-v", f"{empty}:/run/keys.pub:ro", "-e", "PUBLIC_KEY_FILE=/run/keys.pub",
                       timeout=60)
     _assert_one_fatal(proc, "PUBLIC_KEY_FILE='/run/keys.pub' holds no public key")
+
+
+def test_a_token_file_of_two_lines_stops_with_one_fatal_line(image, tmp_path):
+    """Its lines were joined: the server's token was neither line the user wrote."""
+    secret = tmp_path / "token"
+    secret.write_text("first-token\nsecond-token\n")
+    proc = docker_run(image, "-v", f"{secret}:/run/token:ro", "-e", "JUPYTER_TOKEN_FILE=/run/token",
+                      timeout=60)
+    _assert_one_fatal(proc, "JUPYTER_TOKEN_FILE='/run/token' holds more than one line; allowed: "
+                            "the secret alone, on one line")
+
+
+def test_a_users_jupyter_config_cannot_empty_the_token(image, tmp_path):
+    """A config of the user's loads after the image's: one that set the token to "" served
+    every request without authentication ("All authentication is disabled") while the start
+    printed a URL with a token.  The image's identity provider, named on the server's command
+    line, keeps the token."""
+    config = tmp_path / "cfg"
+    config.mkdir()
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps({"IdentityProvider": {"token": ""}, "ServerApp": {"token": ""}}))
+    os.chmod(config, 0o755)
+    name, port = f"tfmp-noauth-{uuid.uuid4().hex[:8]}", free_port()
+    start_container(name, image, "-p", f"127.0.0.1:{port}:8888", "-e", "ENABLE_SSH=0",
+                    "-e", f"JUPYTER_TOKEN={TOKEN}", "-e", "JUPYTER_CONFIG_DIR=/cfg",
+                    "-v", f"{config}:/cfg:ro")
+    try:
+        wait_until(lambda: health(name).startswith("healthy"), 120, what=f"{name} healthy")
+        url = f"http://127.0.0.1:{port}/api/contents"
+        assert requests.get(url, timeout=10).status_code == 403
+        assert requests.get(url, timeout=10, headers={"Authorization": f"token {TOKEN}"}
+                            ).status_code == 200
+        logs = _logs(name)
+        assert "a Jupyter config set an empty token, which would turn authentication off: " \
+               "the image's token is used" in logs, logs[-3000:]
+        assert "All authentication is disabled" not in logs
+    finally:
+        run(["docker", "rm", "-f", "-v", name], check=False, timeout=60)
 
 
 def test_missing_key_file_mounted_as_a_folder_stops(image, tmp_path):

@@ -111,6 +111,7 @@ ROOT_ON_THE_TOP = [
     re.compile(r'^validate_keys "\$user_keys" "\$home_keys"$'),     # root's copy; a name in messages
     re.compile(r'^for dir in "\$USER_HOME" "\$WORKSPACE"$'),        # refuse_user_path: text only
     re.compile(r'^\$2 == "\$USER_HOME"'),                            # CHOWN_EXTRA's check: text only
+    re.compile(r'^\$USER_HOME == "\$2"/\*'),                          # ...and above the home
     # A --user start (never root): the passwd entry's text, and HOME.
     re.compile(r'^printf \'%s:x:%s:%s:%s:%s:/bin/bash\\n\' "\$NB_USER"'),
     re.compile(r'^export HOME=\$USER_HOME$'),

@@ -9,10 +9,16 @@
 #                     a risk, off by default); no, 0 or unset: none
 #   CHOWN_EXTRA       folders (separated by commas) given to NB_UID:NB_GID at start, e.g.
 #                     a mounted /data; outside the home and the workspace (the user's
-#                     already), absolute, with no symlink in the path
+#                     already) and above neither, absolute, with no symlink in the path;
+#                     no system folder (/etc, /usr, ...) unless GRANT_SUDO gives root anyway
 #   CHOWN_EXTRA_OPTS  -R: their contents too (links are changed, never followed)
 
 readonly SUDOERS_FILE=/etc/sudoers.d/tfmp-grant-sudo
+# The system's folders and the image's (root runs its start from /opt/tfmp and /usr): the
+# user who owns one, or a folder above one (whose entries they may then rename and
+# replace), can make themselves root (a passwd without root's password, a start script).
+readonly CHOWN_EXTRA_SYSTEM=(/bin /boot /dev /etc /lib /lib32 /lib64 /libx32 /opt/tfmp /proc
+                             /root /run /sbin /sys /tmp /usr /var)
 
 grant_sudo() {
   local grant=${GRANT_SUDO:-no} tmp
@@ -42,6 +48,22 @@ chown_extra_refuse_user_path() { # $1 = the path as given, $2 = the path to judg
   fi
 }
 
+chown_extra_refuse_above_user_path() { # $1 = the path as given, $2 = the path to judge
+  if [[ $USER_HOME == "$2"/* || $WORKSPACE == "$2"/* ]]; then
+    fatal "CHOWN_EXTRA: '$1' holds $USER_HOME or $WORKSPACE: the user could replace them with links that root's start then follows; allowed: a folder of your data beside them, e.g. a mounted /data"
+  fi
+}
+
+chown_extra_refuse_system_path() { # $1 = the path as given, $2 = the real path
+  local sys
+  [[ ${GRANT_SUDO:-no} =~ ^(no|0)$ ]] || return 0   # root is the user's already: warned above
+  for sys in "${CHOWN_EXTRA_SYSTEM[@]}"; do
+    if [[ $2 == "$sys" || $2 == "$sys"/* || $sys == "$2"/* ]]; then
+      fatal "CHOWN_EXTRA: '$1' is a system folder or holds one ($sys): owning it would let UID $NB_UID make itself root; allowed: a folder of your data, e.g. a mounted /data, or GRANT_SUDO=yes where root is meant"
+    fi
+  done
+}
+
 chown_extra() {
   local opts=() path real list=()
   [[ -n ${CHOWN_EXTRA:-} ]] || return 0
@@ -67,6 +89,8 @@ chown_extra() {
     [[ $real == "${path%/}" || $real == "$path" ]] ||
       fatal "CHOWN_EXTRA: '$path' goes through a symlink (to '$real'): give the real path"
     [[ $real != / ]] || fatal "CHOWN_EXTRA: '/' is refused"
+    chown_extra_refuse_above_user_path "$path" "$real"
+    chown_extra_refuse_system_path "$path" "$real"
     # -h: a link is re-owned itself; -R without -L follows none below.
     chown -h "${opts[@]}" "$NB_UID:$NB_GID" "$real"
     info "CHOWN_EXTRA: $real now belongs to UID $NB_UID, GID $NB_GID${opts[*]:+ (with its contents)}"

@@ -173,8 +173,11 @@ start_jupyter() {
     exec "${USER_CMD[@]}" TFMP_JUPYTER_MODE=jupyterhub "${env[@]}" jupyterhub-singleuser \
       "${landing[@]}" "${JUPYTER_ARGS[@]}"
   fi
+  # The identity provider on the command line, which outranks every config file: a config
+  # of the user's that empties the token cannot turn authentication off (tfmp_token_auth).
   exec "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" "${env[@]}" jupyter lab --no-browser \
-    --LabApp.default_url="$JUPYTER_LANDING" "${JUPYTER_ARGS[@]}"
+    --LabApp.default_url="$JUPYTER_LANDING" "${JUPYTER_ARGS[@]}" \
+    --ServerApp.identity_provider_class=tfmp_token_auth.TokenFileIdentityProvider
 }
 
 setup_jupyter

@@ -70,7 +70,8 @@ def jupyter_args(*args: str, **env: str) -> subprocess.CompletedProcess:
     import os
 
     clean = {k: v for k, v in os.environ.items()
-             if k not in ("NOTEBOOK_ARGS", "JUPYTER_PORT") and not k.startswith("JUPYTERHUB_")}
+             if k not in ("NOTEBOOK_ARGS", "JUPYTER_PORT", "ENABLE_SSH")
+             and not k.startswith("JUPYTERHUB_")}
     return subprocess.run([sys.executable, str(program("tfmp-jupyter-args")), *args],
                           capture_output=True, text=True, timeout=60, env={**clean, **env})
 
@@ -92,6 +93,11 @@ def test_jupyter_args_port_from_jupyter_port_then_the_last_option():
     assert parsed(jupyter_args(JUPYTER_PORT="9999"))[:2] == ["9999", "/"]
     assert parsed(jupyter_args("--port", "7000", "--ServerApp.port=7001", JUPYTER_PORT="9999"))[:2] == ["7001", "/"]
     assert parsed(jupyter_args("--ServerApp.base_url", "/a/b/"))[:2] == ["8888", "/a/b/"]
+
+
+def test_jupyter_args_take_port_22_where_no_ssh_server_runs():
+    assert parsed(jupyter_args(JUPYTER_PORT="22", ENABLE_SSH="0"))[:2] == ["22", "/"]
+    assert parsed(jupyter_args("--hub", JUPYTERHUB_SERVICE_URL="http://0.0.0.0:22/"))[:1] == ["22"]
 
 
 def test_jupyter_args_under_the_hub_take_its_port_and_prefix():
@@ -116,6 +122,16 @@ def test_jupyter_args_under_the_hub_take_its_port_and_prefix():
     ([], {"JUPYTER_PORT": "0"}, "JUPYTER_PORT must be a port number (1-65535). Received: '0'"),
     ([], {"NOTEBOOK_ARGS": "--x='open"}, "NOTEBOOK_ARGS cannot be split"),
     (["--ServerApp.base_url=/a b/"], {}, "base_url must be a URL path"),
+    (["--ServerApp.base_url=/../x/"], {}, "base_url must be a URL path"),
+    # A config file on the command line replaces every jupyter_server_config (the image's)
+    (["--config=/tmp/noauth.py"], {}, "the Jupyter option --config is refused: it replaces "
+                                      "the image's server settings"),
+    ([], {"NOTEBOOK_ARGS": "--JupyterApp.config_file /tmp/x.json"}, "config_file is refused"),
+    # Jupyter moved off sshd's port quietly; the URL and the healthcheck did not
+    ([], {"JUPYTER_PORT": "22"}, "the Jupyter port 22 is the SSH server's in the container; "
+                                 "allowed: another port (JUPYTER_PORT, default 8888), or "
+                                 "ENABLE_SSH=0"),
+    (["--port", "22"], {"ENABLE_SSH": "1"}, "the Jupyter port 22 is the SSH server's"),
 ])
 def test_jupyter_args_refusals_are_one_line_and_status_2(args, env, words):
     proc = jupyter_args(*args, **env)
