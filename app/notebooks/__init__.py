@@ -70,6 +70,10 @@ def read_manifest(target: os.PathLike) -> Dict[str, str]:
 
 
 def _check_target(target: Path) -> None:
+    if target.is_symlink() and not target.exists():
+        raise UsageError(f"notebook folder {str(target)!r} is a link to "
+                         f"{os.readlink(target)!r}, which does not exist",
+                         "a directory path, or a link to an existing directory")
     probe = target
     while not probe.exists():
         if probe.parent == probe:
@@ -99,8 +103,13 @@ def install(target: os.PathLike, source: Optional[os.PathLike] = None) -> List[O
             manifest[name] = new_hash
             outcomes.append(Outcome(name, COPIED))
             continue
-        current = sha256(dest.read_bytes())
-        if current == new_hash:
+        try:
+            current = sha256(dest.read_bytes()) if dest.is_file() else None
+        except OSError:   # unreadable: the user's, as a folder or a link in its place is
+            current = None
+        if current is None:
+            outcomes.append(Outcome(name, KEPT))
+        elif current == new_hash:
             manifest[name] = new_hash
             outcomes.append(Outcome(name, UP_TO_DATE))
         elif manifest.get(name) == current:

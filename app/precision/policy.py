@@ -108,8 +108,9 @@ def parse_names(value, name: str, choices=CHOICES):
     (the command's default)."""
     if value is None:
         return None
-    names = [str(n).strip() for n in (value.split(",") if isinstance(value, str) else value)
-             if str(n).strip()]
+    # A trailing comma is a list written item by item; "a,,b" may have lost a name.
+    items = value.strip().rstrip(",").split(",") if isinstance(value, str) else value
+    names = [str(n).strip() for n in items]
     if not names or any(n not in choices for n in names):
         raise UsageError(f"{name} must be a comma-separated list of {', '.join(choices)}. "
                          f"Received: {name}={value!r}", ", ".join(choices))

@@ -67,6 +67,12 @@ def _given_classes(spec: str, num_classes: Optional[int], kind: str, counted: in
     given that the labels do not fit (a class id past it, one-hot rows of another width)
     is one line, where the loss would fail on the first batch with TensorFlow's error."""
     if not num_classes:
+        if kind in ("sparse", "binary") and counted == 1:
+            # A one-unit model trained on it learns nothing, at accuracy 0, without a word.
+            raise UsageError(f"dataset {spec!r}: every label is class 0, one class: there is "
+                             "nothing to tell apart",
+                             "labels of two classes or more, or --num-classes N when this "
+                             "part of the data holds one class of N")
         return counted
     if kind in ("sparse", "binary") and counted > num_classes:
         raise UsageError(f"num_classes {num_classes} is too few for dataset {spec!r}: its "
@@ -175,6 +181,10 @@ def _pair(part, spec, returned, which):
                          "class ids 0..N-1 (names, ids = np.unique(y, return_inverse=True) "
                          "maps them), one-hot rows, or values with a --loss for them")
     x = _text(x)
+    mixed = _mixed_text_row(x) if x.dtype.kind == "O" and x.size else None
+    if mixed is not None:
+        raise _bad(spec, returned, f"the {which} features mix text and numbers: row "
+                                   f"{mixed[0]} holds {str(mixed[1])[:40]!r}")
     if x.dtype.kind not in "biufUS" or y.dtype.kind not in "biuf" or x.ndim < 1 or y.ndim < 1:
         raise _bad(spec, returned, f"the {which} part must be numeric arrays (features may "
                                    "be text, for a model that reads strings)")
@@ -198,13 +208,27 @@ def _inputs_pair(part, spec, returned, which):
 
 def _text(x: np.ndarray) -> np.ndarray:
     """An object array of Python strings (what pandas gives) as a string array; text features
-    go to the model as they are (a TextVectorization or StringLookup layer reads them)."""
-    if x.dtype.kind == "O" and x.size and isinstance(x.reshape(-1)[0], (str, bytes)):
+    go to the model as they are (a TextVectorization or StringLookup layer reads them).  One
+    that mixes strings with numbers or None stays an object array, which the caller refuses
+    (made strings, its numbers read "0.5" and a numeric model failed inside TensorFlow)."""
+    if x.dtype.kind == "O" and x.size and _mixed_text_row(x) is None and isinstance(
+            x.reshape(-1)[0], (str, bytes)):
         try:
             return x.astype(type(x.reshape(-1)[0]))
-        except (TypeError, ValueError):   # mixed with numbers or None
+        except (TypeError, ValueError):
             return x
     return x
+
+
+def _mixed_text_row(x: np.ndarray):
+    """(row, value) of the first string in an object array that also holds other things
+    (numbers, None), else None."""
+    flat = x.reshape(len(x), -1) if x.ndim else x.reshape(1, -1)
+    is_text = np.vectorize(lambda v: isinstance(v, (str, bytes)), otypes=[bool])(flat)
+    if is_text.all() or not is_text.any():
+        return None
+    row = int(np.flatnonzero(is_text.any(axis=1))[0])
+    return row, flat[row][is_text[row]][0]
 
 
 def _features(x: np.ndarray) -> np.ndarray:
@@ -274,6 +298,12 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
                                        f"validation samples {b.shape[1:]}")
     for which, y in (("training", ytr), ("validation", yva)):
         _finite_labels(spec, which, y)
+    # What the labels are, from all of them: a --max-train-samples subset of sorted data
+    # (check loads a few batches) showed one class, or too few.
+    kind, classes = label_kind_of(ytr)
+    if kind in ("sparse", "binary"):
+        val_kind, val_classes = label_kind_of(yva)
+        classes = max(classes, val_classes if val_kind in ("sparse", "binary") else 0)
     unread = unread_rows(xtr, ytr, max_train)
     xtr, xva = _rows(xtr, max_train), _rows(xva, max_val)
     ytr, yva = ytr[:max_train], yva[:max_val]
@@ -288,10 +318,7 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
             raise _bad(spec, returned, f"features of dtype {xtr.dtype} are not numeric") from None
         shape = input_shape(tuple(xtr.shape[1:]))
         xtr, xva = xtr.reshape((len(xtr),) + shape), xva.reshape((len(xva),) + shape)
-    kind, classes = label_kind_of(ytr)
     if kind in ("sparse", "binary"):
-        val_kind, val_classes = label_kind_of(yva)
-        classes = max(classes, val_classes if val_kind in ("sparse", "binary") else 0)
         ytr = ytr.reshape(-1).astype(np.int32)
         yva = yva.reshape(-1).astype(np.int32)
         if classes > 2:
@@ -476,6 +503,8 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
     n_train, n_val, bad, bad_total = scan.count, vscan.count, scan.bad, scan.bad_total
     if n_train == 0:
         raise _bad(spec, returned, "the training dataset has no elements")
+    if n_val == 0:   # as for arrays: no validation metric would be a number
+        raise _bad(spec, returned, "the validation dataset has no elements")
     for which, counted in (("training", scan), ("validation", vscan)):
         if counted.weights:
             nonfinite, negative, positive = counted.weights

@@ -33,6 +33,7 @@ PER_POLICY = ("seconds_per_epoch", "samples_per_second", "speedup_vs_float32", "
 @pytest.mark.parametrize("argv, words", [
     (["--policies", "fp8"], "policies must be a comma-separated list of float32, mixed_float16"),
     (["--policies", ""], "argument --policies: is empty"),
+    (["--policies", "float32,,mixed_bfloat16"], "policies must be a comma-separated list"),
     (["--repeats", "0"], "repeats must be at least 1"),
     (["--epochs", "1"], "epochs must exceed warmup_epochs"),
     (["--warmup-epochs", "-1"], "warmup_epochs must be 0 or more"),

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from app import notebooks
+from app.core.errors import UsageError
 
 from tests.paths import ROOT
 
@@ -141,6 +142,27 @@ def test_a_users_own_file_of_the_same_name_is_kept(tmp_path, source):
     (target / "a.ipynb").write_text("my own notebook")  # no manifest: not ours
     assert _actions(notebooks.install(target, source))["a.ipynb"] == "kept"
     assert (target / "a.ipynb").read_text() == "my own notebook"
+
+
+def test_a_folder_or_an_unreadable_file_in_a_notebooks_place_is_kept(tmp_path, source):
+    """A folder named like a notebook stopped the install with IsADirectoryError."""
+    target = tmp_path / "nb"
+    (target / "a.ipynb").mkdir(parents=True)
+    (target / "a.ipynb" / "mine.txt").write_text("x")
+    assert _actions(notebooks.install(target, source)) == {"a.ipynb": "kept", "b.ipynb": "copied"}
+    assert (target / "a.ipynb" / "mine.txt").read_text() == "x"
+
+
+def test_a_link_to_a_missing_folder_is_one_line(tmp_path, source):
+    """It stopped with FileExistsError from mkdir."""
+    target = tmp_path / "dangling"
+    target.symlink_to(tmp_path / "gone")
+    with pytest.raises(UsageError) as caught:
+        notebooks.install(target, source)
+    assert str(caught.value) == (
+        f"error: notebook folder {str(target)!r} is a link to {str(tmp_path / 'gone')!r}, which "
+        "does not exist; allowed: a directory path, or a link to an existing directory")
+    assert target.is_symlink() and not (tmp_path / "gone").exists()
 
 
 def test_a_deleted_notebook_comes_back(tmp_path, source):

@@ -163,3 +163,57 @@ def test_a_tf_data_datasets_labels_are_read_in_its_counting_pass(labels, kind, c
             tf.data.Dataset.from_tensor_slices((x[:16], labels[:16])))
     bundle = from_user(data, "python:tf.data", 16)
     assert (bundle.label_kind, bundle.num_classes) == (kind, classes)
+
+
+def test_one_class_is_one_line_unless_num_classes_says_more(tmp_path):
+    """Every label 0: a one-unit model trained at accuracy 0, exit 0, without a word."""
+    from app.task.user_data import from_user
+    x = np.zeros((64, 4), np.float32)
+    zeros = np.zeros(64, np.int64)
+    with pytest.raises(UsageError) as caught:
+        from_user(((x, zeros), (x[:16], zeros[:16])), "d.py:f", 16)
+    assert str(caught.value) == (
+        "error: dataset 'd.py:f': every label is class 0, one class: there is nothing to tell "
+        "apart; allowed: labels of two classes or more, or --num-classes N when this part of "
+        "the data holds one class of N")
+    assert from_user(((x, zeros), (x[:16], zeros[:16])), "d.py:f", 16,
+                     num_classes=3).num_classes == 3
+
+
+def test_the_class_count_is_read_from_all_labels_not_the_samples_kept():
+    """Sorted data under --max-train-samples (check loads a few batches): the first rows
+    showed one class, or too few for the model's output."""
+    from app.task.user_data import from_user
+    x = np.zeros((64, 4), np.float32)
+    y = np.repeat(np.arange(4), 16)
+    bundle = from_user(((x, y), (x[:16], y[:16])), "d.py:f", 8, max_train_samples=8,
+                       max_val_samples=8)
+    assert (bundle.label_kind, bundle.num_classes, bundle.train_samples) == ("sparse", 4, 8)
+
+
+def test_an_empty_validation_dataset_is_one_line_as_empty_arrays_are():
+    """Trained, exit 0, with val_loss nan and val_accuracy None."""
+    import tensorflow as tf
+
+    from app.task.user_data import from_user
+    x, y = np.zeros((64, 4), np.float32), np.arange(64) % 3
+    data = (tf.data.Dataset.from_tensor_slices((x, y)),
+            tf.data.Dataset.from_tensor_slices((x, y)).take(0))
+    with pytest.raises(UsageError, match=r"\(the validation dataset has no elements\)"):
+        from_user(data, "d.py:f", 16)
+    with pytest.raises(UsageError, match=r"\(validation: no samples\)"):
+        from_user(((x, y), (x[:0], y[:0])), "d.py:f", 16)
+
+
+def test_features_that_mix_text_and_numbers_are_one_line():
+    """Made strings ('0.5'), they reached the built-in mlp, and TensorFlow's error said
+    "your code raised ... running the model on one batch (mlp)"."""
+    from app.task.user_data import from_user
+    x = np.array([[0.5, 1.0]] * 40, dtype=object)
+    x[21, 1] = "oops"
+    y = np.arange(40) % 2
+    with pytest.raises(UsageError, match=r"the training features mix text and numbers: row 21 "
+                                         r"holds 'oops'"):
+        from_user(((x, y), (x[:8], y[:8])), "d.py:f", 8)
+    words = np.array([["a b"], ["c d"]] * 20, dtype=object)   # all text: a text model's input
+    assert from_user(((words, y), (words[:8], y[:8])), "d.py:f", 8).input_shape == (1,)

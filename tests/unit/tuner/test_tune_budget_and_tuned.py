@@ -100,6 +100,7 @@ def test_precision_margin_cap_checks():
 
 @pytest.mark.parametrize("flags,needle", [
     (["--precision", "fp8"], "precision must be a comma-separated list of"),
+    (["--precision", "float32,,auto"], "precision must be a comma-separated list of"),
     (["--memory-budget", "lots"], "memory_budget is not a size"),
     (["--margin", "0.95"], "margin must be in [0, 0.9)"),
     (["--margin", "-0.1"], "margin must be in [0, 0.9)"),
