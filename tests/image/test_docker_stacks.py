@@ -295,7 +295,7 @@ def test_arbitrary_uid_gets_a_name_and_the_home(image, container, tmp_path):
     (["-e", "NB_UID=18446744073709551616"], ["true"], "NB_UID must be at most 4294967294"),
     (["-e", "NB_GID=4294967295"], ["true"], "NB_GID must be at most 4294967294"),
     (["-e", "NOTEBOOK_ARGS=--config=/tmp/noauth.py"], ["serve"], "the Jupyter option --config is refused"),
-    (["-e", "JUPYTER_PORT=22"], ["serve"], "the Jupyter port 22 is the SSH server's in the container"),
+    (["-e", "ENABLE_SSH=1", "-e", "JUPYTER_PORT=22"], ["serve"], "the Jupyter port 22 is the SSH server's in the container"),
     (["-e", "JUPYTER_ENV_VARS_TO_UNSET=A,B-C"], ["true"], "JUPYTER_ENV_VARS_TO_UNSET must name variables"),
     (["-e", "JUPYTERHUB_API_TOKEN=x"], ["serve"], "JUPYTERHUB_API_TOKEN is set but JUPYTERHUB_API_URL is not"),
     # After the (empty) hook folders ran, the entrypoint's set -e still holds: a check failing
