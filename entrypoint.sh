@@ -66,7 +66,8 @@
 #   HOME_TOKEN_FILE     the user's copy, ~/.jupyter/token (written as the user)
 #   USER_CMD            prefix running a command as the user, without PRIVATE_VARS
 #   PRIVATE_VARS        start-up secrets never passed to user processes
-#   log/info/warn/fatal, is_root, secret_from_env, refuse_user_path    (below)
+#   log/info/warn/fatal, is_root, secret_from_env, refuse_user_path,
+#   check_port_var NAME                                                (below)
 #   service NAME LABEL HEALTH_JSON FUNCTION          register a supervised process
 #   announce LINE                                    a "==>" line once services run
 #
@@ -130,6 +131,15 @@ read_secret_file() { # $1 = variable name holding a path
   value=${value%$'\r'}
   [[ $value != *$'\n'* ]] || fatal "$var='$path' holds more than one line; allowed: the secret alone, on one line"
   printf '%s' "$value"
+}
+
+# $1 = a variable holding a TCP port (unset or empty: not given).  The host ports are only
+# shown in the start-up lines, and were shown as given: `ssh -p -1 ...`.
+check_port_var() {
+  local value=${!1:-}
+  [[ -z $value ]] && return 0
+  if [[ $value =~ ^[1-9][0-9]{0,4}$ ]] && ((value <= 65535)); then return 0; fi
+  fatal "$1 must be a port number (1-65535). Received: $1='$value'"
 }
 
 # A secret from NAME or NAME_FILE (e.g. a Docker secret); prints "" when neither is set.

@@ -301,9 +301,11 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
     # What the labels are, from all of them: a --max-train-samples subset of sorted data
     # (check loads a few batches) showed one class, or too few.
     kind, classes = label_kind_of(ytr)
+    notes = []
     if kind in ("sparse", "binary"):
         val_kind, val_classes = label_kind_of(yva)
         classes = max(classes, val_classes if val_kind in ("sparse", "binary") else 0)
+        notes += _sparse_ids_note(spec, ytr, classes, num_classes)
     unread = unread_rows(xtr, ytr, max_train)
     xtr, xva = _rows(xtr, max_train), _rows(xva, max_val)
     ytr, yva = ytr[:max_train], yva[:max_val]
@@ -336,7 +338,25 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
                       sample_batch=(_rows(xtr, 8), ytr[:8]) + (
                           () if wtr is None else (wtr[:8],)),
                       weighted=wtr is not None,
-                      train_rows=DataRows(xtr, ytr, unread=unread))
+                      train_rows=DataRows(xtr, ytr, unread=unread), notes=notes)
+
+
+# Class ids this far past the ones in use give the model mostly outputs no label reaches.
+SPARSE_IDS = 10
+
+
+def _sparse_ids_note(spec: str, y: np.ndarray, classes: int, num_classes) -> list:
+    """A note when the class ids are a few spread far apart (ids such as 7, 512 and 10**6):
+    the class count is the largest id + 1, so the model gets an output for every id between."""
+    if num_classes or classes <= 100:
+        return []
+    used = int(np.unique(y.reshape(-1)).size)
+    if classes < SPARSE_IDS * used:
+        return []
+    return [f"dataset {spec!r}: its labels use {used} class id(s), up to {classes - 1}, so the "
+            f"model gets {classes} outputs, most of which no label reaches; numbering the "
+            "classes 0.." f"{used - 1} (ids = np.unique(y, return_inverse=True)[1]) makes it "
+            f"{used}"]
 
 
 # ---- tf.data -----------------------------------------------------------------------------------

@@ -293,6 +293,10 @@ def test_arbitrary_uid_gets_a_name_and_the_home(image, container, tmp_path):
     (["-e", "CHOWN_EXTRA=/opt"], ["true"], "'/opt' is a system folder or holds one (/opt/tfmp)"),
     (["-e", "CHOWN_EXTRA=/home"], ["true"], "CHOWN_EXTRA: '/home' holds /home/tf or /workspace"),
     (["-e", "NB_UID=18446744073709551616"], ["true"], "NB_UID must be at most 4294967294"),
+    # Only shown in the start-up lines, and shown as given: `ssh -p -1 tf@127.0.0.1`
+    (["-e", "JUPYTER_HOST_PORT=abc"], ["serve"], "JUPYTER_HOST_PORT must be a port number (1-65535). Received: JUPYTER_HOST_PORT='abc'"),
+    (["-e", "SSH_HOST_PORT=-1"], ["serve"], "SSH_HOST_PORT must be a port number (1-65535)"),
+    (["-e", "TFMP_QUIET=yes"], ["true"], "TFMP_QUIET must be 1 (no banner before batch commands) or 0"),
     (["-e", "NB_GID=4294967295"], ["true"], "NB_GID must be at most 4294967294"),
     (["-e", "NOTEBOOK_ARGS=--config=/tmp/noauth.py"], ["serve"], "the Jupyter option --config is refused"),
     (["-e", "ENABLE_SSH=1", "-e", "JUPYTER_PORT=22"], ["serve"], "the Jupyter port 22 is the SSH server's in the container"),

@@ -57,4 +57,6 @@ workspace_mounted() {
   [[ $(stat -c %d "$WORKSPACE" 2>/dev/null) != "$(stat -c %d / 2>/dev/null)" ]]
 }
 
+[[ ${TFMP_QUIET:-0} =~ ^[01]$ ]] ||
+  fatal "TFMP_QUIET must be 1 (no banner before batch commands) or 0. Received: TFMP_QUIET='$TFMP_QUIET'"
 if [[ $MODE != command || ${TFMP_QUIET:-0} != 1 ]]; then banner; fi

@@ -58,6 +58,7 @@ jupyter_options() {
     fatal "NB_UMASK must be an octal umask such as 022 or 002. Received: NB_UMASK='$NB_UMASK'"
   fi
   # Under a hub the printed URLs are the hub's paths; elsewhere the host's published port.
+  check_port_var JUPYTER_HOST_PORT
   JUPYTER_PUBLIC="$JUPYTER_SCHEME://127.0.0.1:${JUPYTER_HOST_PORT:-$JUPYTER_PORT_IN}"
 }
 

@@ -139,6 +139,7 @@ SSH_ON=1
 [[ $JUPYTER_HUB == 0 ]] || SSH_ON=0
 SSH_ON=${ENABLE_SSH:-$SSH_ON}
 [[ $SSH_ON =~ ^[01]$ ]] || fatal "ENABLE_SSH must be 1 or 0. Received: ENABLE_SSH='${ENABLE_SSH:-}'"
+check_port_var SSH_HOST_PORT
 if [[ $SSH_ON == 1 ]] && ! is_root; then
   warn "started as a non-root user (--user): SSH needs root to switch users, so only JupyterLab runs"
 elif [[ $SSH_ON == 1 ]]; then

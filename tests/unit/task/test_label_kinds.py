@@ -217,3 +217,18 @@ def test_features_that_mix_text_and_numbers_are_one_line():
         from_user(((x, y), (x[:8], y[:8])), "d.py:f", 8)
     words = np.array([["a b"], ["c d"]] * 20, dtype=object)   # all text: a text model's input
     assert from_user(((words, y), (words[:8], y[:8])), "d.py:f", 8).input_shape == (1,)
+
+
+def test_class_ids_spread_far_apart_get_a_note():
+    """Ids 0, 1 and 10**6: the model got 1,000,001 outputs and trained at 2 samples/s."""
+    from app.task.user_data import from_user
+    x = np.zeros((60, 4), np.float32)
+    y = np.array([0, 1, 10**6] * 20)
+    bundle = from_user(((x, y), (x[:9], y[:9])), "d.py:f", 8)
+    assert bundle.num_classes == 10**6 + 1
+    assert bundle.notes == [
+        "dataset 'd.py:f': its labels use 3 class id(s), up to 1000000, so the model gets "
+        "1000001 outputs, most of which no label reaches; numbering the classes 0..2 (ids = "
+        "np.unique(y, return_inverse=True)[1]) makes it 3"]
+    dense = np.arange(60)   # ids 0..59, every one in use: no note
+    assert from_user(((x, dense), (x[:9], dense[:9])), "d.py:f", 8).notes == []
