@@ -102,5 +102,5 @@ def test_a_tf_data_dataset_s_bad_elements_are_found_in_the_pass_that_counts_it(m
                                 "mine:load", 8, max_train_samples=2)
     assert clean.train_rows.nonfinite() == [] and clean.train_rows.first_only
     images = user_data.from_user((tf.data.Dataset.from_tensor_slices(
-        (np.zeros((6, 2, 2, 1), "uint8"), np.zeros(6, "int32"))),) * 2, "mine:load", 2)
+        (np.zeros((6, 2, 2, 1), "uint8"), np.arange(6, dtype="int32") % 2)),) * 2, "mine:load", 2)
     assert images.train_rows.nonfinite() == []   # integers hold no NaN: nothing scanned
