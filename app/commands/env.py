@@ -32,19 +32,16 @@ def environment_settings(environ: Mapping[str, str]) -> Dict[str, Any]:
         if not s.env or environ.get(s.env, "") == "":
             continue
         try:
-            value = env_value(s.name, environ)
-            # Its value checked as train checks it, beside the defaults; a refusal that does
-            # not name the variable is about another setting, which a flag may still give
+            # Checked as train checks it, beside the defaults; a refusal that does not name
+            # the variable is about another setting, which a flag may still give
             # (TFMP_DATASET=images wants an --image-dir).
             resolve_config({}, {s.env: environ[s.env]})
         except UsageError as exc:
-            if s.env not in str(exc):
-                variables[s.env] = value
+            if s.env in str(exc):
+                variables[s.env] = None
+                errors.append(str(exc))
                 continue
-            variables[s.env] = None
-            errors.append(str(exc))
-        else:
-            variables[s.env] = value
+        variables[s.env] = env_value(s.name, environ)
     try:
         cluster = parse_tf_config(environ.get("TF_CONFIG"))
         tf_config = ("unset: one worker" if cluster is None else

@@ -180,11 +180,11 @@ def _pair(part, spec, returned, which):
                          f"{str(y.reshape(-1)[0])!r}), not class ids",
                          "class ids 0..N-1 (names, ids = np.unique(y, return_inverse=True) "
                          "maps them), one-hot rows, or values with a --loss for them")
-    x = _text(x)
     mixed = _mixed_text_row(x) if x.dtype.kind == "O" and x.size else None
-    if mixed is not None:
+    if mixed is not None:   # made strings, its numbers read "0.5" and a numeric model failed
         raise _bad(spec, returned, f"the {which} features mix text and numbers: row "
                                    f"{mixed[0]} holds {str(mixed[1])[:40]!r}")
+    x = _text(x)
     if x.dtype.kind not in "biufUS" or y.dtype.kind not in "biuf" or x.ndim < 1 or y.ndim < 1:
         raise _bad(spec, returned, f"the {which} part must be numeric arrays (features may "
                                    "be text, for a model that reads strings)")
@@ -208,11 +208,9 @@ def _inputs_pair(part, spec, returned, which):
 
 def _text(x: np.ndarray) -> np.ndarray:
     """An object array of Python strings (what pandas gives) as a string array; text features
-    go to the model as they are (a TextVectorization or StringLookup layer reads them).  One
-    that mixes strings with numbers or None stays an object array, which the caller refuses
-    (made strings, its numbers read "0.5" and a numeric model failed inside TensorFlow)."""
-    if x.dtype.kind == "O" and x.size and _mixed_text_row(x) is None and isinstance(
-            x.reshape(-1)[0], (str, bytes)):
+    go to the model as they are (a TextVectorization or StringLookup layer reads them).  The
+    caller has refused one that mixes strings with numbers (``_mixed_text_row``)."""
+    if x.dtype.kind == "O" and x.size and isinstance(x.reshape(-1)[0], (str, bytes)):
         try:
             return x.astype(type(x.reshape(-1)[0]))
         except (TypeError, ValueError):

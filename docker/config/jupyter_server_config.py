@@ -41,13 +41,12 @@ c.ServerApp.extra_template_paths = ["/usr/local/share/tfmp/jupyter-templates",
 # the hub's OAuth is the authentication, and a `jupyter lab` a user starts there in a terminal
 # keeps Jupyter's own random token.
 if not _hub:
-    c.IdentityProvider.token = ""
-    _token_file = os.environ.get("TFMP_JUPYTER_TOKEN_PATH", "")
-    if _token_file:
-        with open(_token_file, encoding="utf-8") as fh:
-            c.IdentityProvider.token = fh.read().strip()
-    if not c.IdentityProvider.token:
-        raise SystemExit("jupyter_server_config: no token; start the server through entrypoint.sh")
+    # The file entrypoint.sh wrote, read as the identity provider the start names on the
+    # server's command line reads it (docker/python/tfmp_token_auth.py): no token, no server.
+    # A `jupyter lab` run by hand has neither, and stops here.
+    from tfmp_token_auth import image_token
+
+    c.IdentityProvider.token = image_token()
 
 # TLS: the certificate and key copies docker/start/serve/08-jupyter-tls.sh made for this user.
 # Tornado then speaks only TLS on 8888: a plain-HTTP request fails its handshake and the
