@@ -301,15 +301,18 @@ def measure_input_rate(settings: Mapping[str, Any], warmup_epochs: int, output: 
                        timeout: Optional[float] = None,
                        progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr,
                                                                          flush=True),
+                       log_name: str = "input_pipeline.log",
+                       why: str = "same batches, no model",
                        ) -> Dict[str, Any]:
     """The input pipeline's own rate, from a child process (this one never imports TF).
 
-    Returns its JSON report plus ``command`` and ``log``, or ``{"error": ...}`` when it
-    failed; raises TrainRejectedInput on exit status 2 (the settings are wrong)."""
-    log_path = os.path.join(output, "input_pipeline.log")
+    Returns its JSON report plus ``command`` and ``log`` (``output``/``log_name``), or
+    ``{"error": ...}`` when it failed; raises TrainRejectedInput on exit status 2 (the
+    settings are wrong)."""
+    log_path = os.path.join(output, log_name)
     # Never created: the child checks the path as train checks --output, and writes nothing.
     cmd = input_rate_command(settings, warmup_epochs, os.path.join(output, "input_pipeline"))
-    progress("[benchmark] input pipeline alone (same batches, no model) ...")
+    progress(f"[benchmark] input pipeline alone ({why}) ...")
     with sigterm_as_exit():
         rc = launcher(cmd, log_path, timeout, child_env())
     if rc == EXIT_USAGE:

@@ -36,8 +36,11 @@ class FakeTrain:
     def __call__(self, cmd, log_path, timeout, env):
         if "app.benchmark.input_rate" in cmd:   # the input pipeline alone, first
             self.input_commands.append(cmd)
+            # A list: one rate a timing, in turn (the last repeats).
+            rates = self.input_rate if isinstance(self.input_rate, list) else [self.input_rate]
+            rate = rates[min(len(self.input_commands), len(rates)) - 1]
             with open(log_path, "w") as fh:
-                fh.write("$ fake\n" + json.dumps({"samples_per_second": self.input_rate,
+                fh.write("$ fake\n" + json.dumps({"samples_per_second": rate,
                                                    "epochs": [], "layer_widths": None}) + "\n")
             return 0
         policy = cmd[cmd.index("--precision") + 1]
@@ -192,12 +195,60 @@ def test_input_pipeline_rate_recorded_and_input_bound_said(tmp_path):
     doc = json.load(open(os.path.join(out, "benchmark.json")))
     ip = doc["input_pipeline"]
     assert ip["samples_per_second"] == 330.0 and 0.9 < ip["training_share"] < 0.95
-    assert fake.input_commands and "--model" in fake.input_commands[0]
+    assert len(fake.input_commands) == 1 and "--model" in fake.input_commands[0]
+    assert "retimed" not in ip
     codes = [d["code"] for d in doc["diagnoses"]]
     assert "input_bound" in codes
     assert "Input pipeline alone" in printed and "input-bound" in printed
     # the built-in mlp's widths come from layout's table
     assert doc["layer_widths"] == {"widths": [512, 256], "note": None}
+
+
+def test_a_pipeline_timing_the_runs_outran_is_timed_again(tmp_path):
+    # First timing 100 samples/s (a busy moment), the runs then trained at 307: impossible
+    # for the pipeline's own rate, so it is timed again after them, at 330: input-bound.
+    rc, out, fake, printed = _bench(tmp_path, input_rate=[100.0, 330.0])
+    assert rc == 0
+    assert len(fake.input_commands) == 2 and fake.input_commands[0] == fake.input_commands[1]
+    doc = json.load(open(os.path.join(out, "benchmark.json")))
+    ip = doc["input_pipeline"]
+    assert ip["samples_per_second"] == 330.0 and ip["first_timing"] == 100.0
+    assert ip["retimed"]["samples_per_second"] == 330.0
+    assert ip["retimed"]["log"] == os.path.join(out, suite.RETIMED_LOG)
+    assert os.path.getsize(os.path.join(out, "input_pipeline.log")) > 0
+    assert os.path.getsize(os.path.join(out, suite.RETIMED_LOG)) > 0
+    codes = [d["code"] for d in doc["diagnoses"]]
+    assert "input_bound" in codes and "input_rate_mistimed" not in codes
+    assert "timed again after the runs, which outran its first timing of 100" in printed
+
+
+def test_a_second_timing_that_is_slower_keeps_the_first_and_says_mistimed(tmp_path):
+    rc, out, fake, _ = _bench(tmp_path, input_rate=[100.0, 90.0])
+    doc = json.load(open(os.path.join(out, "benchmark.json")))
+    ip = doc["input_pipeline"]
+    assert len(fake.input_commands) == 2
+    assert ip["samples_per_second"] == 100.0 and ip["retimed"]["samples_per_second"] == 90.0
+    assert "input_rate_mistimed" in [d["code"] for d in doc["diagnoses"]]
+
+
+def test_a_second_timing_that_fails_keeps_the_first(tmp_path):
+    class SecondFails(FakeTrain):
+        def __call__(self, cmd, log_path, timeout, env):
+            if "app.benchmark.input_rate" in cmd and self.input_commands:
+                self.input_commands.append(cmd)
+                with open(log_path, "w") as fh:
+                    fh.write("$ fake\nKilled\n")
+                return -9
+            return super().__call__(cmd, log_path, timeout, env)
+
+    fake = SecondFails(input_rate=100.0)
+    out = str(tmp_path / "bench")
+    rc = suite.run_benchmark(dict(SETTINGS), None, out, repeats=1, warmup_epochs=1,
+                             max_accuracy_gap=1.0, launcher=fake, environment=FAKE_ENV,
+                             echo=lambda s: None)
+    assert rc == 0
+    ip = json.load(open(os.path.join(out, "benchmark.json")))["input_pipeline"]
+    assert ip["samples_per_second"] == 100.0 and ip["retimed"]["error"] == "timed out"
 
 
 def test_fast_input_pipeline_is_not_called_input_bound(tmp_path):
