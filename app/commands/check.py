@@ -1,14 +1,22 @@
 """``tfmp check``: the mixed-precision doctor for a model (docs/your-model.md).
 
 Exit status: 0 ready (warnings included), 1 blocked, 2 bad input.  Prints the report; with
-``--json FILE`` also writes it there (atomically).  Writes nothing else.
+``--json FILE`` also writes it there (atomically; an existing file only when it is an earlier
+report), with ``--json -`` prints the JSON alone on stdout and the text on stderr.  Writes
+nothing else.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import sys
 
 from app.core.settings import non_empty
 from app.doctor.run import DEFAULT_BATCH, DEFAULT_PRECISION, DEFAULT_STEPS
+
+# --json's name for stdout, as in most tools that write a file.
+STDOUT = "-"
 
 EPILOG = """\
 what it checks (each finding has a severity, the layer and the fix):
@@ -72,8 +80,60 @@ def add_parser(subparsers):
                           f"(default {DEFAULT_STEPS})")
     how.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     out = p.add_argument_group("output")
-    out.add_argument("--json", type=non_empty, metavar="FILE", help="also write the report as JSON to FILE")
+    out.add_argument("--json", type=non_empty, metavar="FILE",
+                     help="also write the report as JSON to FILE (a new file, or a report of "
+                          "check's to replace); '-': the JSON alone on stdout, the text report "
+                          "on stderr")
     return p
+
+
+def _check_json_path(path: str) -> None:
+    """Before TensorFlow: --json names a file this check may write, and replaces nothing of
+    the user's but an earlier report (``--json model.py`` by a slip must not eat the model)."""
+    from app.core.errors import UsageError
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder):
+        raise UsageError(f"--json {path!r}: not a file in an existing folder",
+                         "a file path whose folder exists")
+    if not os.access(folder, os.W_OK | os.X_OK):   # a read-only mount, another's folder
+        raise UsageError(f"--json {path!r}: the folder {folder!r} denies writing",
+                         "a file path in a folder you can write")
+    if os.path.lexists(path) and not _is_a_check_report(path):
+        raise UsageError(f"--json {path!r}: the file exists and is not a report of "
+                         "tfmp check, so it is left as it is",
+                         "a new file name, an earlier check report to replace, or '-' "
+                         "for stdout")
+
+
+def _is_a_check_report(path: str) -> bool:
+    """A regular file holding a JSON object with a check report's fields (an empty file,
+    e.g. from ``touch`` or an interrupted shell redirect, counts too)."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(8 * 2**20)
+    except (OSError, UnicodeDecodeError):
+        return False
+    if not text.strip():
+        return True
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and {"schema_version", "verdict", "findings"} <= set(doc)
+
+
+def _checked(args) -> dict:
+    from app.doctor.run import run_check
+    from app.task.task import Task
+    from app.task.user_code import parse_input_shape
+
+    task = Task.from_specs(args.model, args.dataset or "synthetic", args.loss, args.metrics,
+                           parse_input_shape(args.input_shape), args.num_classes,
+                           float32_layers=args.float32_layers)
+    return run_check(task, args.precision, args.batch_size, args.steps, seed=args.seed)
 
 
 def run(args) -> int:
@@ -88,27 +148,20 @@ def run(args) -> int:
     from app.task.float32_layers import parse as parse_float32_layers
 
     parse_float32_layers(args.float32_layers)
-    if args.json:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if os.path.isdir(args.json) or not os.path.isdir(folder):
-            raise UsageError(f"--json {args.json!r}: not a file in an existing folder",
-                             "a file path whose folder exists")
-        if not os.access(folder, os.W_OK | os.X_OK):   # a read-only mount, another's folder
-            raise UsageError(f"--json {args.json!r}: the folder {folder!r} denies writing",
-                             "a file path in a folder you can write")
-    from app.task.user_code import parse_input_shape
-    from app.task.task import Task
+    to_stdout = args.json == STDOUT
+    if args.json and not to_stdout:
+        _check_json_path(args.json)
+    # With --json -, stdout is for a program (`| jq`): everything for the person (notes,
+    # the user's own prints, the text report) goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
+        report = _checked(args)
+        print(to_text(report), flush=True)
+    from app.core.files import json_text, write_json_atomic
 
-    task = Task.from_specs(args.model, args.dataset or "synthetic", args.loss, args.metrics,
-                           parse_input_shape(args.input_shape), args.num_classes,
-                           float32_layers=args.float32_layers)
-    from app.doctor.run import run_check
-
-    report = run_check(task, args.precision, args.batch_size, args.steps, seed=args.seed)
-    print(to_text(report), flush=True)
-    if args.json:
-        from app.core.files import write_json_atomic
-
+    if to_stdout:
+        sys.stdout.write(json_text(report))
+        sys.stdout.flush()
+    elif args.json:
         try:
             write_json_atomic(args.json, report)
         except OSError as exc:   # the disk filled, or the folder changed since the start

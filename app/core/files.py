@@ -33,8 +33,13 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
         raise
 
 
+def json_text(data) -> str:
+    """``data`` as the indented JSON every file of ours holds (numpy scalars as numbers)."""
+    return json.dumps(data, indent=2, sort_keys=False, default=_jsonable) + "\n"
+
+
 def write_json_atomic(path: str, data) -> None:
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    write_atomic(path, json_text(data))
 
 
 def utc_now_iso() -> str:

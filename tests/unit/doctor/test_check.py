@@ -322,3 +322,47 @@ def test_a_report_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, caps
         command.run(args)
     assert "the report could not be written (No space left on device)" in info.value.line()
     assert "verdict:" in capsys.readouterr().out   # the report itself was printed
+
+
+def test_json_dash_prints_the_json_alone_on_stdout(tmp_path):
+    """`--json -`: a program reads stdout (`| jq`), the person stderr; nothing is written."""
+    r = run_app("check", "--model", os.path.join(MODELS, "policy_aware.py") + ":build",
+                *SMALL_FLAGS, "--precision", "float32", "--json", "-", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    assert report["verdict"] == "ready" and report["policy"] == "float32"
+    assert "verdict: ready" in r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_json_replaces_an_earlier_report_and_nothing_else(tmp_path):
+    """A slip like `--json model.py` must not eat the model: one line, exit 2, before
+    TensorFlow; an earlier report (or an empty file) may be replaced."""
+    import argparse
+
+    from app.commands import check as command
+    from app.core.errors import UsageError
+
+    model = tmp_path / "model.py"
+    model.write_text("def build(shape, n):\n    pass\n")
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"verdict": "mine"}')
+    link = tmp_path / "link.json"
+    link.symlink_to(model)
+    for path in (model, notes, link):
+        args = argparse.Namespace(precision="float32", batch_size=8, steps=1, seed=0,
+                                  float32_layers=None, json=str(path))
+        with pytest.raises(UsageError) as info:
+            command.run(args)
+        assert info.value.line() == (
+            f"error: --json {str(path)!r}: the file exists and is not a report of tfmp check, "
+            "so it is left as it is; allowed: a new file name, an earlier check report to "
+            "replace, or '-' for stdout")
+    assert model.read_text() == "def build(shape, n):\n    pass\n"
+    assert notes.read_text() == '{"verdict": "mine"}'
+    earlier = tmp_path / "check.json"
+    earlier.write_text(json.dumps({"schema_version": 1, "verdict": "ready", "findings": []}))
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    for path in (earlier, empty, tmp_path / "new.json"):
+        command._check_json_path(str(path))   # no error
