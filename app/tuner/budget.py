@@ -260,7 +260,13 @@ def resolve_with_gpu(text: Optional[str], gpus: Sequence[dict], notes: List[str]
     (the first of CUDA_VISIBLE_DEVICES), and a note in ``notes`` naming who holds the
     memory when others hold much of it."""
     if not gpus:
-        return resolve(text, None)
+        budget = resolve(text, None)
+        if _is_explicit(text):
+            try:
+                _note_beyond(budget, cpu_auto_budget(), notes)
+            except UsageError:   # nothing to compare with: the size given stands
+                pass
+        return budget
     from app.machine import nvml
 
     gpu_now, own = nvml.tensorflow_gpu0(), nvml.own_pids()
@@ -268,4 +274,22 @@ def resolve_with_gpu(text: Optional[str], gpus: Sequence[dict], notes: List[str]
         usable, gpu_now, nvml.holders(gpu_now, own) if gpu_now else ()))
     if gpu_now is not None and nvml.is_short(gpu_now, own):
         notes.append(nvml.shortage_line(gpu_now, own) or "")
+    if _is_explicit(text) and gpus[0].get("memory_bytes"):
+        _note_beyond(budget, Budget(int(gpus[0]["memory_bytes"]),
+                                    "memory TensorFlow can use on GPU 0"), notes)
     return budget
+
+
+def _is_explicit(text: Optional[str]) -> bool:
+    return text is not None and str(text).strip().lower() != "auto"
+
+
+def _note_beyond(budget: Budget, there: Budget, notes: List[str]) -> None:
+    """A size given that is more than the machine has: the tune still honours it, and says
+    that the machine, not the budget, will stop the largest trials."""
+    if budget.bytes > there.bytes:
+        notes.append(f"--memory-budget {format_size(budget.bytes)} is more than "
+                     f"{format_size(there.bytes)}, the {there.source}: trials are planned up to "
+                     f"the budget, so one that outgrows {format_size(there.bytes)} runs out "
+                     "of memory instead of being kept out by it; --memory-budget auto uses "
+                     "what is there")

@@ -173,7 +173,9 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
             f"{budget_mod.format_size(budget.bytes)} ({budget.source}), margin {margin:.0%}; "
             f"batch sizes 8..{cap}" + (f"; time budget {time_budget:g} s" if time_budget else ""))
     for note in notes:
-        if note.startswith("GPU "):   # who holds the GPU's memory (the budget is short)
+        # Said before the trials too: who holds the GPU's memory (the budget is short), a
+        # budget bigger than the memory there (the largest trials may run out of memory).
+        if note.startswith(("GPU ", "--memory-budget ")):
             bar.say(f"[tune] note: {note}")
     started, t0 = datetime.now(timezone.utc), time.monotonic()
     deadline = t0 + time_budget if time_budget else None

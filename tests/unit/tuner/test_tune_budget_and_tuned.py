@@ -79,6 +79,30 @@ def test_resolve_explicit_wins_and_gpu_auto_is_the_gpu_memory():
     assert budget.resolve(None, None, cpu).source == "cpu"
 
 
+def test_a_budget_beyond_the_machine_is_honoured_and_said(monkeypatch):
+    notes = []
+    given = budget.resolve_with_gpu("10TiB", [], notes)   # this machine's memory, read
+    assert given.bytes == 10 * 1024 * GIB and given.source == "--memory-budget"
+    assert len(notes) == 1 and notes[0].startswith("--memory-budget 10240.00 GiB is more "
+                                                    "than "), notes
+    assert "GiB, the memory available when the tune started" in notes[0]
+    assert "runs out of memory instead of being kept out by it" in notes[0]
+    assert budget.resolve_with_gpu("1GiB", [], notes) and len(notes) == 1
+    assert budget.resolve_with_gpu("auto", [], notes) and len(notes) == 1
+
+    from app.machine import nvml
+
+    monkeypatch.setattr(nvml, "tensorflow_gpu0", lambda: None)   # NVML not there
+    gpu = [{"memory_bytes": 16 * GIB}]
+    notes = []
+    assert budget.resolve_with_gpu("24GiB", gpu, notes).bytes == 24 * GIB
+    assert notes == ["--memory-budget 24.00 GiB is more than 16.00 GiB, the memory TensorFlow "
+                     "can use on GPU 0: trials are planned up to the budget, so one that "
+                     "outgrows 16.00 GiB runs out of memory instead of being kept out by it; "
+                     "--memory-budget auto uses what is there"]
+    assert budget.resolve_with_gpu("8GiB", gpu, []).bytes == 8 * GIB
+
+
 # ---- flags ------------------------------------------------------------------------------
 
 def test_precision_margin_cap_checks():
