@@ -4,6 +4,7 @@ Helpers that tests import (``run_app``, ``error_lines``) live in tests/unit/help
 tests/unit/training_process.py; the repository root in tests/paths.py."""
 from __future__ import annotations
 
+import gc
 import sys
 
 import pytest
@@ -31,6 +32,20 @@ def restore_policy_and_clear_keras():
         # process for all the unit tests, ran test_sentinel_faults.py in 135 s against 66 s
         # on its own (TF 2.9, idle 2-core Xeon).  Each test starts from a clean Keras.
         _clear_keras(tf)
+        _freeze_the_imports_once()
+
+
+_frozen = []
+
+
+def _freeze_the_imports_once():
+    """After the first test that imported TensorFlow: a full collection, then ``gc.freeze()``,
+    so that Python's collector no longer walks TensorFlow's and Keras' modules (some 360,000
+    objects that live as long as the process) each time it runs during a test."""
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen.append(True)
 
 
 def _clear_keras(tf):
