@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from app.benchmark.stats import rate_text
 from app.machine.hardware import HardwareInfo
 from app.core.catalog import has_fast_path
 from app.precision.policy import off_tensor_core_tiles
@@ -107,14 +108,14 @@ def input_bound(summary: Mapping[str, Mapping[str, Any]], input_rate: Optional[f
         # short to time (an iterator's start, the shuffle buffer's fill), not the job slow.
         return [Diagnosis(
             "input_rate_mistimed", "info", policy,
-            f"the input pipeline alone measured {input_rate:,.0f} samples/s, slower than "
-            f"training with {policy} ({best:,.0f}): its epochs were too short to time, or the "
+            f"the input pipeline alone measured {rate_text(input_rate)} samples/s, slower than "
+            f"training with {policy} ({rate_text(best)}): its epochs were too short to time, or the "
             "machine was busier while they ran, so whether the job is input-bound is not "
             "known; more training samples (or --epochs) on a quiet machine measure it")]
     return [Diagnosis(
         "input_bound", "warning", policy,
-        f"this job is input-bound: the input pipeline alone delivers {input_rate:,.0f} "
-        f"samples/s and training with {policy} reached {best:,.0f} samples/s "
+        f"this job is input-bound: the input pipeline alone delivers {rate_text(input_rate)} "
+        f"samples/s and training with {policy} reached {rate_text(best)} samples/s "
         f"({best / input_rate * 100:.0f}% of it). Mixed precision speeds up the model's "
         "arithmetic, not the data, so it cannot train faster than the data arrives. Speed up "
         "the pipeline first: cache() the data after the expensive loading and decoding steps "

@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any, List, Mapping, Optional
 
+from app.benchmark.stats import rate_text
 from app.core.files import write_atomic  # noqa: F401  (re-exported for the suite)
 
 SCHEMA = "tfmp.benchmark/1"
@@ -142,9 +143,9 @@ def markdown(doc: Mapping[str, Any]) -> str:
         share = ip.get("training_share")
         lines.append(
             f"Input pipeline alone (the same batches, no model, warm-up excluded): "
-            f"{ip['samples_per_second']:,.0f} samples/s"
+            f"{rate_text(ip['samples_per_second'])} samples/s"
             + (f" (timed again after the runs, which outran its first timing of "
-               f"{ip['first_timing']:,.0f} samples/s)" if ip.get("retimed") else "")
+               f"{rate_text(ip['first_timing'])} samples/s)" if ip.get("retimed") else "")
             + (f"; the fastest policy trained at {share * 100:.0f}% of it." if share else "."))
     elif ip.get("error"):
         lines.append(f"Input pipeline alone: not measured ({ip['error']}).")

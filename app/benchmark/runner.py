@@ -279,7 +279,7 @@ def _run_schedule(schedule, settings, runs_dir, warmup_epochs, launcher, timeout
             sps = m["samples_per_second"]
             say(f"[benchmark]   {wall:.1f} s wall, "
                      f"{m['seconds_per_epoch'] or float('nan'):.3g} s/epoch, "
-                     f"{sps or float('nan'):,.0f} samples/s")
+                     f"{stats.rate_text(sps)} samples/s")
         else:
             say(f"[benchmark]   FAILED: {rec['error']}")
         records.append(rec)
@@ -331,5 +331,5 @@ def measure_input_rate(settings: Mapping[str, Any], warmup_epochs: int, output: 
         progress(f"[benchmark]   input pipeline not measured: {why}")
         return {"error": why, "samples_per_second": None, "command": cmd, "log": log_path}
     sps = report.get("samples_per_second")
-    progress(f"[benchmark]   {sps or float('nan'):,.0f} samples/s")
+    progress(f"[benchmark]   {stats.rate_text(sps)} samples/s")
     return dict(report, command=cmd, log=log_path)

@@ -13,6 +13,15 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 BASELINE = "float32"
 
 
+def rate_text(samples_per_second: Optional[float]) -> str:
+    """A rate for people: thousands separated from 100 up, three significant digits below
+    (a slow pipeline at 0.5 samples/s read as "0 samples/s")."""
+    v = samples_per_second
+    if v is None or not math.isfinite(v):
+        return "nan"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def spread(values: Iterable[Optional[float]]) -> Dict[str, Optional[float]]:
     """``{"median", "min", "max", "n"}`` over the finite values; None everywhere if none."""
     vals = [float(v) for v in values if _finite(v)]

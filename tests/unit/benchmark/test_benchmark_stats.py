@@ -62,3 +62,12 @@ def test_failed_runs_counted_not_measured():
     assert out["mixed_float16"]["runs_ok"] == 0 and out["mixed_float16"]["runs_failed"] == 1
     assert out["mixed_float16"]["speedup_vs_float32"]["median"] is None
     assert not math.isnan(out["float32"]["samples_per_second"]["median"])
+
+
+@pytest.mark.parametrize("value, text", [
+    (72823.4, "72,823"), (100.0, "100"), (99.94, "99.9"), (4.94, "4.94"), (0.5, "0.5"),
+    (0.0123, "0.0123"), (None, "nan"), (float("inf"), "nan"),
+])
+def test_a_rate_for_people_keeps_three_digits_below_100(value, text):
+    """A slow pipeline at 0.5 samples/s was printed as "0 samples/s"."""
+    assert stats.rate_text(value) == text
