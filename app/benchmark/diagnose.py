@@ -96,6 +96,13 @@ def fastest(summary: Mapping[str, Mapping[str, Any]]):
     return best
 
 
+def pipeline_outrun(best: Optional[float], input_rate: Optional[float]) -> bool:
+    """Training faster than its data can arrive, by more than PIPELINE_MISTIMED: the
+    pipeline's own timing did not hold (the suite times it again; the verdict says so)."""
+    return bool(input_rate and input_rate > 0 and best is not None
+                and best > PIPELINE_MISTIMED * input_rate)
+
+
 def input_bound(summary: Mapping[str, Mapping[str, Any]], input_rate: Optional[float],
                 settings: Mapping[str, Any], threshold: float = INPUT_BOUND) -> List[Diagnosis]:
     """Training (the fastest policy) at ``threshold`` of the input pipeline's own rate or
@@ -103,7 +110,7 @@ def input_bound(summary: Mapping[str, Mapping[str, Any]], input_rate: Optional[f
     policy, best = fastest(summary)
     if not input_rate or input_rate <= 0 or best is None or best < threshold * input_rate:
         return []
-    if best > PIPELINE_MISTIMED * input_rate:
+    if pipeline_outrun(best, input_rate):
         # No model trains faster than its data arrives: the pipeline's own epochs were too
         # short to time (an iterator's start, the shuffle buffer's fill), not the job slow.
         return [Diagnosis(

@@ -174,8 +174,7 @@ def _retime_if_contradicted(pipeline: Optional[Dict[str, Any]], results, setting
     first timing was slowed by something else on the machine, and a second one at another
     moment decides.  Its rate is the faster of the two; both timings are kept."""
     rate = (pipeline or {}).get("samples_per_second")
-    best = diagnose.fastest(results)[1]
-    if not rate or best is None or best <= diagnose.PIPELINE_MISTIMED * rate:
+    if not diagnose.pipeline_outrun(diagnose.fastest(results)[1], rate):
         return pipeline
     try:
         again = runner.measure_input_rate(
