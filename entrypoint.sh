@@ -555,11 +555,19 @@ main() {
 
 # `docker run IMAGE --help`: the container's commands (docs/image.md has the rest).
 usage() {
+  # A tfmp command's name that is also a program on PATH (env) runs that program: name it,
+  # so `docker run IMAGE env --json` is not a surprise from /usr/bin/env.
+  local name alone=() shadowed=()
+  for name in "${TFMP_COMMANDS[@]}"; do
+    if command -v -- "$name" >/dev/null 2>&1; then shadowed+=("$name"); else alone+=("$name"); fi
+  done
+  local but=""
+  [[ ${#shadowed[@]} -gt 0 ]] && but="; ${shadowed[*]} alone is the system's program: tfmp ${shadowed[0]}"
   cat <<EOF
 usage: docker run [DOCKER OPTIONS] IMAGE [COMMAND [ARGS]]
   (none) | serve [JUPYTER OPTIONS]  sshd and Jupyter on 8888 (what docker compose up runs)
   tfmp COMMAND [FLAGS]              a batch job as the user tf; COMMAND: ${TFMP_COMMANDS[*]}
-  COMMAND [FLAGS]                   the same without tfmp (docker run IMAGE train --epochs 5)
+  COMMAND [FLAGS]                   the same without tfmp: ${alone[*]} (docker run IMAGE train --epochs 5${but})
   self-test [PYTEST ARGS]           the image's own tests (GPU tests when a GPU is visible)
   PROGRAM [ARGS]                    any program on PATH as the user tf (python, bash -lc CMD)
 A command's flags: tfmp COMMAND --help.

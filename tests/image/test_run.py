@@ -109,6 +109,10 @@ def test_a_tfmp_command_alone_runs_tfmp_and_an_unknown_program_is_one_line(image
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("usage: docker run") and "self-test" in proc.stdout, proc.stdout
     assert "train env benchmark notebooks check tune" in proc.stdout, proc.stdout
+    # `env` alone is /usr/bin/env (docker run IMAGE env lists the variables, as anywhere):
+    # the usage says so rather than promising tfmp's.
+    assert "without tfmp: train benchmark notebooks check tune (" in proc.stdout, proc.stdout
+    assert "env alone is the system's program: tfmp env" in proc.stdout, proc.stdout
     assert "[entrypoint]" not in proc.stderr, proc.stderr
 
 
