@@ -8,6 +8,7 @@ import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from app.benchmark import baseline, chart, diagnose, layout, plan, report, runner, stats
+from app.core import folders
 from app.core.errors import ReportedError, UsageError, unprefixed
 from app.core.launch import log_traceback
 from app.machine.hardware import HardwareInfo, read_cpu_flags
@@ -145,7 +146,7 @@ def _run_all(schedule, settings, output: str, warmup_epochs: int, *, launcher, t
     process, its folder under ``output``/runs.  Settings ``tfmp train`` rejects: UsageError,
     with nothing of ours left in ``output``."""
     existed = os.path.isdir(output)
-    os.makedirs(output, exist_ok=True)
+    folders.make_folder(output)
     try:
         # First: the cheapest child also checks the settings (a bad spec stops here).
         pipeline = (runner.measure_input_rate(settings, warmup_epochs, output,

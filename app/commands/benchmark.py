@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from app.core import folders
 from app.core import settings as settings_table
 from app.core.errors import UsageError
 from app.core.exit_codes import EXIT_FAILED
@@ -157,7 +158,7 @@ def validate(args):
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
         raise UsageError(f"output {output!r} already exists and is not an empty folder",
                          "a new or empty folder, so runs of different benchmarks never mix")
-    config.check_output_writable(output)
+    folders.check_writable(output)
     best = None
     if args.tuned is not None:
         from app.training.tuned import best_batches

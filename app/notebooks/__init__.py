@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from app.core.errors import UsageError
+from app.core import folders
 from app.core.files import write_atomic
 
 SOURCE_DIR = Path(__file__).resolve().parent
@@ -69,29 +69,10 @@ def read_manifest(target: os.PathLike) -> Dict[str, str]:
     return {str(k): str(v) for k, v in entries.items()}
 
 
-def _check_target(target: Path) -> None:
-    if target.is_symlink() and not target.exists():
-        raise UsageError(f"notebook folder {str(target)!r} is a link to "
-                         f"{os.readlink(target)!r}, which does not exist",
-                         "a directory path, or a link to an existing directory")
-    probe = target
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UsageError(f"notebook folder {str(target)!r} cannot be used: {str(probe)!r} is not "
-                         "a directory", "a directory path")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"notebook folder {str(target)!r} is not writable ({str(probe)!r} "
-                         "denies writing)", "a writable directory path")
-
-
 def install(target: os.PathLike, source: Optional[os.PathLike] = None) -> List[Outcome]:
     """Seed ``target`` with the shipped notebooks without overwriting user changes."""
     target = Path(target)
-    _check_target(target)
-    target.mkdir(parents=True, exist_ok=True)
+    folders.make_folder(str(target), "notebook folder")
     manifest = read_manifest(target)
     outcomes: List[Outcome] = []
     for name, src in shipped(source).items():

@@ -33,6 +33,7 @@ import time
 from datetime import datetime, timezone
 from typing import Optional
 
+from app.core import folders
 from app.core.errors import UsageError
 
 LOCK_NAME = ".tfmp-run.lock"
@@ -186,7 +187,7 @@ class RunLock:
         """Create the folder if needed and take the lock, or raise ``OutputInUse``."""
         if self.fd is not None:
             return self
-        os.makedirs(self.output, exist_ok=True)
+        folders.make_folder(self.output)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:

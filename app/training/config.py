@@ -321,19 +321,3 @@ def check_accumulation(cfg: TrainConfig, replicas: int | None = None) -> int:
                          f"micro-batch {micro} (= {micro * n})",
                          "one of --global-batch or --accumulate, or values that agree")
     return total // micro
-
-
-def check_output_writable(path: str) -> None:
-    """Fail early, without creating anything, if ``path`` cannot be made and written."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe):
-        raise UsageError(f"output directory {path!r} cannot be created: {probe!r} is not a directory",
-                         "a writable directory path")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"output directory {path!r} is not writable ({probe!r} denies writing)",
-                         "a writable directory path")

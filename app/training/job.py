@@ -34,8 +34,9 @@ from app.precision import keras_version, loss_scale
 from app.training import step_stats
 from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
-from app.training.config import (TrainConfig, check_output_writable, data_dir_chosen,
+from app.training.config import (TrainConfig, data_dir_chosen,
                                  default_data_dir, default_output, validate)
+from app.core import folders
 from app.core.catalog import MIN_UPDATES_PER_EPOCH
 from app.core.errors import (MixedPrecisionClash, NumericsFault, PrecisionUnsupported,
                              TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
@@ -108,7 +109,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
         raise UsageError("--resume needs --output (or TFMP_OUTPUT) naming the run to continue",
                          "--resume --output <folder of the interrupted run>")
     output = cfg.output or default_output(cfg, decision.policy)
-    check_output_writable(output)
+    folders.check_writable(output)
     if dist.is_chief:
         # A live run in this folder is named before anything else is said about it (a
         # second run would interleave its checkpoints and metrics.json with the first's).
@@ -453,7 +454,7 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
             # Every worker saves (saving may read synced variables), only the chief
             # into --output; the others into a temporary folder, then delete it.
             target = run.dist.write_dir(run.output)
-            os.makedirs(target, exist_ok=True)
+            folders.make_folder(target)
             path = checkpointing.save_final_model(parts.model, target)
             if run.dist.is_chief:
                 recorder.metrics["model_path"] = path

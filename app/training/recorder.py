@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from app.core import folders
 from app.precision import loss_scale
 from app.core.files import finite_or_none, fmt, utc_now_iso, write_json_atomic
 from app.machine.memory import peak_memory
@@ -149,7 +150,7 @@ class Recorder:
 
     def open(self) -> "Recorder":
         """Create the output folder and the TensorBoard writer (after every check passed)."""
-        os.makedirs(self.output, exist_ok=True)
+        folders.make_folder(self.output)
         logdir = os.path.join(self.output, "tensorboard")
         self.summaries = Summaries(logdir if self.is_chief else None)
         self.metrics["tensorboard"] = logdir if self.summaries.writer is not None else None

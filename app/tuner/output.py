@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from app.core import folders
 from app.core.errors import UsageError
 from app.training import config
 from app.tuner import report
@@ -43,13 +44,13 @@ def check_output(path: str) -> None:
                          "which are not from a finished tune",
                          "a new --output, or move those away (a tune writes tune.json, "
                          "tune.png and trials/ and deletes nothing)")
-    config.check_output_writable(path)
+    folders.check_writable(path)
 
 
 def write_outputs(output: str, doc: dict, workdir: str) -> None:
     from app.core.files import write_atomic, write_json_atomic
 
-    os.makedirs(output, exist_ok=True)
+    folders.make_folder(output)
     trials_dir = os.path.join(output, "trials")
     # check_output found no trials/ under the lock; never delete or merge into one.
     if os.path.lexists(trials_dir):

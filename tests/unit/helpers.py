@@ -21,8 +21,7 @@ ONCE_IN_THE_IMAGE = pytest.mark.image_self_tested(
     reason="an end-to-end run of the app's processes, the same under either Keras")
 
 
-def run_app(*args, env=None, timeout=180, cwd=None):
-    """Run ``python -m app ...`` in a subprocess, as a user would."""
+def _app_env(env=None) -> dict:
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -30,8 +29,20 @@ def run_app(*args, env=None, timeout=180, cwd=None):
         if k.startswith("TFMP_"):
             del full_env[k]
     full_env.update(env or {})
+    return full_env
+
+
+def run_app(*args, env=None, timeout=180, cwd=None):
+    """Run ``python -m app ...`` in a subprocess, as a user would."""
     return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd or ROOT)
+                          timeout=timeout, env=_app_env(env), cwd=cwd or ROOT)
+
+
+def start_app(*args, env=None, cwd=None) -> subprocess.Popen:
+    """``run_app`` without waiting: several runs side by side (``communicate()`` each)."""
+    return subprocess.Popen([sys.executable, "-m", "app", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_app_env(env),
+                            cwd=cwd or ROOT)
 
 
 def error_lines(stderr: str):

@@ -1,11 +1,12 @@
 """The command line as a user meets it: subprocesses, exit statuses, one-line errors."""
 import json
 import os
+import subprocess
 
 import pytest
 
 from tests.paths import USER_MODELS
-from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app, start_app
 
 DATASETS = os.path.join(USER_MODELS, "datasets.py")
 QUICK = ["--dataset", "synthetic", "--max-train-samples", "128", "--max-val-samples", "32",
@@ -197,6 +198,28 @@ def test_unwritable_output(tmp_path):
     blocker.write_text("")
     proc = run_app("train", *QUICK, "--output", str(blocker / "run"))
     assert_usage_error(proc, "cannot be created")
+
+
+@ONCE_IN_THE_IMAGE
+def test_an_output_through_a_link_to_nothing_is_one_line_for_every_command(tmp_path):
+    """runs -> a volume not mounted today: each command that makes a folder says so in one
+    line, exit 2, before any work (train, benchmark and tune ended in os.makedirs'
+    FileNotFoundError traceback, notebooks --install in a FileExistsError).  The four
+    processes run side by side."""
+    link = tmp_path / "runs"
+    link.symlink_to(tmp_path / "not-mounted")
+    quick = ["--model", "mlp", "--dataset", "synthetic", "--offline"]
+    commands = {"train": ["train", *QUICK, "--output", str(link / "a")],
+                "benchmark": ["benchmark", *quick, "--output", str(link / "b")],
+                "tune": ["tune", *quick, "--output", str(link / "t")],
+                "notebooks": ["notebooks", "--install", str(link / "nb")]}
+    procs = {name: start_app(*args) for name, args in commands.items()}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=180)
+        assert_usage_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
+                           f"cannot be created: '{link}' is a link to "
+                           f"'{tmp_path / 'not-mounted'}', which does not exist")
+    assert os.listdir(tmp_path) == ["runs"]
 
 
 @ONCE_IN_THE_IMAGE

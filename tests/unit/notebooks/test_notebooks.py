@@ -160,8 +160,9 @@ def test_a_link_to_a_missing_folder_is_one_line(tmp_path, source):
     with pytest.raises(UsageError) as caught:
         notebooks.install(target, source)
     assert str(caught.value) == (
-        f"error: notebook folder {str(target)!r} is a link to {str(tmp_path / 'gone')!r}, which "
-        "does not exist; allowed: a directory path, or a link to an existing directory")
+        f"error: notebook folder {str(target)!r} cannot be created: {str(target)!r} is a link "
+        f"to {str(tmp_path / 'gone')!r}, which does not exist (a volume or folder that is not "
+        "there now?); allowed: a writable directory path, or a link to an existing folder")
     assert target.is_symlink() and not (tmp_path / "gone").exists()
 
 

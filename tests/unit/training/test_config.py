@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from app.training.config import TrainConfig, check_output_writable, default_output, resolve_config
+from app.training.config import TrainConfig, default_output, resolve_config
 from app.core.errors import UsageError
 
 
@@ -67,15 +67,6 @@ def test_bad_values(flags, needle):
         resolve_config(flags, environ={})
     assert needle in str(info.value)
     assert "; allowed: " in info.value.line()
-
-
-def test_output_under_a_file_is_not_writable(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("x")
-    with pytest.raises(UsageError, match="cannot be created"):
-        check_output_writable(str(blocker / "run"))
-    check_output_writable(str(tmp_path / "new" / "run"))  # creatable: fine
-    assert not (tmp_path / "new").exists()                # ...and nothing created
 
 
 def test_config_is_a_plain_dataclass():

@@ -1,0 +1,56 @@
+"""A folder the user names for outputs (``--output``, ``--install``): checked before any work
+starts, and made with one clear line when the file system still refuses.
+
+The check walks up from the folder to the part of the path that exists, because that part
+decides whether the rest can be made.  On the way it stops at a link whose target is gone:
+a run folder kept on a volume that is not mounted today (``runs -> /mnt/data/runs``) is the
+common case, and ``os.makedirs`` reports it as "No such file or directory: 'runs/a'" about a
+folder the user asked us to create.
+
+The check cannot foresee everything (root passes ``os.access`` on /proc, another process
+can remove a folder between the check and the write), so ``make_folder`` turns the
+``OSError`` of the creation itself into the same kind of line.
+"""
+from __future__ import annotations
+
+import os
+
+from app.core.errors import UsageError
+
+ALLOWED = "a writable directory path"
+
+
+def check_writable(path: str, what: str = "output directory") -> None:
+    """Fail early, creating nothing, when ``path`` cannot be made and written: a part of it
+    that is a link to nothing, or a file, or the first existing folder above it not
+    writable.  ``what`` names the flag's folder in the line."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        if os.path.islink(probe):
+            raise UsageError(f"{what} {path!r} cannot be created: {probe!r} is a link to "
+                             f"{os.readlink(probe)!r}, which does not exist (a volume or "
+                             "folder that is not there now?)",
+                             f"{ALLOWED}, or a link to an existing folder")
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise UsageError(f"{what} {path!r} cannot be created: {probe!r} is not a directory",
+                         ALLOWED)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {path!r} is not writable ({probe!r} denies writing)",
+                         ALLOWED)
+
+
+def make_folder(path: str, what: str = "output directory") -> None:
+    """``os.makedirs(path, exist_ok=True)``; a refusal is one line (``UsageError``), never a
+    traceback.  Checked first (an existing folder too: it must be writable), so a dangling
+    link is named as such."""
+    check_writable(path, what)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        where = f" ({exc.filename!r})" if exc.filename and exc.filename != path else ""
+        raise UsageError(f"{what} {path!r} cannot be created: {why}{where}", ALLOWED) from None
