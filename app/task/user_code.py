@@ -223,11 +223,12 @@ def parse_input_shape(text) -> tuple | None:
         return text
     if isinstance(text, (list,)):
         return tuple(int(v) for v in text)
+    # Every part a number: "8,x" (a slip for 8,8) must not be read as the shape (8,).
     try:
-        shape = tuple(int(p) for p in str(text).replace("x", ",").split(",") if p.strip())
+        shape = tuple(int(p) for p in str(text).replace("x", ",").split(","))
     except ValueError:
         shape = ()
     if not shape or any(d < 1 for d in shape):
         raise UsageError(f"input_shape must be positive integers separated by commas. "
-                         f"Received: input_shape={text!r}", "e.g. 28,28,1 or 784")
+                         f"Received: input_shape={text!r}", "e.g. 28,28,1 (or 28x28x1) or 784")
     return shape

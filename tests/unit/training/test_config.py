@@ -61,6 +61,12 @@ def test_a_bad_value_from_a_variable_names_the_variable(variable, value, needle)
     ({"learning_rate": 0.0}, "learning_rate must be a finite number > 0"),
     ({"model": "mlp", "dataset": "cifar10"}, "expects 28x28x1"),
     ({"dataset": "images"}, "needs --image-dir"),
+    # every part a number: a slip is not read as a shorter shape ("8,x" was (8,))
+    ({"input_shape": "8,x"}, "input_shape must be positive integers separated by commas. "
+                             "Received: input_shape='8,x'"),
+    ({"input_shape": "28,,28"}, "Received: input_shape='28,,28'"),
+    ({"input_shape": "784,"}, "Received: input_shape='784,'"),
+    ({"input_shape": "0"}, "Received: input_shape='0'"),
 ])
 def test_bad_values(flags, needle):
     with pytest.raises(UsageError) as info:
@@ -98,3 +104,12 @@ def test_accumulation_from_either_flag_and_the_replicas():
     assert "--global-batch 64 or 128" in str(info.value)
     with pytest.raises(UsageError):
         resolve_config({"global_batch": 0}, environ={})
+
+
+@pytest.mark.parametrize("text, shape", [("28,28,1", (28, 28, 1)), ("28x28x1", (28, 28, 1)),
+                                         (" 784 ", (784,)), ("32, 32, 3", (32, 32, 3))])
+def test_input_shapes_that_are_read(text, shape):
+    from app.task.user_code import parse_input_shape
+
+    assert parse_input_shape(text) == shape
+    assert resolve_config({"input_shape": text}, environ={}).input_shape == text
