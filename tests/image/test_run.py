@@ -325,3 +325,48 @@ def test_gpu_profiling_keeps_cap_sys_admin_for_the_user_only_when_asked(image):
     dropped = docker_run(image, "-e", "TFMP_QUIET=1", "--cap-add", "SYS_ADMIN",
                          command=["python3", "-c", probe])
     assert dropped.stdout.split() == ["1000", "False"], dropped.stderr
+
+
+def _cpuinfo(tmp_path, amx: bool) -> str:
+    """This machine's /proc/cpuinfo with the AMX flags added or taken out, to mount over
+    the container's (Docker allows /proc/cpuinfo as a mount target, as LXCFS uses it)."""
+    with open("/proc/cpuinfo") as fh:
+        lines = fh.read().splitlines()
+    out = []
+    for line in lines:
+        if line.startswith("flags"):
+            key, _, flags = line.partition(":")
+            kept = [f for f in flags.split() if not f.startswith("amx")]
+            line = f"{key}: {' '.join(kept + (['amx_bf16', 'amx_tile'] if amx else []))}"
+        out.append(line)
+    path = tmp_path / ("cpuinfo-amx" if amx else "cpuinfo-plain")
+    path.write_text("\n".join(out) + "\n")
+    return str(path)
+
+
+def test_one_inter_op_thread_on_an_amx_cpu_without_a_gpu(image, tmp_path):
+    """TF 2.9's bfloat16 convolutions can deadlock on an AMX CPU with several inter-op
+    threads (docker/start/always/00-cpu-threads.sh): the entrypoint sets
+    TF_NUM_INTEROP_THREADS=1 there, and only there - not without AMX, not with a GPU
+    device node, never over the user's value - and SSH sessions get what batch jobs get."""
+    show = ["python3", "-c", "import os; print('interop', os.environ.get('TF_NUM_INTEROP_THREADS'))"]
+
+    def interop(*args):
+        proc = docker_run(image, *args, command=show)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout.split()[-1], proc.stderr
+
+    amx, plain = _cpuinfo(tmp_path, True), _cpuinfo(tmp_path, False)
+    value, log = interop("-v", f"{amx}:/proc/cpuinfo:ro")
+    assert value == "1", log
+    said = [line for line in log.splitlines() if "TF_NUM_INTEROP_THREADS=1" in line]
+    assert len(said) == 1 and "INFO" in said[0] and "this CPU has AMX" in said[0], log
+    value, log = interop("-v", f"{amx}:/proc/cpuinfo:ro", "-e", "TFMP_QUIET=1")
+    assert value == "1" and "TF_NUM_INTEROP_THREADS" not in log, log
+    assert interop("-v", f"{plain}:/proc/cpuinfo:ro")[0] == "None"
+    assert interop("-v", f"{amx}:/proc/cpuinfo:ro", "--device", "/dev/null:/dev/nvidia0")[0] == "None"
+    assert interop("-v", f"{amx}:/proc/cpuinfo:ro", "-e", "TF_NUM_INTEROP_THREADS=4")[0] == "4"
+    # Saved for SSH sessions with the rest of the environment (00-environment.sh runs after).
+    proc = docker_run(image, "-v", f"{amx}:/proc/cpuinfo:ro", "-e", "TFMP_QUIET=1",
+                      command=["grep", "-x", "TF_NUM_INTEROP_THREADS=1", "/etc/tfmp/container.env"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
