@@ -10,7 +10,8 @@ precision needs), or a keras.Model already built (trained in place, in the polic
 built under; a warning says when that is not the run's); ``data`` a built-in name, a spec, a function,
 or directly what a dataset function returns: ``((x_train, y_train), (x_val, y_val))``
 arrays (either part may be ``(x, y, sample_weight)``), a ``(train, val)`` pair of
-unbatched ``tf.data`` datasets or of Keras ``Sequence`` s.  Every other
+unbatched ``tf.data`` datasets or of Keras ``Sequence`` s (``dataset=`` is the same, by the
+command line's name).  Every other
 ``tfmp train`` setting is a keyword (``batch_size=64``, ``loop="custom"``,
 ``strategy="mirrored"``, ``resume=True``, ``float32_layers=["predictions"]``,
 ``class_weight={3: 10.0}`` or ``"balanced"``, ``accumulate=8`` or ``global_batch=1024`` (gradient accumulation), ...).  Bad input raises ``app.core.errors.UsageError``
@@ -30,6 +31,20 @@ def _no_namesakes() -> None:
     from app.core import shadowing
 
     shadowing.refuse_namesakes(shadowing.user_folder())
+
+
+def _data_of(data, settings: dict, default):
+    """``data``, or ``dataset=`` (the command line's name for it, which a ``tfmp train
+    --dataset`` user writes): taken out of ``settings``, where it used to be overwritten by
+    ``data``'s default without a word.  Both given is one line."""
+    if "dataset" not in settings:
+        return default if data is None else data
+    dataset = settings.pop("dataset")
+    if data is not None:
+        raise UsageError("data and dataset name the same thing (the training data); both "
+                         "were given", "one of them: data=... (or dataset=..., the name "
+                         "tfmp train --dataset uses)")
+    return dataset
 
 
 def _config(model, data, settings: dict):
@@ -53,7 +68,7 @@ def _config(model, data, settings: dict):
     return cfg, task.with_float32_layers(cfg.float32_layers)
 
 
-def train(model: Any = "mlp", data: Any = "mnist", *, precision: Optional[str] = None,
+def train(model: Any = "mlp", data: Any = None, *, precision: Optional[str] = None,
           loop: str = "fit", epochs: int = 5, output: Optional[str] = None,
           on_step: Optional[Callable[[dict], None]] = None, **settings) -> dict:
     """Train; return the metrics dict (also written to ``<output>/metrics.json``).
@@ -61,11 +76,13 @@ def train(model: Any = "mlp", data: Any = "mnist", *, precision: Optional[str] =
     ``metrics["status"]`` is ``completed``, ``interrupted`` or ``diverged``.  A setting not
     given here comes from its ``TFMP_*`` variable, as on the command line (in the image,
     ``TFMP_WORKSPACE=/workspace`` puts runs where TensorBoard looks).  ``precision`` None:
-    ``TFMP_PRECISION``, else the ``tuned=`` tune's choice, else ``auto``.
+    ``TFMP_PRECISION``, else the ``tuned=`` tune's choice, else ``auto``.  ``data`` None:
+    ``dataset=`` if given (the command line's name), else ``"mnist"``.
     """
     from app.training.job import train as run_training
 
     _no_namesakes()
+    data = _data_of(data, settings, "mnist")
     cfg, task = _config(model, data, dict(settings, precision=precision, loop=loop,
                                           epochs=epochs, output=output))
     return run_training(cfg, on_step=on_step, task=task)
@@ -76,4 +93,4 @@ def check(model: Any, data: Any = None, **settings) -> dict:
     from app.doctor.check import check as run_check
 
     _no_namesakes()
-    return run_check(model=model, data=data, **settings)
+    return run_check(model=model, data=_data_of(data, settings, None), **settings)
