@@ -57,7 +57,7 @@ def _train(cfg) -> int:
     from app.training.job import train
 
     try:
-        metrics = train(cfg)
+        metrics = train(cfg, repeat_signal_exits=True)
     except Exception as exc:
         # MultiWorkerMirroredStrategy cannot go on with a worker missing: its collectives fail
         # once the peer stops sending heartbeats.  Say what to do instead of a traceback.

@@ -7,7 +7,7 @@ EXIT_USAGE = 2         # bad input: one `error:` line, nothing written
 EXIT_DIVERGED = 3      # the loss went non-finite and loss scaling could not recover
 EXIT_PEER_LOST = 4     # multi-worker: another worker stopped; restart them all to resume
 EXIT_OUTPUT_FAULT = 5  # the outputs could not be written (disk full, read-only, quota)
-EXIT_SIGINT = 130      # 128 + SIGINT: Ctrl-C; a checkpoint was saved
+EXIT_SIGINT = 130      # 128 + SIGINT: Ctrl-C; a checkpoint was saved (unless sent twice)
 EXIT_SIGTERM = 143     # 128 + SIGTERM, what a shell reports for a job killed by `docker stop`
 
 MEANINGS = {
@@ -17,8 +17,10 @@ MEANINGS = {
     EXIT_DIVERGED: "training diverged (non-finite loss that loss scaling could not recover)",
     EXIT_PEER_LOST: "multi-worker training lost a worker; restart every worker to resume",
     EXIT_OUTPUT_FAULT: "the outputs could not be written; free space, then --resume",
-    EXIT_SIGINT: "interrupted by Ctrl-C; a checkpoint was saved, --resume continues",
-    EXIT_SIGTERM: "stopped by SIGTERM (docker stop); a checkpoint was saved, --resume continues",
+    EXIT_SIGINT: "interrupted by Ctrl-C; a checkpoint was saved (twice: stopped at once, the "
+                 "newest kept), --resume continues",
+    EXIT_SIGTERM: "stopped by SIGTERM (docker stop); a checkpoint was saved (twice: stopped at "
+                  "once, the newest kept), --resume continues",
 }
 
 

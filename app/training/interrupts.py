@@ -1,12 +1,28 @@
-"""SIGTERM/SIGINT during training: finish the running step, save a checkpoint, stop."""
+"""SIGTERM/SIGINT during training: finish the running step, save a checkpoint, stop.
+
+From the command line a second SIGTERM/SIGINT stops the process at once, without that
+checkpoint (the newest one saved is kept and ``--resume`` continues from it): the way out
+of a step that never ends, as ``docker compose`` and most servers treat a second Ctrl-C.
+"""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import socket
 import sys
 import threading
 
 from app.core.errors import TrainingInterrupted
+
+_STOPPING = (signal.SIGTERM, signal.SIGINT)
+
+
+def first_signal_line(signum: int, repeat_exits: bool) -> str:
+    line = f"received signal {signum}: saving a checkpoint and stopping after this step"
+    if repeat_exits:
+        line += " (send it again to stop at once, without that checkpoint)"
+    return line
 
 
 class StopFlag:
@@ -18,11 +34,26 @@ class StopFlag:
     def __init__(self):
         self.signum: int | None = None
         self.model = None          # set once built: the model whose fit to stop
+        self.repeat_exits = False  # a second signal ends the process (_RepeatWatch)
+        self.output: str | None = None   # the run folder, to name the checkpoint left
+        self._announced = False
+        self._announcing = threading.Lock()
+
+    def announce(self, signum: int, write=None) -> None:
+        """The first signal's line, once, whichever sees it first: this handler or the
+        watch thread (``write``: its way to stderr)."""
+        with self._announcing:
+            if self._announced:
+                return
+            self._announced = True
+        line = "\n" + first_signal_line(signum, self.repeat_exits)
+        if write is None:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            write(line)
 
     def __call__(self, signum, frame):
-        if self.signum is None:
-            print(f"\nreceived signal {signum}: saving a checkpoint and stopping after this step",
-                  file=sys.stderr, flush=True)
+        self.announce(signum)
         self.signum = signum
         if self.model is not None:
             self.model.stop_training = True
@@ -32,16 +63,90 @@ class StopFlag:
             raise TrainingInterrupted(self.signum)
 
 
+class _RepeatWatch:
+    """Sees every SIGTERM/SIGINT the moment it arrives and ends the process on the second.
+
+    Python runs a signal's handler on the main thread between two bytecodes, so while that
+    thread waits inside a TensorFlow op that never returns (a kernel deadlocked at a
+    barrier, a collective whose peer is gone) the handler, and with it the stop flag, never
+    runs.  CPython's C-level handler does run at once, and writes the signal's number to
+    the file descriptor given to ``signal.set_wakeup_fd``: a thread reading that descriptor
+    says so on the first signal and exits the process on the second.  ``os._exit``, as a
+    ``kill -9`` would: the run folder's lock goes with the process and a checkpoint being
+    written is skipped by ``--resume`` (app/run_folder)."""
+
+    def __init__(self, flag: StopFlag):
+        self.flag = flag
+        self.read_end, self.write_end = socket.socketpair()
+        self.write_end.setblocking(False)
+        self.thread = threading.Thread(target=self._watch, name="tfmp-signal-watch", daemon=True)
+        self.previous_fd = -1
+
+    def __enter__(self):
+        self.previous_fd = signal.set_wakeup_fd(self.write_end.fileno(), warn_on_full_buffer=False)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        signal.set_wakeup_fd(self.previous_fd)
+        self.write_end.close()       # the watch reads end-of-file and ends
+        self.thread.join(timeout=5)
+        self.read_end.close()
+
+    def _watch(self):
+        seen = 0
+        while True:
+            try:
+                data = self.read_end.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum not in _STOPPING:
+                    continue
+                seen += 1
+                if seen == 1:
+                    self.flag.announce(signum, write=_say)
+                else:
+                    _say(forced_stop_line(signum, self.flag.output))
+                    os._exit(128 + signum)
+
+
+def forced_stop_line(signum: int, output: str | None) -> str:
+    """What the second signal's stop leaves: the newest complete checkpoint, or none."""
+    newest = None
+    if output:
+        from app.run_folder.checkpoints import CHECKPOINT_DIR, newest_complete
+
+        newest = newest_complete(os.path.join(output, CHECKPOINT_DIR))
+    left = (f"--resume continues from {newest}" if newest else
+            "no checkpoint had been saved, so a rerun starts from the beginning")
+    return f"received signal {signum} again: stopping now, without saving; {left}"
+
+
+def _say(line: str) -> None:
+    """One line to stderr from the watch thread: straight to the descriptor, so that
+    Python's buffered stream, which the stuck main thread may hold, cannot hold it up."""
+    os.write(2, (line + "\n").encode())
+
+
 @contextlib.contextmanager
-def signal_handlers(flag: StopFlag):
+def signal_handlers(flag: StopFlag, repeat_exits: bool = False):
     """``flag`` handles SIGTERM and SIGINT while the block runs (main thread only: Python
-    delivers signals there; a run in another thread keeps the process' handlers)."""
+    delivers signals there; a run in another thread keeps the process' handlers).
+
+    ``repeat_exits``: a second signal ends the process at once (the command line's
+    ``tfmp train``; never a notebook's kernel, whose user interrupts a cell, not the
+    process, and would lose every variable)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGINT)}
+    flag.repeat_exits = repeat_exits
+    old = {s: signal.signal(s, flag) for s in _STOPPING}
     try:
-        yield
+        with (_RepeatWatch(flag) if repeat_exits else contextlib.nullcontext()):
+            yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)

@@ -313,7 +313,8 @@ def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
 # ---- the whole job ---------------------------------------------------------------------------
 
 def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=None,
-          announce: bool = True, task: Task | None = None) -> dict:
+          announce: bool = True, task: Task | None = None,
+          repeat_signal_exits: bool = False) -> dict:
     """Run a training job; return the metrics dict (also written to <output>/metrics.json).
 
     ``on_step`` is called every ``config.log_every`` steps with
@@ -321,6 +322,8 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     ``metrics["status"]`` is ``completed``, ``interrupted`` (SIGTERM/SIGINT; a checkpoint was
     saved, rerun with ``resume=True``) or ``diverged`` (see ``metrics["diagnosis"]``).
     Bad input raises ``app.core.errors.UsageError`` before anything is written.
+    ``repeat_signal_exits``: a second SIGTERM/SIGINT ends the process at once (the command
+    line's; app/training/interrupts.py).
     """
     run = prepare(config, hardware, task=task)
     if announce:
@@ -346,7 +349,8 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     loop = _loop(run)
     metrics = new_metrics(run, envreport.collect(run.hardware), loop)
     stop = StopFlag()
-    with _policy_restored(), signal_handlers(stop):
+    stop.output = run.output
+    with _policy_restored(), signal_handlers(stop, repeat_signal_exits):
         parts = _build_or_explain(run, stop)
         start, skip, previous_steps = _resume(run, parts, metrics)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps)

@@ -1,0 +1,121 @@
+"""Stopping a run with signals: the first SIGTERM/SIGINT saves a checkpoint after the
+running step (tests/image/test_interrupt_image.py, test_user_models.py); from the command
+line a second one ends the process at once, also when the step never ends; in Python (a
+notebook's kernel) a second one does not end the process."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.paths import ROOT, USER_MODELS
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, run_app, start_app
+
+STUCK = os.path.join(str(USER_MODELS), "stuck.py") + ":build"
+ARRAYS = os.path.join(str(USER_MODELS), "datasets.py") + ":arrays"
+
+# Two signals sent to this very process, a moment apart, under app.training.interrupts.
+_SELF_SIGNALLED = textwrap.dedent("""
+    import os, signal, sys, time
+    from app.training.interrupts import StopFlag, signal_handlers
+    flag = StopFlag()
+    with signal_handlers(flag, repeat_exits={repeat}):
+        for _ in range(2):
+            os.kill(os.getpid(), signal.{name})
+            time.sleep(1.0)
+    print("alive, stop flag", flag.signum)
+""")
+
+
+def _self_signalled(name: str, repeat: bool) -> subprocess.CompletedProcess:
+    code = _SELF_SIGNALLED.format(repeat=repeat, name=name)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_second_signal_ends_the_process_when_asked_for(name):
+    signum = getattr(signal, name)
+    proc = _self_signalled(name, repeat=True)
+    assert proc.returncode == 128 + signum, proc.stderr
+    assert "alive" not in proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [
+        f"received signal {signum}: saving a checkpoint and stopping after this step "
+        "(send it again to stop at once, without that checkpoint)",
+        f"received signal {signum} again: stopping now, without saving; "
+        "no checkpoint had been saved, so a rerun starts from the beginning"], proc.stderr
+
+
+def test_in_python_a_second_signal_only_sets_the_flag_again():
+    proc = _self_signalled("SIGINT", repeat=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "alive, stop flag 2"
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == ["received signal 2: saving a checkpoint and stopping after this step"]
+
+
+def _wait_for(path, proc, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the run ended (status {proc.returncode}) before its step "
+                                 f"got stuck:\n{out[-2000:]}{err[-3000:]}")
+        assert time.monotonic() < deadline, f"no stuck step within {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def _metrics(out):
+    return json.loads((out / "metrics.json").read_text())
+
+
+@ONCE_IN_THE_IMAGE
+@pytest.mark.parametrize("signum, stuck_at, left", [
+    (signal.SIGINT, 3, "no checkpoint had been saved, so a rerun starts from the beginning"),
+    (signal.SIGTERM, 25, "--resume continues from {out}/checkpoints/ckpt-1"),
+], ids=["SIGINT-in-epoch-1", "SIGTERM-in-epoch-2"])
+def test_a_stuck_step_is_ended_by_a_second_signal(tmp_path, signum, stuck_at, left):
+    """`tfmp train` inside a step that never returns: the first signal is answered at once
+    (the line says a second one ends the run) while the process goes on waiting for the
+    step; the second ends it with 128 + the signal and says what is left: the checkpoint
+    of epoch 1, which --resume continues from, or nothing, and a rerun starts over."""
+    mark = tmp_path / "stuck"
+    out = tmp_path / "run"
+    args = ["train", "--model", STUCK, "--dataset", ARRAYS, "--precision", "float32",
+            "--epochs", "2", "--batch-size", "32", "--offline", "--no-save-model",
+            "--progress", "lines", "--output", str(out)]
+    # 512 training samples: 16 steps and 4 validation batches an epoch; batch 25 is epoch 2's 5th.
+    proc = start_app(*args, env={"STUCK_MARK": str(mark), "STUCK_ROWS": "32",
+                                 "STUCK_AT": str(stuck_at)})
+    try:
+        _wait_for(mark, proc, timeout=240)
+        proc.send_signal(signum)
+        time.sleep(3)
+        assert proc.poll() is None, "the first signal ended a run whose step had not ended"
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signum, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("received signal")]
+    assert lines == [
+        f"received signal {signum}: saving a checkpoint and stopping after this step "
+        "(send it again to stop at once, without that checkpoint)",
+        f"received signal {signum} again: stopping now, without saving; "
+        + left.format(out=out)], err[-3000:]
+    assert "Traceback" not in err
+    # What the line says is so, and the lock went with the process.
+    again = run_app(*args, *(["--resume"] if signum == signal.SIGTERM else []), timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [e["epoch"] for e in _metrics(out)["epochs"]] == [1, 2]
+    resumed = [line for line in again.stdout.splitlines() if line.startswith("epoch ")]
+    assert resumed[0].startswith("epoch 2/2:" if signum == signal.SIGTERM else "epoch 1/2:")
