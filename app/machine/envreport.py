@@ -1,6 +1,7 @@
 """The environment report: ``tfmp env``, metrics.json and the benchmark all use ``collect()``."""
 from __future__ import annotations
 
+import os
 import platform
 import sys
 
@@ -11,6 +12,7 @@ def collect(hardware=None, probe: bool = False) -> dict:
     import numpy as np
     import tensorflow as tf
 
+    from app.machine import cpu_threads
     from app.machine import gpu_problems
     from app.machine import kernels
     from app.machine import xla_toolchain
@@ -36,6 +38,8 @@ def collect(hardware=None, probe: bool = False) -> dict:
         "cudnn_version": build.get("cudnn_version"),
         "hardware": hw.to_dict(),
         "auto_precision": {"policy": auto.policy, "reason": auto.reason},
+        # TensorFlow's CPU pools as TF_NUM_INTEROP/INTRAOP_THREADS set them (app.machine.cpu_threads).
+        "cpu_threads": cpu_threads.state(os.environ, hw.cpu_amx, len(hw.gpus), tf.__version__),
         # Which layer kinds each probed policy runs here (app.machine.kernels), and why not.
         "precision_support": {p: s.to_dict() for p, s in kernels.supports(probe, hw).items()},
         "executable": sys.executable,
@@ -72,6 +76,10 @@ def format_text(r: dict) -> str:
     lines.append(f"CPU bfloat16:  AVX512_BF16 {'yes' if r['hardware']['cpu_avx512_bf16'] else 'no'}, "
                  f"AMX {'yes' if r['hardware']['cpu_amx'] else 'no'}")
     lines.append(f"auto precision: {r['auto_precision']['policy']} ({r['auto_precision']['reason']})")
+    if r.get("cpu_threads"):
+        from app.machine.cpu_threads import describe
+
+        lines.append(f"CPU threads:   {describe(r['cpu_threads'])}")
     if r.get("tf32"):
         lines.append(f"TF32:          {'on' if r['tf32']['on'] else 'off'} ({r['tf32']['why']})")
     if r.get("xla_gpu"):

@@ -120,7 +120,7 @@ class Cause:
 
 
 CUDNN_RNN_CAUSE = Cause(
-    "Keras 2.9's {what} builds cuDNN's fused RNN op beside its generic loop when traced, and "
+    "Keras 2.9 builds cuDNN's fused RNN op beside the generic loop of {what} when traced, and "
     "that op takes float16, float32 or float64, not bfloat16 (on any CPU or GPU)",
     "--precision float32, or mixed_float16 on a GPU, or an LSTM or GRU that cannot use cuDNN "
     "(recurrent_dropout > 0, unroll=True, or an activation other than tanh)")

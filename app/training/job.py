@@ -28,7 +28,7 @@ from app.run_folder import checkpoints as checkpointing
 from app.training import distribute
 from app.machine import envreport
 from app.machine import hardware as hw_mod
-from app.machine import nvml, xla_toolchain
+from app.machine import cpu_threads, nvml, xla_toolchain
 from app.training import loops
 from app.precision import keras_version, loss_scale
 from app.training import step_stats
@@ -352,6 +352,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     stop.output = run.output
     with _policy_restored(), signal_handlers(stop, repeat_signal_exits):
         parts = _build_or_explain(run, stop)
+        _warn_of_the_amx_hang(run, parts.model)
         start, skip, previous_steps = _resume(run, parts, metrics)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
         monitor = make_monitor(run, parts, recorder, stop)
@@ -367,6 +368,23 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
             recorder.open()
             _train_and_save(run, parts, recorder, monitor, loop, start, skip)
     return metrics
+
+
+def _warn_of_the_amx_hang(run: Prepared, model) -> None:
+    """A run started without the image's entrypoint on a CPU with AMX: TF 2.9's bfloat16
+    convolutions can deadlock there (app/machine/cpu_threads.py); said only for a model
+    that has one."""
+    from app.machine import kernels
+
+    if run.decision.policy != "mixed_bfloat16" or not cpu_threads.state(
+            os.environ, run.hardware.cpu_amx, len(run.hardware.gpus), tf.__version__)["amx_hang"]:
+        return
+    convolutions = [path for path, layer, _ in model_layers.walk(model)
+                    if "Conv" in (kernels.kind_of(layer) or "")]
+    if convolutions:
+        more = f" and {len(convolutions) - 1} more" if len(convolutions) > 1 else ""
+        which = f"this model's {convolutions[0]!r}{more}"
+        print(f"warning: {cpu_threads.hang_warning(which)}", file=sys.stderr, flush=True)
 
 
 def _batch_holds_the_set(per_update: int, train_samples) -> str | None:

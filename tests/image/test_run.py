@@ -348,7 +348,8 @@ def test_one_inter_op_thread_on_an_amx_cpu_without_a_gpu(image, tmp_path):
     """TF 2.9's bfloat16 convolutions can deadlock on an AMX CPU with several inter-op
     threads (docker/start/always/00-cpu-threads.sh): the entrypoint sets
     TF_NUM_INTEROP_THREADS=1 there, and only there - not without AMX, not with a GPU
-    device node, never over the user's value - and SSH sessions get what batch jobs get."""
+    device node, never over the user's value - and SSH sessions get what batch jobs get;
+    `tfmp env` says so, and warns where the entrypoint was bypassed."""
     show = ["python3", "-c", "import os; print('interop', os.environ.get('TF_NUM_INTEROP_THREADS'))"]
 
     def interop(*args):
@@ -370,3 +371,18 @@ def test_one_inter_op_thread_on_an_amx_cpu_without_a_gpu(image, tmp_path):
     proc = docker_run(image, "-v", f"{amx}:/proc/cpuinfo:ro", "-e", "TFMP_QUIET=1",
                       command=["grep", "-x", "TF_NUM_INTEROP_THREADS=1", "/etc/tfmp/container.env"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # `tfmp env` names the pools; started without the entrypoint (a replaced entrypoint, a
+    # scheduler's own command) it also says the run could hang and what to set.
+    threads = {}
+    for how in ("entrypoint", "bypassed"):
+        args = ["-v", f"{amx}:/proc/cpuinfo:ro", "-e", "TFMP_QUIET=1"]
+        if how == "bypassed":
+            args += ["--entrypoint", "tfmp"]
+        proc = docker_run(image, *args, command=(["env"] if how == "bypassed" else ["tfmp", "env"]))
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        [threads[how]] = [line for line in proc.stdout.splitlines() if line.startswith("CPU threads:")]
+    assert threads["entrypoint"].startswith("CPU threads:   inter-op 1, intra-op TensorFlow's default")
+    assert "deadlock" not in threads["entrypoint"]
+    assert threads["bypassed"].startswith("CPU threads:   inter-op TensorFlow's default")
+    assert ("TF 2.9's bfloat16 convolutions can deadlock on this CPU with AMX: set "
+            "TF_NUM_INTEROP_THREADS=1 before Python starts") in threads["bypassed"]
