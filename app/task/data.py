@@ -166,7 +166,8 @@ def load_arrays(name: str, data_dir: str, offline: bool = False, data_dir_explic
     """((x_train, y_train), (x_test, y_test)) as stored, or a UsageError."""
     if not os.path.isdir(data_dir):
         if data_dir_explicit:
-            raise UsageError(f"data directory {data_dir!r} does not exist",
+            what = "is a file, not a folder" if os.path.exists(data_dir) else "does not exist"
+            raise UsageError(f"data directory {data_dir!r} {what}",
                              "an existing folder holding the dataset files (or omit --data-dir)")
         # The workspace's default folder, not there yet: offline, the line below names the
         # file and the folder; online, the download creates it.
@@ -278,10 +279,17 @@ def make_dataset(x, y, batch_size: int, shuffle: bool, seed: int = 0, flat_label
 def _image_folder(image_dir: str, image_size: int, batch_size: int, seed: int, max_train, max_val):
     import tensorflow as tf
 
+    allowed = "a folder with one subfolder of images per class"
+    if not os.path.exists(image_dir):
+        raise UsageError(f"image directory {image_dir!r} does not exist", allowed)
     if not os.path.isdir(image_dir):
-        raise UsageError(f"image directory {image_dir!r} does not exist",
-                         "a folder with one subfolder of images per class")
-    classes = sorted(d for d in os.listdir(image_dir) if os.path.isdir(os.path.join(image_dir, d)))
+        raise UsageError(f"image directory {image_dir!r} is a file, not a folder", allowed)
+    try:
+        entries = os.listdir(image_dir)
+    except OSError as exc:   # no read permission for this user (a mount owned by another UID)
+        raise UsageError(f"image directory {image_dir!r} cannot be read: {exc.strerror}",
+                         allowed + ", readable by this user") from None
+    classes = sorted(d for d in entries if os.path.isdir(os.path.join(image_dir, d)))
     if len(classes) < 2:
         raise UsageError(f"image directory {image_dir!r} has {len(classes)} class subfolders",
                          "a folder with at least two subfolders of images, one per class")

@@ -40,6 +40,9 @@ def test_missing_file_offline_names_file_and_folder(tmp_path):
 def test_missing_data_dir(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         data.load("mnist", (784,), 8, str(tmp_path / "nope"), offline=True)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(UsageError, match="data directory '.*a-file' is a file, not a folder"):
+        data.load("mnist", (784,), 8, str(tmp_path / "a-file"), offline=True)
 
 
 def test_corrupt_file(tmp_path):
@@ -75,6 +78,30 @@ def _noise_pngs(folder, per_class, classes=("cats", "dogs")):
         for i in range(per_class):
             img = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)
             tf.io.write_file(str(folder / cls / f"{i}.png"), tf.io.encode_png(img))
+
+
+@pytest.mark.parametrize("what", ["missing", "file", "unreadable"])
+def test_an_image_folder_that_is_not_one_is_named(tmp_path, what):
+    """The line says which: not there, a file, or a folder this user cannot list (a mount
+    owned by another UID; root lists any folder, so that case needs the image's user)."""
+    path = tmp_path / "images"
+    if what == "file":
+        path.write_text("not a folder")
+    elif what == "unreadable":
+        if os.geteuid() == 0:
+            pytest.skip("root can list a folder without read permission")
+        (path / "cat").mkdir(parents=True)
+        path.chmod(0o300)
+    try:
+        with pytest.raises(UsageError) as info:
+            data.load("images", (32, 32, 3), 4, image_dir=str(path))
+    finally:
+        if what == "unreadable":
+            path.chmod(0o700)
+    expected = {"missing": f"image directory '{path}' does not exist",
+                "file": f"image directory '{path}' is a file, not a folder",
+                "unreadable": f"image directory '{path}' cannot be read: Permission denied"}[what]
+    assert str(info.value).startswith("error: " + expected), str(info.value)
 
 
 def test_an_image_that_does_not_decode_is_named_at_load(tmp_path):
