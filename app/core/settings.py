@@ -122,7 +122,8 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("metrics", "what", "comma-separated Keras metric names or MODULE:OBJECT (default: "
             "the compiled model's, else accuracy; mae for labels that are values)", metavar="LIST", passed=True, task=True),
     Setting("input_shape", "what", "sample shape for --dataset synthetic with your own model "
-            "(default 28,28,1); other data gives its own", metavar="D,D,...", passed=True,
+            "(default 28,28,1); other data gives its own, and a different one given there is "
+            "refused", metavar="D,D,...", passed=True,
             task=True),
     Setting("num_classes", "what", "number of classes (default: counted from the labels)",
             int, metavar="N", passed=True, task=True),

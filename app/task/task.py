@@ -105,19 +105,36 @@ class Task:
             shape = (self.model.preferred_input_shape(self.image_size) or self.input_shape
                      or registry.DATASET_SHAPES.get(self.dataset.spec)
                      or (self.image_size, self.image_size, 3))
-            return data_mod.load(self.dataset.spec, shape, global_batch, data_dir,
-                                 image_dir=image_dir, max_train_samples=max_train_samples,
-                                 max_val_samples=max_val_samples, seed=seed, offline=offline,
-                                 data_dir_explicit=data_dir_explicit,
-                                 num_classes=self.num_classes or 10)
-        returned = specs.call_user(self.dataset.function, self.dataset.spec, "dataset",
-                                   {"data_dir": data_dir, "seed": seed})
-        from app.task.user_data import from_user
+            bundle = data_mod.load(self.dataset.spec, shape, global_batch, data_dir,
+                                   image_dir=image_dir, max_train_samples=max_train_samples,
+                                   max_val_samples=max_val_samples, seed=seed, offline=offline,
+                                   data_dir_explicit=data_dir_explicit,
+                                   num_classes=self.num_classes or 10)
+        else:
+            returned = specs.call_user(self.dataset.function, self.dataset.spec, "dataset",
+                                       {"data_dir": data_dir, "seed": seed})
+            from app.task.user_data import from_user
 
-        return from_user(returned, self.dataset.spec, global_batch, seed=seed,
-                         max_train_samples=max_train_samples, max_val_samples=max_val_samples,
-                         input_shape=functools.partial(_data_shape_for_model, self.model),
-                         num_classes=self.num_classes)
+            bundle = from_user(returned, self.dataset.spec, global_batch, seed=seed,
+                               max_train_samples=max_train_samples,
+                               max_val_samples=max_val_samples,
+                               input_shape=functools.partial(_data_shape_for_model, self.model),
+                               num_classes=self.num_classes)
+        self._check_input_shape_applies(bundle.input_shape)
+        return bundle
+
+    def _check_input_shape_applies(self, used) -> None:
+        """An input shape the user gave that the run does not use (a built-in model has its
+        own, your own data has its own) is refused, not ignored without a word."""
+        if not self.input_shape or several_inputs(used) or tuple(self.input_shape) == tuple(used):
+            return
+        given = ",".join(map(str, self.input_shape))
+        whose = (f"the built-in model {self.model.spec!r} takes" if self.model.builtin and
+                 self.model.preferred_input_shape(self.image_size) else
+                 f"the samples of {self.dataset.spec!r} are")
+        raise UsageError(f"input shape {given} is not used: {whose} {shape_text(used)}",
+                         f"leave --input-shape out, or {','.join(map(str, used))} (it shapes "
+                         "--dataset synthetic, and the built-in datasets, for your own model)")
 
     # --- model -------------------------------------------------------------------------------
     def check_runnable(self, bundle) -> None:

@@ -320,6 +320,31 @@ def test_mirrored_over_two_logical_cpus_with_a_user_model(tiny_config, tmp_path,
 
 # ---- spec errors: one line, exit 2, nothing written -----------------------------------------
 
+@pytest.mark.parametrize("model, dataset, shape, refused", [
+    ("cnn", "synthetic", (784,), "input shape 784 is not used: the built-in model 'cnn' takes "
+                                 "28x28x1; allowed: leave --input-shape out, or 28,28,1"),
+    (AWARE, ARRAYS, (784,), f"input shape 784 is not used: the samples of {ARRAYS!r} are 8x8x1; "
+                            "allowed: leave --input-shape out, or 8,8,1"),
+    ("cnn", "synthetic", (28, 28, 1), None),
+    (AWARE, "synthetic", (12, 12, 1), None),      # what the flag is for
+    (AWARE, ARRAYS, (8, 8, 1), None),
+])
+def test_an_input_shape_the_run_would_not_use_is_refused(model, dataset, shape, refused):
+    """--input-shape shapes generated data (and the built-in datasets) for your own model;
+    given where a built-in model or your own data sets the shape, it was silently dropped."""
+    from app.core.errors import UsageError
+    from app.task.task import Task
+
+    task = Task.from_specs(model, dataset, input_shape=shape)
+    load = dict(global_batch=8, max_train_samples=16, max_val_samples=8, offline=True)
+    if refused is None:
+        assert tuple(task.load_data(**load).input_shape) == shape
+        return
+    with pytest.raises(UsageError) as info:
+        task.load_data(**load)
+    assert str(info.value).startswith("error: " + refused), str(info.value)
+
+
 @pytest.mark.parametrize("model, dataset, needle", [
     ("nosuchmodule:build", ARRAYS, "no module named 'nosuchmodule'"),
     ("./missing/net.py:build", ARRAYS, "file './missing/net.py' does not exist"),
