@@ -147,6 +147,10 @@ check_port_var() {
 # a fatal in the subshell fails the assignment, and set -e stops the script.
 secret_from_env() {
   local name=$1 why=$2 file_var="${1}_FILE" value=""
+  # Set but empty is a mistake, as for $name itself and PUBLIC_KEY_FILE: never read as unset.
+  if [[ ${!file_var+set} == set && -z ${!file_var} ]]; then
+    fatal "$file_var is set but empty; unset it or give the path of a file holding $name"
+  fi
   if [[ -n ${!file_var:-} && -n ${!name:-} ]]; then
     fatal "set $name or $file_var, not both"
   fi

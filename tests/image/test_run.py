@@ -158,13 +158,16 @@ def _memlock() -> str:
     (["-e", "JUPYTER_TOKEN="], "JUPYTER_TOKEN is set but empty"),
     (["-e", "JUPYTER_TOKEN=a b"], "may contain only"),
     (["-e", "SSH_PASSWORD="], "SSH_PASSWORD is set but empty"),
+    (["-e", "JUPYTER_TOKEN_FILE="], "JUPYTER_TOKEN_FILE is set but empty; unset it or give the "
+                                    "path of a file holding JUPYTER_TOKEN"),
+    (["-e", "SSH_PASSWORD_FILE="], "SSH_PASSWORD_FILE is set but empty"),
     (["-e", "ENABLE_SSH=maybe"], "ENABLE_SSH must be 1 or 0"),
     (["-e", "JUPYTER_UI=classic"], "JUPYTER_UI must be lab or notebook. Received: JUPYTER_UI='classic'"),
     (["-e", "TFMP_GPU_PROFILING=1"], "TFMP_GPU_PROFILING=1 needs CAP_SYS_ADMIN in the container: "
                                      "start it with --cap-add SYS_ADMIN"),
     (["-e", "TFMP_GPU_PROFILING=yes"], "TFMP_GPU_PROFILING must be 1 or 0"),
 ], ids=["uid0", "uid-text", "bad-key", "token-file", "empty-token", "token-space",
-        "empty-password", "enable-ssh", "jupyter-ui", "gpu-profiling-no-cap",
+        "empty-password", "empty-token-file", "empty-password-file", "enable-ssh", "jupyter-ui", "gpu-profiling-no-cap",
         "gpu-profiling-value"])
 def test_bad_environment_fails_with_one_clear_line(image, env, message):
     proc = docker_run(image, "-e", "TFMP_QUIET=1", *env, timeout=60)
