@@ -1,13 +1,16 @@
 """A training job as a scheduler runs it (`docker run IMAGE tfmp train ...`), stopped
 the way schedulers and users stop it (and retried while it runs): `docker stop` (SIGTERM through tini) saves a checkpoint
 and exits 143, and `--resume` in a *new* container on the same volume finishes the run;
-`docker kill --signal INT` (Ctrl-C) exits 130.
+`docker kill --signal INT` (Ctrl-C) exits 130; Ctrl-C twice in `docker run -it` ends a step
+that never returns.
 
 Small on purpose: synthetic data, an MLP, float32; the signal is sent once the job's own log
 shows a step of epoch 2 (a `step N:` line after the `epoch 1/E:` line)."""
 from __future__ import annotations
 
 import json
+import os
+import select
 import time
 import uuid
 
@@ -144,3 +147,85 @@ def test_two_jobs_on_one_volume_one_trains_and_docker_kill_frees_the_folder(imag
                          command=[*_train_args(output), "--resume"], timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"done: {EPOCHS} epoch(s)" in resumed.stdout
+
+
+class _Terminal:
+    """``docker run -it`` in a pseudo-terminal, as a user types into it: Ctrl-C is the
+    terminal's ^C (the kernel's SIGINT to the foreground process group, under tini)."""
+
+    def __init__(self, cmd):
+        import pty
+
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:   # the child: exec or die, never return into pytest
+            try:
+                os.execvp(cmd[0], cmd)
+            finally:
+                os._exit(127)
+        self.text = ""
+
+    def read_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            ready, _, _ = select.select([self.fd], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(self.fd, 4096)
+            except OSError:   # the other end closed: the container is gone
+                return
+            if not chunk:
+                return
+            self.text += chunk.decode(errors="replace")
+
+    def read_until(self, needle: str, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while needle not in self.text:
+            assert time.monotonic() < end, f"{needle!r} not seen in {seconds:.0f} s:\n{self.text[-2000:]}"
+            self.read_for(0.5)
+
+    def ctrl_c(self) -> None:
+        os.write(self.fd, b"\x03")
+
+    def wait(self, seconds: float) -> int:
+        end = time.monotonic() + seconds
+        while True:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            assert time.monotonic() < end, f"still running after {seconds:.0f} s:\n{self.text[-2000:]}"
+            self.read_for(0.5)
+
+
+def test_ctrl_c_twice_in_a_terminal_ends_a_stuck_step(image):
+    """`docker run -it IMAGE tfmp train ...` whose step never returns: the first Ctrl-C is
+    answered and the job keeps waiting for the step (tini delivers it once: a single ^C
+    must never force the stop), the second ends it at once with 130."""
+    from tests.paths import USER_MODELS
+
+    name = f"tfmp-t-{uuid.uuid4().hex[:10]}"
+    cmd = ["docker", "run", "-it", "--rm", "--name", name, "-e", "TFMP_QUIET=1",
+           "-e", "STUCK_MARK=/tmp/stuck", "-e", "STUCK_ROWS=32", "-e", "STUCK_AT=3",
+           "-v", f"{USER_MODELS}:/models:ro", image,
+           "tfmp", "train", "--model", "/models/stuck.py:build",
+           "--dataset", "/models/datasets.py:arrays", "--precision", "float32", "--epochs", "2",
+           "--batch-size", "32", "--offline", "--no-save-model", "--progress", "lines",
+           "--output", "/tmp/run"]
+    term = _Terminal(cmd)
+    try:
+        term.read_until("strategy:", 180)
+        # The step is stuck once the mark exists (the third training batch).
+        wait_until(lambda: run(["docker", "exec", name, "test", "-e", "/tmp/stuck"],
+                               check=False).returncode == 0, 120, what="the stuck step")
+        term.ctrl_c()
+        term.read_until("received signal 2: saving a checkpoint", 30)
+        term.read_for(3)
+        assert "signal 2 again" not in term.text, term.text[-2000:]
+        assert run(["docker", "inspect", "-f", "{{.State.Running}}", name]).stdout.strip() == "true"
+        term.ctrl_c()
+        code = term.wait(30)
+    finally:
+        run(["docker", "rm", "-f", name], check=False, timeout=60)
+    assert code == 130, term.text[-2000:]
+    assert ("received signal 2 again: stopping now, without saving; no checkpoint had been "
+            "saved, so a rerun starts from the beginning") in term.text, term.text[-2000:]
