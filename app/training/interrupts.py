@@ -145,7 +145,8 @@ def signal_handlers(flag: StopFlag, repeat_exits: bool = False):
     flag.repeat_exits = repeat_exits
     old = {s: signal.signal(s, flag) for s in _STOPPING}
     try:
-        with (_RepeatWatch(flag) if repeat_exits else contextlib.nullcontext()):
+        watch = _RepeatWatch(flag) if repeat_exits else contextlib.nullcontext()
+        with watch:
             yield
     finally:
         for s, h in old.items():
