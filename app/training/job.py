@@ -352,7 +352,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     stop.output = run.output
     with _policy_restored(), signal_handlers(stop, repeat_signal_exits):
         parts = _build_or_explain(run, stop)
-        _warn_of_the_amx_hang(run, parts.model)
+        _warn_of_the_amx_hang(run, parts.model, metrics["environment"]["cpu_threads"])
         start, skip, previous_steps = _resume(run, parts, metrics)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
         monitor = make_monitor(run, parts, recorder, stop)
@@ -370,14 +370,13 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     return metrics
 
 
-def _warn_of_the_amx_hang(run: Prepared, model) -> None:
+def _warn_of_the_amx_hang(run: Prepared, model, threads: dict) -> None:
     """A run started without the image's entrypoint on a CPU with AMX: TF 2.9's bfloat16
-    convolutions can deadlock there (app/machine/cpu_threads.py); said only for a model
-    that has one."""
+    convolutions can deadlock there (``threads``: the environment report's
+    ``cpu_threads``, app/machine/cpu_threads.py); said only for a model that has one."""
     from app.machine import kernels
 
-    if run.decision.policy != "mixed_bfloat16" or not cpu_threads.state(
-            os.environ, run.hardware.cpu_amx, len(run.hardware.gpus), tf.__version__)["amx_hang"]:
+    if run.decision.policy != "mixed_bfloat16" or not threads["amx_hang"]:
         return
     convolutions = [path for path, layer, _ in model_layers.walk(model)
                     if "Conv" in (kernels.kind_of(layer) or "")]

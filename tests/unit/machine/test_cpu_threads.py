@@ -1,6 +1,7 @@
 """TensorFlow's CPU thread pools as the environment sets them, and the AMX deadlock of TF
 2.9's bfloat16 convolutions (app/machine/cpu_threads.py; the image's entrypoint side is
 tests/image/test_run.py::test_one_inter_op_thread_on_an_amx_cpu_without_a_gpu)."""
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -66,7 +67,8 @@ def test_a_run_without_the_entrypoint_is_warned(monkeypatch, capsys, conv, polic
         monkeypatch.setenv(name, value)
     run = SimpleNamespace(decision=SimpleNamespace(policy=policy),
                           hardware=HardwareInfo(cpu_flags=frozenset({"amx_bf16", "amx_tile"})))
-    job._warn_of_the_amx_hang(run, _model(conv))
+    threads = state(os.environ, True, 0, tf.__version__)   # as envreport.collect() reports it
+    job._warn_of_the_amx_hang(run, _model(conv), threads)
     err = capsys.readouterr().err
     on_29 = tf.__version__.startswith("2.9.")
     if conv and policy == "mixed_bfloat16" and not environ and on_29:
