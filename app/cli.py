@@ -1,15 +1,19 @@
 """``tfmp``: registers the subcommands and turns bad input into exit status 2."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
+import threading
 from typing import Sequence
 
 from app.commands import COMMANDS
 from app.core import shadowing
 from app.core.args import OneLineParser
 from app.core.errors import ReportedError, report
+from app.core.exit_codes import EXIT_SIGINT
+from app.core.signals import SecondSignalExits
 
 
 def build_parser() -> OneLineParser:
@@ -36,10 +40,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:   # named with the command's own help, which lists its flags
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        shadowing.refuse_namesakes(shadowing.user_folder())
-        return int(args._run(args))
+        with _second_signal_exits():
+            shadowing.refuse_namesakes(shadowing.user_folder())
+            return int(args._run(args))
     except ReportedError as exc:
         return report(exc)
+    except KeyboardInterrupt:
+        # Ctrl-C, answered once the running step returned: one line, not a traceback.
+        sys.stderr.write(f"\ninterrupted (Ctrl-C): tfmp {args.command} stopped\n")
+        return EXIT_SIGINT
+
+
+def _second_signal_exits():
+    """A second Ctrl-C (or SIGTERM where a command handles it) ends any command at once:
+    the way out of a step that never returns, where Python cannot raise the first one's
+    KeyboardInterrupt (app/core/signals.py).  ``tfmp train`` says more while it trains."""
+    if threading.current_thread() is not threading.main_thread():
+        return contextlib.nullcontext()
+    return SecondSignalExits(lambda signum: f"received signal {signum} again: stopping now")
 
 
 def _command_first(parser: OneLineParser, argv: list) -> None:

@@ -9,13 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import sys
 import threading
 
 from app.core.errors import TrainingInterrupted
-
-_STOPPING = (signal.SIGTERM, signal.SIGINT)
+from app.core.signals import STOPPING, SecondSignalExits, say
 
 
 def first_signal_line(signum: int, repeat_exits: bool) -> str:
@@ -34,7 +32,7 @@ class StopFlag:
     def __init__(self):
         self.signum: int | None = None
         self.model = None          # set once built: the model whose fit to stop
-        self.repeat_exits = False  # a second signal ends the process (_RepeatWatch)
+        self.repeat_exits = False  # a second signal ends the process (app.core.signals)
         self.output: str | None = None   # the run folder, to name the checkpoint left
         self._announced = False
         self._announcing = threading.Lock()
@@ -63,56 +61,6 @@ class StopFlag:
             raise TrainingInterrupted(self.signum)
 
 
-class _RepeatWatch:
-    """Sees every SIGTERM/SIGINT the moment it arrives and ends the process on the second.
-
-    Python runs a signal's handler on the main thread between two bytecodes, so while that
-    thread waits inside a TensorFlow op that never returns (a kernel deadlocked at a
-    barrier, a collective whose peer is gone) the handler, and with it the stop flag, never
-    runs.  CPython's C-level handler does run at once, and writes the signal's number to
-    the file descriptor given to ``signal.set_wakeup_fd``: a thread reading that descriptor
-    says so on the first signal and exits the process on the second.  ``os._exit``, as a
-    ``kill -9`` would: the run folder's lock goes with the process and a checkpoint being
-    written is skipped by ``--resume`` (app/run_folder)."""
-
-    def __init__(self, flag: StopFlag):
-        self.flag = flag
-        self.read_end, self.write_end = socket.socketpair()
-        self.write_end.setblocking(False)
-        self.thread = threading.Thread(target=self._watch, name="tfmp-signal-watch", daemon=True)
-        self.previous_fd = -1
-
-    def __enter__(self):
-        self.previous_fd = signal.set_wakeup_fd(self.write_end.fileno(), warn_on_full_buffer=False)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        signal.set_wakeup_fd(self.previous_fd)
-        self.write_end.close()       # the watch reads end-of-file and ends
-        self.thread.join(timeout=5)
-        self.read_end.close()
-
-    def _watch(self):
-        seen = 0
-        while True:
-            try:
-                data = self.read_end.recv(64)
-            except OSError:
-                return
-            if not data:
-                return
-            for signum in data:
-                if signum not in _STOPPING:
-                    continue
-                seen += 1
-                if seen == 1:
-                    self.flag.announce(signum, write=_say)
-                else:
-                    _say(forced_stop_line(signum, self.flag.output))
-                    os._exit(128 + signum)
-
-
 def forced_stop_line(signum: int, output: str | None) -> str:
     """What the second signal's stop leaves: the newest complete checkpoint, or none."""
     newest = None
@@ -123,12 +71,6 @@ def forced_stop_line(signum: int, output: str | None) -> str:
     left = (f"--resume continues from {newest}" if newest else
             "no checkpoint had been saved, so a rerun starts from the beginning")
     return f"received signal {signum} again: stopping now, without saving; {left}"
-
-
-def _say(line: str) -> None:
-    """One line to stderr from the watch thread: straight to the descriptor, so that
-    Python's buffered stream, which the stuck main thread may hold, cannot hold it up."""
-    os.write(2, (line + "\n").encode())
 
 
 @contextlib.contextmanager
@@ -143,9 +85,11 @@ def signal_handlers(flag: StopFlag, repeat_exits: bool = False):
         yield
         return
     flag.repeat_exits = repeat_exits
-    old = {s: signal.signal(s, flag) for s in _STOPPING}
+    old = {s: signal.signal(s, flag) for s in STOPPING}
     try:
-        watch = _RepeatWatch(flag) if repeat_exits else contextlib.nullcontext()
+        watch = (SecondSignalExits(lambda signum: forced_stop_line(signum, flag.output),
+                                   on_first=lambda signum: flag.announce(signum, write=say))
+                 if repeat_exits else contextlib.nullcontext())
         with watch:
             yield
     finally:

@@ -119,3 +119,55 @@ def test_a_stuck_step_is_ended_by_a_second_signal(tmp_path, signum, stuck_at, le
     assert [e["epoch"] for e in _metrics(out)["epochs"]] == [1, 2]
     resumed = [line for line in again.stdout.splitlines() if line.startswith("epoch ")]
     assert resumed[0].startswith("epoch 2/2:" if signum == signal.SIGTERM else "epoch 1/2:")
+
+
+def _check_args(steps: int) -> list:
+    return ["check", "--model", STUCK, "--dataset", ARRAYS, "--precision", "float32",
+            "--batch-size", "32", "--steps", str(steps)]
+
+
+@ONCE_IN_THE_IMAGE
+def test_ctrl_c_in_check_is_one_line_not_a_traceback(tmp_path):
+    """Any command, not only train: Ctrl-C answered between two steps ends it with 130 and
+    one line."""
+    mark = tmp_path / "stepping"
+    # STUCK_HANG=0: the model marks its 3rd batch and trains on.
+    proc = start_app(*_check_args(100000), env={"STUCK_MARK": str(mark), "STUCK_ROWS": "32",
+                                                "STUCK_AT": "3", "STUCK_HANG": "0"})
+    try:
+        _wait_for(mark, proc, timeout=240)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.rstrip().splitlines()[-1] == "interrupted (Ctrl-C): tfmp check stopped"
+
+
+@ONCE_IN_THE_IMAGE
+def test_a_stuck_check_step_is_ended_by_a_second_ctrl_c(tmp_path):
+    """`tfmp check --steps` on a model whose step never returns: Python cannot raise the
+    first Ctrl-C's KeyboardInterrupt there, so after a moment the process says how to stop
+    it, and the second Ctrl-C ends it at once."""
+    mark = tmp_path / "stuck"
+    proc = start_app(*_check_args(50), env={"STUCK_MARK": str(mark), "STUCK_ROWS": "32",
+                                            "STUCK_AT": "5"})
+    try:
+        _wait_for(mark, proc, timeout=240)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(4)
+        assert proc.poll() is None, "one Ctrl-C ended a command whose step had not returned"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("received signal")]
+    assert lines == ["received signal 2: stopping (send it again to stop at once)",
+                     "received signal 2 again: stopping now"], err[-3000:]
+    assert "Traceback" not in err

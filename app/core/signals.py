@@ -1,0 +1,87 @@
+"""A second SIGTERM/SIGINT ends the process at once, also while the main thread is stuck.
+
+Python runs a signal's handler (and raises ``KeyboardInterrupt`` for Ctrl-C) on the main
+thread between two bytecodes, so while that thread waits inside a TensorFlow op that never
+returns (a kernel deadlocked at a barrier, a collective whose peer is gone) nothing Python
+does on a signal happens.  CPython's C-level handler does run at once, and writes the
+signal's number to the file descriptor given to ``signal.set_wakeup_fd``: a thread reading
+that descriptor sees every signal the moment it arrives, and on the second ends the process
+with ``os._exit`` (status 128 + the signal), as a ``kill -9`` would, after one line saying
+what is left.  Docker Compose and most servers treat a second Ctrl-C the same way.
+
+Only signals with a Python-level handler reach the descriptor (Ctrl-C's default handler is
+one; SIGTERM's default, which ends the process anyway, is not).  Watches nest: an inner one
+takes the descriptor for its block and gives it back.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from typing import Callable, Optional
+
+STOPPING = (signal.SIGTERM, signal.SIGINT)
+
+# How long after a first signal the process may still be running, unanswered, before the
+# plain watch says how to stop it at once: a command that stops in time says nothing more.
+HINT_AFTER_SECONDS = 2.0
+
+
+def say(line: str) -> None:
+    """One line to stderr from a watch thread: straight to the descriptor, so that Python's
+    buffered stream, which the stuck main thread may hold, cannot hold it up."""
+    os.write(2, (line + "\n").encode())
+
+
+class SecondSignalExits:
+    """While the block runs, a second SIGTERM/SIGINT ends the process at once.
+
+    ``on_first(signum)``: called (on the watch's thread) when the first one arrives; None
+    says, if the process is still running ``HINT_AFTER_SECONDS`` later, that a second one
+    stops it at once.  ``last_words(signum)``: the line said before the process ends."""
+
+    def __init__(self, last_words: Callable[[int], str],
+                 on_first: Optional[Callable[[int], None]] = None):
+        self.last_words = last_words
+        self.on_first = on_first
+        self.read_end, self.write_end = socket.socketpair()
+        self.write_end.setblocking(False)
+        self.thread = threading.Thread(target=self._watch, name="tfmp-signal-watch", daemon=True)
+        self.previous_fd = -1
+
+    def __enter__(self):
+        self.previous_fd = signal.set_wakeup_fd(self.write_end.fileno(), warn_on_full_buffer=False)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        signal.set_wakeup_fd(self.previous_fd)
+        self.write_end.close()       # the watch reads end-of-file and ends
+        self.thread.join(timeout=5)
+        self.read_end.close()
+
+    def _watch(self):
+        first = None
+        while True:
+            try:
+                data = self.read_end.recv(64)
+            except socket.timeout:   # the first signal went unanswered for a while
+                self.read_end.settimeout(None)
+                say(f"received signal {first}: stopping (send it again to stop at once)")
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum not in STOPPING:
+                    continue
+                if first is not None:
+                    say(self.last_words(signum))
+                    os._exit(128 + signum)
+                first = signum
+                if self.on_first is not None:
+                    self.on_first(signum)
+                else:
+                    self.read_end.settimeout(HINT_AFTER_SECONDS)
