@@ -72,6 +72,23 @@ def _wait_for(path, proc, timeout: float) -> None:
         time.sleep(0.2)
 
 
+def _signalled(proc, mark, signum, times: int) -> str:
+    """Once ``mark`` exists (the model's step has begun, or hangs), send ``signum`` once, or
+    twice a few seconds apart (the process must outlive the first); its stderr."""
+    try:
+        _wait_for(mark, proc, timeout=240)
+        proc.send_signal(signum)
+        if times == 2:
+            time.sleep(4)
+            assert proc.poll() is None, "the first signal ended a process whose step had not ended"
+            proc.send_signal(signum)
+        return proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _metrics(out):
     return json.loads((out / "metrics.json").read_text())
 
@@ -94,17 +111,7 @@ def test_a_stuck_step_is_ended_by_a_second_signal(tmp_path, signum, stuck_at, le
     # 512 training samples: 16 steps and 4 validation batches an epoch; batch 25 is epoch 2's 5th.
     proc = start_app(*args, env={"STUCK_MARK": str(mark), "STUCK_ROWS": "32",
                                  "STUCK_AT": str(stuck_at)})
-    try:
-        _wait_for(mark, proc, timeout=240)
-        proc.send_signal(signum)
-        time.sleep(3)
-        assert proc.poll() is None, "the first signal ended a run whose step had not ended"
-        proc.send_signal(signum)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    err = _signalled(proc, mark, signum, times=2)
     assert proc.returncode == 128 + signum, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith("received signal")]
     assert lines == [
@@ -134,14 +141,7 @@ def test_ctrl_c_in_check_is_one_line_not_a_traceback(tmp_path):
     # STUCK_HANG=0: the model marks its 3rd batch and trains on.
     proc = start_app(*_check_args(100000), env={"STUCK_MARK": str(mark), "STUCK_ROWS": "32",
                                                 "STUCK_AT": "3", "STUCK_HANG": "0"})
-    try:
-        _wait_for(mark, proc, timeout=240)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    err = _signalled(proc, mark, signal.SIGINT, times=1)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert err.rstrip().splitlines()[-1] == "interrupted (Ctrl-C): tfmp check stopped"
@@ -155,17 +155,7 @@ def test_a_stuck_check_step_is_ended_by_a_second_ctrl_c(tmp_path):
     mark = tmp_path / "stuck"
     proc = start_app(*_check_args(50), env={"STUCK_MARK": str(mark), "STUCK_ROWS": "32",
                                             "STUCK_AT": "5"})
-    try:
-        _wait_for(mark, proc, timeout=240)
-        proc.send_signal(signal.SIGINT)
-        time.sleep(4)
-        assert proc.poll() is None, "one Ctrl-C ended a command whose step had not returned"
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    err = _signalled(proc, mark, signal.SIGINT, times=2)
     assert proc.returncode == 130, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith("received signal")]
     assert lines == ["received signal 2: stopping (send it again to stop at once)",
