@@ -74,6 +74,8 @@ def to_text(report: dict) -> str:
                f"{shape_text(shape)}, "
                + (f"labels of {data.get('num_classes')} value(s))"
                   if data.get("label_kind") == "other" else
+                  f"multi-hot labels of {data.get('num_classes')} classes)"
+                  if data.get("label_kind") == "multilabel" else
                   f"{data.get('num_classes')} classes)"))
     decision = report.get("precision") or {}
     if decision.get("requested") == "auto":

@@ -119,6 +119,11 @@ def weigh(bundle, parsed: Parsed, counted: Optional[List[float]] = None):
     stays the run's even where the data changed, and a pipeline is not read an extra time."""
     if parsed is None:
         return bundle
+    if bundle.label_kind == "multilabel":
+        raise UsageError(f"{FLAG} weighs a sample by its one class, and the labels of this "
+                         "data are multi-hot rows (a sample may hold several classes, or none)",
+                         "a weight a sample in the data, (x, y, sample_weight); or a loss "
+                         "that weighs each label's positives, --loss MODULE:OBJECT")
     if bundle.label_kind not in ("sparse", "binary", "onehot"):
         raise UsageError(f"{FLAG} weighs samples by their class, and the labels of this data "
                          "are values, not classes", "class ids or one-hot rows as labels; "

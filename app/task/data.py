@@ -37,8 +37,9 @@ class DataBundle:
     train_samples: int
     val_samples: int
     class_names: list | None = None
-    # "sparse" integer class ids, "onehot" rows, "binary" 0/1 with two classes, "other"
-    # (regression targets and the like: no class count to check against the model)
+    # "sparse" integer class ids, "onehot" rows, "multilabel" multi-hot rows (0/1, any number
+    # of 1s), "binary" 0/1 with two classes, "other" (regression targets and the like: no
+    # class count to check against the model)
     label_kind: str = "sparse"
     # tf.data pipelines of unknown size are counted once when loaded; None = not counted
     sample_batch: tuple | None = None   # (x, y[, w]) of a few training samples, for build/check

@@ -2,8 +2,10 @@
 into a per-example loss on float32 predictions and fresh metric objects.
 
 A name chosen by the user wins; without one, the loss follows the labels (one-hot ->
-categorical, a single sigmoid unit -> binary, else sparse categorical cross-entropy) and
-whether the model's outputs are probabilities (softmax) or logits.
+categorical, multi-hot -> binary on every unit, a single sigmoid unit -> binary, else sparse
+categorical cross-entropy) and whether the model's outputs are probabilities (softmax,
+sigmoid) or logits; so does the accuracy (on logits a binary accuracy thresholds at 0, not
+at 0.5).
 """
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ DEFAULT_LOSS = "sparse_categorical_crossentropy"
 DEFAULT_METRICS = ("accuracy",)
 
 
-def make_loss(loss_spec, model, bundle, units, prediction, notes: list, explain: bool):
+def make_loss(loss_spec, bundle, units, probabilities: bool, notes: list, explain: bool):
     """The per-example loss (float32 predictions): ``loss_spec`` (a Keras name, MODULE:OBJECT
-    or an object), else the cross-entropy that fits the labels, from logits unless the
-    outputs look like probabilities.  With ``explain``, a note says which default was
-    chosen and why (the user's own model: the built-ins need no explaining)."""
+    or an object), else the cross-entropy that fits the labels, from logits unless
+    ``probabilities`` (``outputs_look_like_probabilities``).  With ``explain``, a note says
+    which default was chosen and why (the user's own model: the built-ins need no
+    explaining)."""
     import tensorflow as tf
 
     if loss_spec is None:
@@ -29,14 +32,14 @@ def make_loss(loss_spec, model, bundle, units, prediction, notes: list, explain:
                              "loss fits them by default",
                              "a loss for them: --loss mse (mae, huber, ... or MODULE:OBJECT; "
                              "loss= in app.train, or the model compiled with one); or class "
-                             "ids 0..N-1, or one-hot rows")
+                             "ids 0..N-1, one-hot rows, or multi-hot rows of 0s and 1s")
         if bundle.label_kind == "onehot":
             name = "categorical_crossentropy"
-        elif bundle.label_kind == "binary" and units == 1:
+        elif bundle.label_kind == "multilabel" or (bundle.label_kind == "binary" and units == 1):
             name = "binary_crossentropy"
         else:
             name = DEFAULT_LOSS
-        from_logits = not outputs_look_like_probabilities(model, prediction)
+        from_logits = not probabilities
         cls = {"categorical_crossentropy": tf.keras.losses.CategoricalCrossentropy,
                "binary_crossentropy": tf.keras.losses.BinaryCrossentropy,
                DEFAULT_LOSS: tf.keras.losses.SparseCategoricalCrossentropy}[name]
@@ -45,7 +48,9 @@ def make_loss(loss_spec, model, bundle, units, prediction, notes: list, explain:
             notes.append(f"loss: {name} on "
                          + ("logits (from_logits=True): the model's outputs are not "
                             "probabilities" if from_logits else
-                            "probabilities (the model's outputs sum to 1)"))
+                            "probabilities (the model's outputs sum to 1)"
+                            if name == "categorical_crossentropy" or name == DEFAULT_LOSS else
+                            "probabilities (the model's outputs lie in 0..1)"))
         return per_example(loss)
     loss = keras_object(loss_spec, "loss", tf.keras.losses.get,
                          "a Keras loss name (e.g. sparse_categorical_crossentropy, mse) "
@@ -92,18 +97,21 @@ def spec_text(spec) -> Optional[str]:
     return getattr(spec, "name", None) or getattr(spec, "__name__", None) or type(spec).__name__
 
 
-def outputs_look_like_probabilities(model, prediction) -> bool:
-    """Softmax outputs are non-negative and sum to 1; logits almost never do."""
+def outputs_look_like_probabilities(model, prediction, label_kind: str = "sparse") -> bool:
+    """Softmax outputs are non-negative and sum to 1, sigmoid ones (a single unit, or one a
+    label of multi-hot rows) lie in 0..1; logits almost never do."""
     import numpy as np
     import tensorflow as tf
 
     if prediction is None:
         last = model.layers[-1] if model.layers else None
         act = getattr(getattr(last, "activation", None), "__name__", "")
+        if label_kind in ("multilabel", "binary") and act == "sigmoid":
+            return True
         return act == "softmax" or type(last).__name__ == "Softmax"
     y = np.asarray(tf.cast(prediction, tf.float32))
-    if y.ndim < 2 or y.shape[-1] == 1:
-        return bool(((y >= 0) & (y <= 1)).all())
+    if y.ndim < 2 or y.shape[-1] == 1 or label_kind == "multilabel":
+        return bool(((y >= 0) & (y <= 1)).all())   # sigmoid outputs, one a unit
     return bool((y >= -1e-3).all() and np.allclose(y.sum(axis=-1), 1.0, atol=2e-2))
 
 
@@ -142,15 +150,19 @@ def keras_object(spec, what: str, keras_get, allowed: str):
     return obj
 
 
-def make_metric(spec, bundle, units):
-    """A fresh Keras metric object for ``spec`` (the loops each need their own)."""
+def make_metric(spec, bundle, units, probabilities: bool = True):
+    """A fresh Keras metric object for ``spec`` (the loops each need their own).
+    "accuracy" is the one that fits the labels; a binary one (a single unit, or multi-hot
+    labels: the share of units right) thresholds logits at 0 and probabilities at 0.5
+    (Keras' own "accuracy" takes 0.5 for both, so logits of 0..0.5 count as class 0)."""
     import tensorflow as tf
 
     if spec in ("accuracy", "acc"):
         if bundle.label_kind == "onehot":
             return tf.keras.metrics.CategoricalAccuracy(name="accuracy")
-        if bundle.label_kind == "binary" and units == 1:
-            return tf.keras.metrics.BinaryAccuracy(name="accuracy")
+        if bundle.label_kind == "multilabel" or (bundle.label_kind == "binary" and units == 1):
+            return tf.keras.metrics.BinaryAccuracy(name="accuracy",
+                                                   threshold=0.5 if probabilities else 0.0)
         return tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")
     obj = keras_object(spec, "metric", tf.keras.metrics.get,
                        "Keras metric names (e.g. accuracy, mae, auc) or MODULE:OBJECT, "

@@ -175,8 +175,10 @@ class Task:
         units = _output_units(model, prediction)
         _check_output_fits(units, bundle, self.model.spec, self.dataset.spec)
         notes: list = []
+        probabilities = losses.outputs_look_like_probabilities(model, prediction,
+                                                               bundle.label_kind)
         loss_fn = losses.make_loss(self.loss_spec if self.loss_spec is not None else compiled_loss,
-                                   model, bundle, units, prediction, notes,
+                                   bundle, units, probabilities, notes,
                                    explain=not self.is_builtin)
         metric_specs = (self.metrics_spec if self.metrics_spec is not None
                         else compiled_metrics if compiled_metrics is not None
@@ -186,7 +188,7 @@ class Task:
                   "the model under the policy"] if float32_paths else []
 
         def make_metrics():
-            return [losses.make_metric(m, bundle, units) for m in metric_specs]
+            return [losses.make_metric(m, bundle, units, probabilities) for m in metric_specs]
         make_metrics()  # resolve now: a bad name is a usage error before anything is written
         from app.precision.policy import global_policy_name
         from app.task.model_layers import policy_mismatch
@@ -274,9 +276,10 @@ def _check_output_fits(units, bundle, model_spec: str, dataset_spec: str):
     if bundle.label_kind == "binary" and units == 1:
         return
     if units != need:
+        labels = (f"are multi-hot rows of {need}" if bundle.label_kind == "multilabel" else
+                  f"have {need} classes (0..{need - 1})")
         raise UsageError(f"model {model_spec!r} has {units} output unit(s) but the labels of "
-                         f"dataset {dataset_spec!r} have {need} classes "
-                         f"(0..{need - 1})",
+                         f"dataset {dataset_spec!r} {labels}",
                          f"a model whose last layer has {need} units (use num_classes), "
                          "or labels 0..units-1")
 
@@ -289,7 +292,8 @@ def _check_output_is_a_row(prediction, bundle, model_spec: str, dataset_spec: st
         return
     per_sample = "x".join(str(d) for d in prediction.shape[1:])
     labels = (f"a one-hot row of {bundle.num_classes}" if bundle.label_kind == "onehot"
-              else "one class id")
+              else f"a multi-hot row of {bundle.num_classes}"
+              if bundle.label_kind == "multilabel" else "one class id")
     synthetic = (" (synthetic data's sample shape is --input-shape, default 28,28,1: give "
                  "the shape your model takes)" if dataset_spec == "synthetic" else "")
     raise UsageError(f"model {model_spec!r} outputs {per_sample} a sample for samples of "

@@ -78,9 +78,10 @@ def _given_classes(spec: str, num_classes: Optional[int], kind: str, counted: in
         raise UsageError(f"num_classes {num_classes} is too few for dataset {spec!r}: its "
                          f"labels go up to class id {counted - 1}",
                          f"num_classes {counted} or more, or leave it unset to count the labels")
-    if kind == "onehot" and counted != num_classes:
+    if kind in ("onehot", "multilabel") and counted != num_classes:
+        rows = "one-hot" if kind == "onehot" else "multi-hot"
         raise UsageError(f"num_classes {num_classes} does not fit dataset {spec!r}: its labels "
-                         f"are one-hot rows of {counted}",
+                         f"are {rows} rows of {counted}",
                          f"num_classes {counted}, or leave it unset to count the labels")
     return num_classes
 
@@ -259,14 +260,18 @@ def _inputs_side_by_side(xtr, xva):
 
 
 def label_kind_of(y_train: np.ndarray) -> tuple[str, int]:
-    """("sparse" | "onehot" | "binary" | "other", the number of classes; for "other", values
-    no class loss fits, how many values a label holds).  One-hot rows are rows of
-    non-negative numbers that sum to 1 (soft labels too); any other table is values."""
+    """("sparse" | "onehot" | "multilabel" | "binary" | "other", the number of classes; for
+    "other", values no class loss fits, how many values a label holds).  One-hot rows are
+    rows of non-negative numbers that sum to 1 (soft labels too); multi-hot rows hold only 0
+    and 1, any number of 1s a sample (tags: a sample of several classes, or of none); any
+    other table is values."""
     flat = y_train.reshape(len(y_train), -1)
     width = int(flat.shape[1])
     if y_train.ndim == 2 and width > 1:
         if flat.size and (flat.min() >= 0) and np.allclose(flat.sum(axis=1), 1.0, atol=1e-3):
             return "onehot", width
+        if flat.size and np.isin(flat, (0, 1)).all():
+            return "multilabel", width
         return "other", width
     if width != 1:
         return "other", width
@@ -421,7 +426,8 @@ class Scan(NamedTuple):
     count: int            # elements
     top: int              # the largest label, for integer ids (else -1)
     low: int              # the smallest, for integer ids (else 0)
-    onehot: bool          # for float label rows: every row non-negative and summing to 1
+    onehot: bool          # for label rows: every row non-negative and summing to 1
+    multihot: bool        # for label rows: every value 0 or 1
     bad: list             # the places of the first MOST_LISTED elements with NaN or inf
     bad_total: int        # how many hold NaN or inf
     weights: tuple = ()   # with sample weights: (NaN or inf, below zero, above zero) counts
@@ -429,8 +435,9 @@ class Scan(NamedTuple):
 
 def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
     """One pass over ``ds``: its elements; with ``labels`` "ids" the largest (integer
-    scalars), with "rows" whether every row is a one-hot (or soft) label; NaN and inf only
-    when ``watch_finite`` and a part is floating."""
+    scalars), with "rows" whether every row is a one-hot (or soft) label, and whether every
+    value is 0 or 1 (multi-hot); NaN and inf only when ``watch_finite`` and a part is
+    floating."""
     import tensorflow as tf
 
     from app.precision.finite import all_finite
@@ -442,7 +449,7 @@ def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
     watch = bool(watch_finite and floating)
 
     def step(state, element):
-        n, top, low, rows_ok, bad_total, bad, weights = state
+        n, top, low, rows_ok, multihot, bad_total, bad, weights = state
         y = element[1]
         if weighted:
             w = tf.cast(tf.reshape(element[2], []), tf.float32)
@@ -456,6 +463,8 @@ def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
             y = tf.cast(y, tf.float32)
             rows_ok = tf.logical_and(rows_ok, tf.logical_and(
                 tf.reduce_min(y) >= 0.0, tf.abs(tf.reduce_sum(y) - 1.0) <= 1e-3))
+            multihot = tf.logical_and(multihot, tf.reduce_all(
+                tf.logical_or(tf.equal(y, 0.0), tf.equal(y, 1.0))))
         if watch:
             finite = all_finite([element[i] for i in floating])
             # The list is written only for a bad element (a cond: rewriting the whole list
@@ -465,16 +474,16 @@ def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
                           lambda: tf.tensor_scatter_nd_update(bad, [[slot]], [n]),
                           lambda: bad)
             bad_total += tf.cast(tf.logical_not(finite), tf.int64)
-        return n + 1, top, low, rows_ok, bad_total, bad, weights
+        return n + 1, top, low, rows_ok, multihot, bad_total, bad, weights
     start = (tf.constant(0, tf.int64), tf.constant(-1, tf.int64), tf.constant(0, tf.int64),
-             tf.constant(True),
+             tf.constant(True), tf.constant(True),
              tf.constant(0, tf.int64),
              tf.fill([MOST_LISTED if watch else 1], tf.constant(-1, tf.int64)),
              tf.zeros([3], tf.int64))
-    n, top, low, rows_ok, bad_total, bad, weights = ds.reduce(start, step)
+    n, top, low, rows_ok, multihot, bad_total, bad, weights = ds.reduce(start, step)
     bad_total = int(bad_total.numpy())
     return Scan(int(n.numpy()), int(top.numpy()), int(low.numpy()), bool(rows_ok.numpy()),
-                [int(i) for i in bad.numpy()[:bad_total]], bad_total,
+                bool(multihot.numpy()), [int(i) for i in bad.numpy()[:bad_total]], bad_total,
                 tuple(int(c) for c in weights.numpy()) if weighted else ())
 
 
@@ -514,7 +523,8 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
                          "class ids 0..N-1 (a tf.keras.layers.StringLookup maps them, "
                          "num_oov_indices=0), one-hot rows, or values with a --loss for them")
     integer_labels = fy.dtype.is_integer and fy.shape.rank == 0
-    rows = fy.dtype.is_floating and fy.shape.rank == 1 and (fy.shape[0] or 0) > 1
+    rows = ((fy.dtype.is_floating or fy.dtype.is_integer) and fy.shape.rank == 1
+            and (fy.shape[0] or 0) > 1)
     labels = "ids" if integer_labels else "rows" if rows else None
     scan = _scan(train, labels, watch_finite=True)
     vscan = _scan(val, labels)
@@ -531,9 +541,11 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
     if integer_labels and min(scan.low, vscan.low) >= 0:
         top = max(scan.top, vscan.top)
         kind, classes = ("binary" if top <= 1 else "sparse"), top + 1
-    elif rows and scan.onehot:
+    elif rows and scan.onehot and vscan.onehot:
         kind, classes = "onehot", int(fy.shape[0])
-    else:   # values: negative ids, or rows that are not one-hot, are not class labels
+    elif rows and scan.multihot and vscan.multihot:
+        kind, classes = "multilabel", int(fy.shape[0])
+    else:   # values: negative ids, rows neither one- nor multi-hot: not class labels
         kind, classes = "other", max(1, fy.shape.num_elements() or 1)
     several = not isinstance(fx, tf.TensorSpec)
     # One tensor may be reshaped for a built-in model; several inputs go as they are.

@@ -1,7 +1,8 @@
 """What the labels are decides the default loss, the metric and ``num_classes``: class ids,
-one-hot rows (soft labels too), or values, which no class loss fits.  Values trained with a
-cross-entropy died in the graph ("Received a label value of -7 which is outside the valid
-range"), a table of values passed for one-hot, and string labels crashed in NumPy."""
+one-hot rows (soft labels too), multi-hot rows (tags), or values, which no class loss
+fits.  Values trained with a cross-entropy died in the graph ("Received a label value of -7
+which is outside the valid range"), a table of values passed for one-hot, and string labels
+crashed in NumPy."""
 import numpy as np
 import pytest
 
@@ -17,6 +18,9 @@ WEIGHTS = np.array([1.0, 2.0, -1.0, 0.5], np.float32)
     (np.eye(3)[[0, 2, 1]], "onehot", 3),
     (np.array([[0.9, 0.05, 0.05], [0.1, 0.8, 0.1]]), "onehot", 3),      # soft labels
     (np.array([[1.5, -2.0, 0.0], [0.3, 0.3, 0.3]]), "other", 3),        # three values a sample
+    (np.array([[1, 0, 1], [0, 0, 0], [0, 1, 0]]), "multilabel", 3),     # tags: several, or none
+    (np.array([[1.0, 1.0], [0.0, 1.0]], np.float32), "multilabel", 2),
+    (np.array([[1.0, 0.5], [0.0, 1.0]]), "other", 2),                  # 0.5: not a tag
     (np.array([0.25, -1.5, 2.0]), "other", 1),
     (np.array([-1, 1, 1]), "other", 1),
 ])
@@ -60,7 +64,7 @@ def test_values_without_a_loss_are_one_line_and_nothing_is_written(tmp_path):
         assert str(caught.value).endswith(
             "), and no loss fits them by default; allowed: a loss for them: --loss mse (mae, "
             "huber, ... or MODULE:OBJECT; loss= in app.train, or the model compiled with "
-            "one); or class ids 0..N-1, or one-hot rows")
+            "one); or class ids 0..N-1, one-hot rows, or multi-hot rows of 0s and 1s")
         assert not (tmp_path / "run").exists()
 
 
@@ -151,6 +155,9 @@ def test_check_takes_values_with_a_loss_and_says_what_the_labels_are():
     (np.array([-1, 1] * 32), "other", 1),                                 # not class ids
     (np.eye(3, dtype=np.float32)[np.arange(64) % 3], "onehot", 3),
     (np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32), "other", 3),
+    (np.array([[1, 1, 0], [0, 0, 1], [0, 0, 0], [1, 0, 0]] * 16), "multilabel", 3),
+    (np.array([[1, 1, 0], [0, 0, 1], [0, 0, 0], [1, 0, 0]] * 16, np.float32), "multilabel", 3),
+    (np.eye(3, dtype=np.int64)[np.arange(64) % 3], "onehot", 3),        # integer one-hot rows
 ])
 def test_a_tf_data_datasets_labels_are_read_in_its_counting_pass(labels, kind, classes):
     """A dataset's rows were one-hot by their shape alone: a table of three values a
@@ -232,3 +239,87 @@ def test_class_ids_spread_far_apart_get_a_note():
         "np.unique(y, return_inverse=True)[1]) makes it 3"]
     dense = np.arange(60)   # ids 0..59, every one in use: no note
     assert from_user(((x, dense), (x[:9], dense[:9])), "d.py:f", 8).notes == []
+
+
+def _tags(n=3000, seed=0):
+    """Four tags a sample, each a rule of its own on the features (one of them not linear):
+    a sample holds any number of them, none included."""
+    x = np.random.default_rng(seed).normal(size=(n, 16)).astype(np.float32)
+    y = np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0, x[:, 3] * x[:, 4] > 0,
+                  np.abs(x[:, 5]) > 1], axis=1).astype(np.float32)
+    return _split(x, y, val=500)
+
+
+def _tagger(activation):
+    def build(input_shape, num_classes):
+        import tensorflow as tf
+
+        return tf.keras.Sequential([
+            tf.keras.Input(shape=input_shape),
+            tf.keras.layers.Dense(64, activation="relu"),
+            tf.keras.layers.Dense(num_classes, activation=activation, dtype="float32")])
+    return build
+
+
+@pytest.mark.parametrize("activation, loop", [(None, "fit"), ("sigmoid", "custom")])
+def test_multi_hot_labels_train_as_tags_with_a_binary_cross_entropy(tmp_path, capfd, activation,
+                                                                    loop):
+    """Multi-hot rows were values: no loss by default, and with --loss binary_crossentropy
+    the accuracy was none (MAE only when the units matched).  Now: a binary cross-entropy
+    on every unit, from logits or not as the outputs are, and the share of tags right."""
+    import app
+
+    data = _tags()
+    m = app.train(model=_tagger(activation), data=data, epochs=10, batch_size=32,
+                  learning_rate=1e-2, loop=loop, precision="float32", progress="lines",
+                  save_model=False, output=str(tmp_path / "run"))
+    assert (m["data"]["label_kind"], m["data"]["num_classes"]) == ("multilabel", 4)
+    said = capfd.readouterr()
+    assert ("note: loss: binary_crossentropy on " + (
+        "logits (from_logits=True)" if activation is None else
+        "probabilities (the model's outputs lie in 0..1)")) in said.out + said.err
+    # Guessing each tag's more common value is right 62% of the time; the rules are learnt.
+    baseline = float(np.mean(np.maximum(data[1][1].mean(axis=0), 1 - data[1][1].mean(axis=0))))
+    assert baseline < 0.7
+    assert m["epochs"][-1]["val_accuracy"] >= 0.9, m["epochs"]
+
+
+def test_a_binary_accuracy_on_logits_thresholds_at_zero(tmp_path):
+    """One output unit without a sigmoid, 0/1 labels: the loss was taken from logits, the
+    accuracy at 0.5 (Keras' "accuracy" does the same), so a logit of 0.3 counted as class 0
+    though its probability is 0.57: on this data it read 0.765 for 0.795.  The reported
+    accuracy is now the one the model's own predictions give."""
+    import tensorflow as tf
+
+    import app
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 8)).astype(np.float32)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0.8).astype(np.int64)      # a quarter of them class 1
+    (xt, yt), (xv, yv) = _split(x, y, val=400)
+
+    def build(input_shape, num_classes):
+        return tf.keras.Sequential([tf.keras.Input(shape=input_shape),
+                                    tf.keras.layers.Dense(16, activation="relu"),
+                                    tf.keras.layers.Dense(1, dtype="float32")])
+    m = app.train(model=build, data=((xt, yt), (xv, yv)), epochs=4, precision="float32",
+                  progress="lines", output=str(tmp_path / "run"))
+    model = tf.keras.models.load_model(m["model_path"], compile=False)
+    logits = model.predict(xv, verbose=0).reshape(-1)
+    right = float(np.mean((logits > 0) == yv))
+    assert abs(m["epochs"][-1]["val_accuracy"] - right) < 1e-6
+    # Where the two thresholds disagree on this model, the test tells them apart.
+    assert np.any((logits > 0) != (logits > 0.5))
+
+
+def test_multi_hot_labels_and_class_weights_are_one_line(tmp_path):
+    import app
+
+    with pytest.raises(UsageError, match=r"--class-weight weighs a sample by its one class, "
+                                         r"and the labels of this data are multi-hot rows"):
+        app.train(model=_tagger(None), data=_tags(800), class_weight="balanced", epochs=1,
+                  output=str(tmp_path / "run"))
+    with pytest.raises(UsageError, match=r"has 3 output unit\(s\) but the labels of dataset "
+                                         r"'python:arrays' are multi-hot rows of 4"):
+        app.train(model=lambda input_shape, num_classes: _tagger(None)(input_shape, 3),
+                  data=_tags(800), epochs=1, output=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
