@@ -82,8 +82,15 @@ def _train(cfg) -> int:
 
 
 def done_line(metrics: dict, output: str) -> str:
-    """``done: N epoch(s), <the run's own validation metrics>, outputs in DIR``."""
-    last = metrics["epochs"][-1] if metrics["epochs"] else {}
+    """``done: N epoch(s), <the run's own validation metrics>, outputs in DIR``: the last
+    epoch's metrics, or under --early-stop those of the epoch whose weights were saved."""
+    epochs = metrics["epochs"]
+    last = epochs[-1] if epochs else {}
+    kept = (metrics.get("early_stop") or {}).get("model_epoch")
+    head = [f"done: {len(epochs)} epoch(s)"]
+    if kept and last and kept != last["epoch"]:
+        last = next((e for e in epochs if e["epoch"] == kept), last)
+        head.append(f"the model saved is epoch {kept}'s")
     shown = [f"{k}={v}" for k, v in last.items() if k.startswith("val_") and k != "val_loss"]
-    return ", ".join([f"done: {len(metrics['epochs'])} epoch(s)"] + shown
+    return ", ".join(head + shown
                      + [f"outputs in {(metrics.get('config') or {}).get('output') or output}"])

@@ -174,6 +174,10 @@ SETTINGS: Tuple[Setting, ...] = (
             "{default:g})", float),
     Setting("max_skipped_steps", "how", "stop when this many steps in a row have non-finite "
             "gradients (default {default})", int),
+    # Not passed: the benchmark times a fixed number of epochs.
+    Setting("early_stop", "how", "stop when val_loss has not improved for N epochs in a row, "
+            "and save the best epoch's weights as the model (default {default}: off; "
+            "docs/training.md)", int, metavar="N"),
     Setting("steps_per_execution", "how", "--loop fit: training steps per tf.function call; "
             "step logs and skipped-step checks then happen once per call (default {default})",
             int, passed=True),

@@ -46,6 +46,7 @@ class TrainConfig:
     seed: int = 0
     resume: bool = False
     max_skipped_steps: int = 20       # consecutive skipped steps before giving up
+    early_stop: int = 0               # epochs without a better val_loss before stopping; 0: off
     initial_loss_scale: float = registry.DEFAULT_INITIAL_LOSS_SCALE
     offline: bool = False
     save_model: bool = True
@@ -259,6 +260,11 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
                          f"{said('loop')}={cfg.loop!r}",
                          "--loop fit with --steps-per-execution, or leave it at 1")
     check_accumulation(cfg)
+    if not isinstance(cfg.early_stop, int) or cfg.early_stop < 0:
+        raise UsageError(f"{said('early_stop')} must be 0 or more. Received: "
+                         f"{said('early_stop')}={cfg.early_stop!r}",
+                         "an integer >= 1, the epochs without a better val_loss before "
+                         "stopping, or 0 (the default) for no early stop")
     for name in ("max_train_samples", "max_val_samples"):
         v = getattr(cfg, name)
         if v is not None and v < 1:

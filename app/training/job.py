@@ -25,7 +25,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from app.run_folder import checkpoints as checkpointing
-from app.training import distribute
+from app.training import distribute, early_stop
 from app.machine import envreport
 from app.machine import hardware as hw_mod
 from app.machine import cpu_threads, nvml, xla_toolchain
@@ -282,10 +282,16 @@ def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
                   on_step: StepCallback | None = None,
                   previous_steps: Optional[list] = None) -> Recorder:
     """The run's recorder (``open()`` it: its first write into the output folder)."""
-    return Recorder(run.output, metrics, parts, epochs=run.config.epochs,
-                    train_samples=run.bundle.train_samples, is_chief=run.dist.is_chief,
-                    plain=plain_lines(run.config.progress), on_step=on_step,
-                    previous_steps=previous_steps)
+    recorder = Recorder(run.output, metrics, parts, epochs=run.config.epochs,
+                        train_samples=run.bundle.train_samples, is_chief=run.dist.is_chief,
+                        plain=plain_lines(run.config.progress), on_step=on_step,
+                        previous_steps=previous_steps)
+    if run.config.early_stop:
+        best_dir = os.path.join(run.output, early_stop.BEST_DIR)
+        recorder.early = early_stop.EarlyStop(run.config.early_stop, run.output, parts.model,
+                                              write_dir=run.dist.write_dir(best_dir),
+                                              saves_model=run.config.save_model)
+    return recorder
 
 
 def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
@@ -438,6 +444,12 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     skip = 0 if run.dist.multi_worker else accumulate.trained_in_epoch(run, start, step)
     if parts.accumulator is not None:
         parts.accumulator.start_at(skip)
+    if run.config.early_stop and early_stop.should_stop(metrics["epochs"], run.config.early_stop):
+        # Stopped early before: another epoch would only be trained to be thrown away.
+        print(f"resuming from {parts.checkpointer.restored_path}: the run stopped early after "
+              f"{start} epoch(s) ({early_stop.stop_line(metrics['epochs'], run.config.early_stop)}), "
+              f"so nothing is left to train (a larger --early-stop trains on)", file=sys.stderr)
+        return run.config.epochs, 0, previous_steps
     if start >= run.config.epochs and not skip:
         # Nothing is left to train: say so, not "resuming ... at epoch 10" of a 3-epoch run.
         print(f"resuming from {parts.checkpointer.restored_path}: {start} epoch(s) trained, "
@@ -471,6 +483,10 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
             run_loop = loops.run_fit if loop == "fit" else loops.run_custom
             run_loop(run, parts, recorder, monitor, start, skip)
         recorder.metrics["status"] = "completed"
+        if recorder.early is not None:
+            epochs = recorder.metrics["epochs"]
+            restored = recorder.early.restore_best(epochs) if cfg.save_model else None
+            recorder.metrics["early_stop"] = recorder.early.to_json(epochs, restored)
         if cfg.save_model:
             # Every worker saves (saving may read synced variables), only the chief
             # into --output; the others into a temporary folder, then delete it.

@@ -86,6 +86,8 @@ class _EpochCallback(tf.keras.callbacks.Callback):
                                    cpu if self.c_train is None else self.c_train,
                                    self.monitor.take_skipped_epoch())
         self.monitor.raise_pending()   # a signal during validation: the epoch is kept
+        if self.recorder.stopping_early:
+            self.model.stop_training = True
 
 
 def run_custom(run, parts, recorder, monitor, start_epoch: int, skip: int = 0):
@@ -136,6 +138,8 @@ def _custom_epochs(run, parts, recorder, monitor, start_epoch, custom, train_ds,
                 f"{k}={float(v):.4f}" for k, v in logs.items()), flush=True)
         recorder.record_epoch(epoch, logs, time.perf_counter() - t0, t_train, c_train,
                               monitor.take_skipped_epoch())
+        if recorder.stopping_early:
+            break
 
 
 def _backup_and_restore(backup_dir: str):

@@ -143,6 +143,7 @@ class Recorder:
         self.step_log: list[dict] = []
         self.summaries = Summaries(None)   # open() makes the real one
         self.watch = None   # the sentinel's (app.training.sentinel_watch), when it is on
+        self.early = None   # --early-stop's (app.training.early_stop), when it is on
 
     def record_probe(self, step: int, scalars: dict):
         """The sentinel's headroom probe: a TensorBoard scalar per layer."""
@@ -197,6 +198,9 @@ class Recorder:
         self.summaries.scalars(epoch + 1, {f"epoch/{k}": v for k, v in row.items() if k not in (
             "epoch", "epoch_seconds", "train_seconds", "train_cpu_seconds", "steps")})
         self.summaries.flush()
+        # The best weights before the epoch's checkpoint: a run resumed from that checkpoint
+        # finds them saved.
+        stop = self.early is not None and self.early.after_epoch(self.metrics["epochs"])
         self.parts.checkpointer.save(epoch + 1, steps)
         self.write_metrics()
         if self.plain:
@@ -204,6 +208,16 @@ class Recorder:
             print(f"epoch {row['epoch']}/{self.epochs}: {values} "
                   f"{row['samples_per_second']:.0f} samples/s "
                   f"loss_scale={row['loss_scale']:g} skipped={row['skipped_steps']}", flush=True)
+        if stop and epoch + 1 < self.epochs:
+            from app.training.early_stop import stop_line
+
+            print(stop_line(self.metrics["epochs"], self.early.patience,
+                            self.early.saves_model), flush=True)
+
+    @property
+    def stopping_early(self) -> bool:
+        """--early-stop: the epoch just recorded is the last one to train."""
+        return self.early is not None and self.early.stopped
 
     def write_metrics(self):
         if not self.is_chief:

@@ -179,11 +179,13 @@ def test_two_workers_finish_only_the_chief_writes_and_accumulating_matches_the_p
     """Two two-worker jobs side by side: the plain batch of 16 per worker, and --accumulate 2
     of micro-batches of 8.  Each update of the second is the mean over both workers' two
     micro-batches, the 32 samples a plain step trains on, so both end with the same
-    weights; and only the chief writes."""
+    weights; and only the chief writes (--early-stop's best weights too: every worker
+    saves them, the others into temporary folders)."""
     ports = free_ports(4)
     plain, acc = tmp_path / "plain", tmp_path / "acc"
     common = [*COMMON[:-4], "--max-val-samples", "128", "--loop", LOOP, "--precision",
-              "float32", "--epochs", "2", "--max-train-samples", "512", "--log-every", "16"]
+              "float32", "--epochs", "2", "--max-train-samples", "512", "--log-every", "16",
+              "--early-stop", "5"]
     procs = [_app([*common, "--batch-size", "16", "--output", str(plain)],
                   _env({"TF_CONFIG": tf_config(ports[:2], i)}), tmp_path / f"w{i}.log")
              for i in range(2)]
@@ -206,6 +208,10 @@ def test_two_workers_finish_only_the_chief_writes_and_accumulating_matches_the_p
                  if "workertemp" in n]
     assert leftovers == []
     assert m["model_path"] and os.path.exists(m["model_path"])
+    assert m["early_stop"]["model_epoch"] == m["early_stop"]["best_epoch"] == 2
+    assert sorted(os.listdir(plain / "best")) == [
+        "checkpoint", "epoch-1.data-00000-of-00001", "epoch-1.index",
+        "epoch-2.data-00000-of-00001", "epoch-2.index"]
     a = _metrics(acc)
     assert a["distribute"]["strategy"] == "multi-worker"
     assert a["accumulation"] == {"micro_batch": 16, "accumulate": 2, "global_batch": 32}
