@@ -276,12 +276,13 @@ def _check_output_fits(units, bundle, model_spec: str, dataset_spec: str):
     if bundle.label_kind == "binary" and units == 1:
         return
     if units != need:
-        labels = (f"are multi-hot rows of {need}" if bundle.label_kind == "multilabel" else
-                  f"have {need} classes (0..{need - 1})")
+        tags = bundle.label_kind == "multilabel"
+        labels = f"are multi-hot rows of {need}" if tags else f"have {need} classes (0..{need - 1})"
         raise UsageError(f"model {model_spec!r} has {units} output unit(s) but the labels of "
                          f"dataset {dataset_spec!r} {labels}",
                          f"a model whose last layer has {need} units (use num_classes), "
-                         "or labels 0..units-1")
+                         + ("or multi-hot rows as wide as its units" if tags
+                            else "or labels 0..units-1"))
 
 
 def _check_output_is_a_row(prediction, bundle, model_spec: str, dataset_spec: str):
