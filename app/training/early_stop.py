@@ -8,8 +8,9 @@ the lowest finite ``val_loss``, and the run stops once N epochs have passed sinc
 best epoch's weights are a checkpoint of the model alone in ``<output>/best``, numbered by
 the epoch, written when an epoch improves, before that epoch's regular checkpoint.  At the
 end they are restored into the model before it is saved; if the best epoch's checkpoint is
-missing (a run cut short between the two saves of that epoch), the model saved is the last
-epoch's, and the run says so.
+missing (it trained before a ``--resume`` gave ``--early-stop``, or the run was cut short
+between the two saves of that epoch), the model saved is the last epoch's, and the run says
+so.
 """
 from __future__ import annotations
 
@@ -94,8 +95,9 @@ class EarlyStop:
         prefix = os.path.join(self.read_dir, f"epoch-{best['epoch']}")
         if not os.path.exists(prefix + ".index"):
             print(f"warning: --early-stop: the weights of the best epoch, {best['epoch']}, "
-                  f"were not saved (the run was cut short as it saved them); the model saved "
-                  f"is the last epoch's, {epochs[-1]['epoch']}", file=sys.stderr, flush=True)
+                  f"were not saved (it trained before --early-stop was given, or the run was "
+                  f"cut short as it saved them); the model saved is the last epoch's, "
+                  f"{epochs[-1]['epoch']}", file=sys.stderr, flush=True)
             return None
         self.ckpt.restore(prefix).expect_partial()
         return best["epoch"]
