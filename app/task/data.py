@@ -18,11 +18,15 @@ import numpy as np
 
 from app.core import catalog as registry
 from app.core.errors import UsageError
+from app.machine import memory
 from app.task.data_rows import DataRows, listed, unread_rows
 
 SYNTHETIC_TRAIN, SYNTHETIC_VAL = 2048, 512
 # An image folder keeps this share of its images for validation (Keras' validation_split).
 VALIDATION_SPLIT = 0.2
+# An image folder's decoded images are kept in memory (one byte a pixel and channel) when
+# they take at most this share of the memory free at load; else they are decoded each epoch.
+IMAGE_CACHE_SHARE = 0.5
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")   # the ones Keras reads
 _ALLOWED_FIX = ("delete the file to download it again, or replace it with the standard "
                 "Keras dataset file")
@@ -316,17 +320,44 @@ def _image_folder(image_dir: str, image_size: int, batch_size: int, seed: int, m
         train, n_train = train.take(max_train), min(n_train, max_train)
     if max_val:
         val, n_val = val.take(max_val), min(n_val, max_val)
-    scale = lambda x, y: (tf.cast(x, tf.float32) / 255.0, tf.cast(y, tf.int32))  # noqa: E731
     files = list(getattr(train, "file_paths", [])) + list(getattr(val, "file_paths", []))
-    train = train.map(scale, num_parallel_calls=tf.data.AUTOTUNE).cache()
-    val = val.map(scale).cache()
+    cached, buffer, note = _image_memory(n_train + n_val, n_train, image_size)
+    # Decoded and resized images as bytes (Keras gives float32 0..255): a quarter of the
+    # memory of float32 pixels, scaled to 0..1 after the cache.
+    as_bytes = lambda x, y: (tf.cast(tf.clip_by_value(tf.round(x), 0, 255), tf.uint8),  # noqa: E731
+                             tf.cast(y, tf.int32))
+    scale = lambda x, y: (tf.cast(x, tf.float32) / 255.0, y)  # noqa: E731
+    train = train.map(as_bytes, num_parallel_calls=tf.data.AUTOTUNE)
+    val = val.map(as_bytes, num_parallel_calls=tf.data.AUTOTUNE)
+    if cached:
+        train, val = train.cache(), val.cache()
     for part in (train, val):
         _decoded(part, files, image_dir)
-    train = (train.shuffle(max(n_train, 1), seed=seed).batch(batch_size)
+    train = (train.shuffle(buffer, seed=seed).map(scale).batch(batch_size)
              .prefetch(tf.data.AUTOTUNE))
-    val = val.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    val = val.map(scale).batch(batch_size).prefetch(tf.data.AUTOTUNE)
     return DataBundle(train, val, (image_size, image_size, 3), len(classes), n_train, n_val,
-                      classes)
+                      classes, notes=[note] if note else [])
+
+
+def _image_memory(images: int, train_images: int, image_size: int) -> tuple:
+    """(keep the decoded images in memory, the shuffle buffer, the note when not kept).
+    They are kept, and the whole training set shuffled each epoch (the buffer holds the
+    cached images, not copies), unless they would take more than ``IMAGE_CACHE_SHARE`` of
+    the memory free now (a container's limit counted), as an image folder of ImageNet's
+    kind at 224x224 would (150 KB an image); then they are decoded each epoch, shuffled in a
+    buffer of a tenth of the free memory."""
+    per_image = image_size * image_size * 3
+    need = images * per_image
+    free = memory.available_bytes()
+    if free is None or need <= IMAGE_CACHE_SHARE * free:
+        return True, max(train_images, 1), None
+    buffer = max(1, min(train_images, int(0.1 * free) // per_image))
+    return False, buffer, (
+        f"the {images:,} images decoded at {image_size}x{image_size} would take "
+        f"{memory.format_size(need)}, more than half of the {memory.format_size(free)} free: "
+        f"they are decoded again each epoch instead of kept in memory, and shuffled "
+        f"{buffer:,} at a time (a smaller --image-size keeps them)")
 
 
 def _count_images(image_dir: str, classes) -> int:
@@ -339,15 +370,15 @@ def _count_images(image_dir: str, classes) -> int:
     return count
 
 
-def _decoded(cached, files, image_dir: str) -> None:
-    """Read ``cached`` (the decoded images, behind ``cache()``) once to its end: that fills
-    the cache the first epoch would fill, and an image that does not decode (a text file
-    named .png, a truncated GIF) stops the load here in one line naming it, not the
-    training midway with TensorFlow's "Invalid GIF data" traceback."""
+def _decoded(images, files, image_dir: str) -> None:
+    """Read ``images`` (the decoded images, behind ``cache()`` when they are kept) once to
+    its end: that fills the cache the first epoch would fill, and an image that does not
+    decode (a text file named .png, a truncated GIF) stops the load here in one line naming
+    it, not the training midway with TensorFlow's "Invalid GIF data" traceback."""
     import tensorflow as tf
 
     try:
-        cached.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+        images.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
     except tf.errors.InvalidArgumentError as exc:
         bad = [os.path.relpath(f, image_dir) for f in files if not _decodes(f)]
         first = (exc.message or str(exc)).strip().splitlines()[0][:160]

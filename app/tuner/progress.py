@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional, TextIO
 
 from app.core.progress import Bar
-from app.tuner.budget import format_size
+from app.machine.memory import format_size
 
 
 class Progress:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from app.core.catalog import BASELINE_POLICY
 from app.tuner import search
-from app.tuner.budget import format_size
+from app.machine.memory import format_size
 
 from app.training.tuned import SCHEMA  # noqa: F401  (the tune.json format is training's)
 COLOURS = {"float32": "#4c72b0", "mixed_float16": "#dd8452", "mixed_bfloat16": "#55a868"}

@@ -127,6 +127,38 @@ def test_an_image_that_does_not_decode_is_named_at_load(tmp_path):
     assert sum(int(x.shape[0]) for x, _ in bundle.val) == bundle.val_samples
 
 
+def test_an_image_folder_too_large_for_memory_is_decoded_each_epoch(tmp_path, monkeypatch):
+    """The decoded images were kept in memory as float32 whatever their number, and the
+    whole training set again in the shuffle buffer: 8 bytes a pixel and channel, so an image
+    folder of ImageNet's kind filled the memory while it loaded (165 MiB for 3,000 images
+    at 64x64, tests/benchmarks/bench_image_cache.py; 66 MiB now).  They are kept as bytes,
+    and only while they fit in half the memory free; else read again each epoch."""
+    import tensorflow as tf
+
+    _noise_pngs(tmp_path, 10)                  # 20 images, 16 of them for training
+    per_image = 32 * 32 * 3
+    monkeypatch.setattr(data.memory, "available_bytes", lambda: 30 * per_image)
+    bundle = data.load("images", (32, 32, 3), 4, image_dir=str(tmp_path))
+    assert bundle.notes == [
+        "the 20 images decoded at 32x32 would take 0 MiB, more than half of the 0 MiB free: "
+        "they are decoded again each epoch instead of kept in memory, and shuffled 3 at a "
+        "time (a smaller --image-size keeps them)"]
+    for _ in range(2):
+        x, _ = next(iter(bundle.train))
+        assert x.dtype == tf.float32 and 0.0 <= float(tf.reduce_min(x)) <= float(
+            tf.reduce_max(x)) <= 1.0
+        assert sum(int(x.shape[0]) for x, _ in bundle.train) == bundle.train_samples
+    for png in tmp_path.glob("*/*.png"):       # read from the folder every epoch
+        png.unlink()
+    with pytest.raises(tf.errors.NotFoundError):
+        sum(int(x.shape[0]) for x, _ in bundle.train)
+    # With the memory there, they are kept (test_an_image_that_does_not_decode_is_named_at_load
+    # reads a cached set after its files are gone) and nothing is said.
+    _noise_pngs(tmp_path, 10)
+    monkeypatch.setattr(data.memory, "available_bytes", lambda: 2 ** 30)
+    assert data.load("images", (32, 32, 3), 4, image_dir=str(tmp_path)).notes == []
+
+
 def test_in_memory_batches_cover_every_row_once_in_a_new_order_each_epoch():
     from app.task.data import make_dataset
 

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from app.core.errors import UsageError
+from app.machine import memory
 from app.tuner import budget, report, search
 from app.training import tuned
 from app.tuner.arguments import check_margin, check_max_batch, parse_precisions
@@ -42,7 +43,7 @@ def _reader(files):
 def test_cgroup_v2_limit_is_the_tightest_on_the_path():
     files = {"/sys/fs/cgroup/a/b/memory.max": "max\n", "/sys/fs/cgroup/a/memory.max": "4294967296\n",
              "/sys/fs/cgroup/memory.max": None}
-    free = budget.cgroup_free("0::/a/b\n", _reader(files))
+    free = memory.cgroup_free("0::/a/b\n", _reader(files))
     assert (free.limit, free.path) == (4 * GIB, "/sys/fs/cgroup/a/memory.max")
 
 
@@ -50,15 +51,15 @@ def test_cgroup_v1_limit_and_its_unlimited_value():
     proc = "12:pids:/x\n4:memory:/docker/abc\n0::/\n"
     files = {"/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes": "2147483648\n",
              "/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n"}
-    assert budget.cgroup_free(proc, _reader(files)).limit == 2 * GIB
+    assert memory.cgroup_free(proc, _reader(files)).limit == 2 * GIB
     files["/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes"] = "9223372036854771712"
-    assert budget.cgroup_free(proc, _reader(files)) is None
+    assert memory.cgroup_free(proc, _reader(files)) is None
 
 
 def test_inside_a_container_the_mount_top_holds_the_limit():
     # /proc/self/cgroup names the host's path; the container sees its own cgroup at the top
     files = {"/sys/fs/cgroup/memory.max": "1073741824"}
-    assert budget.cgroup_free("0::/docker/123\n", _reader(files)).limit == GIB
+    assert memory.cgroup_free("0::/docker/123\n", _reader(files)).limit == GIB
 
 
 def test_cpu_auto_is_the_limit_else_mem_available():
@@ -312,7 +313,7 @@ def test_cgroup_v1_auto_is_the_limit_less_usage_at_the_tightest_level():
              f"{base}/docker/memory.limit_in_bytes": str(8 * GIB),
              f"{base}/docker/memory.usage_in_bytes": str(15 * GIB // 2),
              f"{base}/memory.limit_in_bytes": "9223372036854771712"}
-    free = budget.cgroup_free(proc, _reader(files))
+    free = memory.cgroup_free(proc, _reader(files))
     assert (free.free, free.limit, free.path) == (GIB // 2, 8 * GIB,
                                                   f"{base}/docker/memory.limit_in_bytes")
     assert budget.cpu_auto_budget(_reader(files)).bytes == GIB // 2
