@@ -134,9 +134,10 @@ def per_example(loss):
     return on_float32
 
 
-def keras_object(spec, what: str, keras_get, allowed: str):
+def keras_object(spec, what: str, keras_get, allowed: str, namespace=None):
     """A loss or metric named by ``spec``: ``MODULE:OBJECT`` (a class is instantiated with no
-    arguments), a Keras identifier through ``keras_get``, or an object given directly."""
+    arguments), a Keras identifier through ``keras_get`` (or a class of ``namespace`` by its
+    snake_case name), or an object given directly."""
     obj = spec
     if isinstance(spec, str) and specs.is_user_spec(spec):
         obj = specs.load_object(spec, what)
@@ -144,10 +145,34 @@ def keras_object(spec, what: str, keras_get, allowed: str):
         try:
             obj = keras_get(spec)
         except (ValueError, TypeError):
-            raise UsageError(f"{what} {spec!r} is not a Keras {what}", allowed) from None
+            cls = class_by_snake_name(spec, namespace)
+            if cls is None:
+                raise UsageError(f"{what} {spec!r} is not a Keras {what}", allowed) from None
+            try:
+                return cls()
+            except TypeError:   # MeanIoU(num_classes), ...: not one a name can give
+                raise UsageError(f"{what} {spec!r} ({cls.__name__}) needs arguments",
+                                 f"a {what} that takes none, or MODULE:OBJECT: a module of "
+                                 f"yours that builds it, e.g. {spec.lower()} = "
+                                 f"tf.keras.metrics.{cls.__name__}(...)") from None
     if isinstance(obj, type):
         obj = specs.call_user(obj, spec_text(spec), what, {})
     return obj
+
+
+def class_by_snake_name(spec: str, namespace):
+    """Keras 2 knows its loss and metric classes by their class names only ('AUC',
+    'TruePositives'), Keras 3 and its docs by snake_case too ('auc', 'true_positives'): the
+    class of ``namespace`` (``tf.keras.metrics``) whose name is ``spec`` without its
+    underscores, whatever the case; None when there is none."""
+    if namespace is None:
+        return None
+    key = spec.replace("_", "").lower()
+    for name in dir(namespace):
+        obj = getattr(namespace, name, None)
+        if isinstance(obj, type) and name.lower() == key:
+            return obj
+    return None
 
 
 def make_metric(spec, bundle, units, probabilities: bool = True):
@@ -160,24 +185,64 @@ def make_metric(spec, bundle, units, probabilities: bool = True):
     if spec in ("accuracy", "acc"):
         if bundle.label_kind == "onehot":
             return tf.keras.metrics.CategoricalAccuracy(name="accuracy")
-        if bundle.label_kind == "multilabel" or (bundle.label_kind == "binary" and units == 1):
+        if _binary(bundle, units):
             return tf.keras.metrics.BinaryAccuracy(name="accuracy",
                                                    threshold=0.5 if probabilities else 0.0)
         return tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")
     obj = keras_object(spec, "metric", tf.keras.metrics.get,
                        "Keras metric names (e.g. accuracy, mae, auc) or MODULE:OBJECT, "
-                       "comma-separated")
+                       "comma-separated", namespace=tf.keras.metrics)
+    named = isinstance(spec, str) and not specs.is_user_spec(spec)
+    # A metric of probabilities that Keras would read logits with (thresholds at 0.5, or,
+    # Keras 2, "predictions must be >= 0"): given the sigmoid of the outputs.  Only the ones
+    # named here; a metric object of the user's reads the outputs as they are.
+    sigmoid = (named and not probabilities and _binary(bundle, units)
+               and _reads_probabilities(obj))
     if isinstance(obj, tf.keras.metrics.Metric):
         config = obj.get_config()
-        if isinstance(spec, str) and not specs.is_user_spec(spec):
+        if named:
             config["name"] = spec   # as typed, in both Kerases ('mae', not mean_absolute_error)
-        return type(obj).from_config(config)
+        return (_on_sigmoid(type(obj)) if sigmoid else type(obj)).from_config(config)
     if callable(obj):
-        name = spec if isinstance(spec, str) and not specs.is_user_spec(spec) else \
-            getattr(obj, "__name__", "metric")
-        return tf.keras.metrics.MeanMetricWrapper(obj, name=name)
+        name = spec if named else getattr(obj, "__name__", "metric")
+        fn = (lambda y_true, y_pred, f=obj: f(y_true, tf.sigmoid(y_pred))) if sigmoid else obj
+        return tf.keras.metrics.MeanMetricWrapper(fn, name=name)
     raise UsageError(f"metric {spec!r} is a {type(obj).__name__}, not a metric",
                      "a Keras metric name, a keras.metrics.Metric, or a function")
+
+
+# Keras metrics that read the outputs as probabilities of the positive class (by class or
+# function name): thresholds, confusion counts, curves, a binary cross-entropy.
+_OF_PROBABILITIES = {
+    "AUC", "Precision", "Recall", "TruePositives", "TrueNegatives", "FalsePositives",
+    "FalseNegatives", "PrecisionAtRecall", "RecallAtPrecision", "SensitivityAtSpecificity",
+    "SpecificityAtSensitivity", "BinaryAccuracy", "BinaryCrossentropy", "BinaryIoU",
+    "F1Score", "FBetaScore", "binary_accuracy", "binary_crossentropy"}
+
+
+def _binary(bundle, units) -> bool:
+    """Labels a binary read fits: 0/1 against one unit, or multi-hot rows."""
+    return bundle.label_kind == "multilabel" or (bundle.label_kind == "binary" and units == 1)
+
+
+def _reads_probabilities(obj) -> bool:
+    name = getattr(obj, "__name__", None) or type(obj).__name__
+    if getattr(obj, "get_config", None) is not None and getattr(obj, "fn", None) is not None:
+        name = getattr(obj.fn, "__name__", name)   # Keras 3's MeanMetricWrapper of a function
+    return name in _OF_PROBABILITIES
+
+
+def _on_sigmoid(cls):
+    """``cls`` updated with the sigmoid of the outputs (logits): the metric's own variables,
+    config and name, so both Kerases' loops treat it as the class it is."""
+    import tensorflow as tf
+
+    class OnSigmoid(cls):
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            return super().update_state(y_true, tf.sigmoid(tf.cast(y_pred, tf.float32)),
+                                        sample_weight=sample_weight)
+    OnSigmoid.__name__ = OnSigmoid.__qualname__ = cls.__name__
+    return OnSigmoid
 
 
 def weighted(per_example, sample_weight=None):

@@ -284,11 +284,14 @@ def test_multi_hot_labels_train_as_tags_with_a_binary_cross_entropy(tmp_path, ca
     assert m["epochs"][-1]["val_accuracy"] >= 0.9, m["epochs"]
 
 
-def test_a_binary_accuracy_on_logits_thresholds_at_zero(tmp_path):
+def test_binary_metrics_on_logits_read_them_as_logits(tmp_path):
     """One output unit without a sigmoid, 0/1 labels: the loss was taken from logits, the
-    accuracy at 0.5 (Keras' "accuracy" does the same), so a logit of 0.3 counted as class 0
-    though its probability is 0.57: on this data it read 0.765 for 0.795.  The reported
-    accuracy is now the one the model's own predictions give."""
+    metrics not.  The accuracy thresholded at 0.5 (Keras' "accuracy" does the same), so a
+    logit of 0.3 counted as class 0 though its probability is 0.57: on this data it read
+    0.765 for 0.795; AUC, precision and recall read logits as probabilities (val_auc 0.55
+    for 0.68, val_recall 0.01 for 0.12), and on Keras 2 their names ('auc', the example in
+    --metrics' own help) were refused.  Each now reports what the model's own predictions
+    give."""
     import tensorflow as tf
 
     import app
@@ -302,11 +305,20 @@ def test_a_binary_accuracy_on_logits_thresholds_at_zero(tmp_path):
                                     tf.keras.layers.Dense(16, activation="relu"),
                                     tf.keras.layers.Dense(1, dtype="float32")])
     m = app.train(model=build, data=((xt, yt), (xv, yv)), epochs=4, precision="float32",
-                  progress="lines", output=str(tmp_path / "run"))
+                  metrics="accuracy,auc,precision,recall,true_positives", progress="lines",
+                  output=str(tmp_path / "run"))
     model = tf.keras.models.load_model(m["model_path"], compile=False)
     logits = model.predict(xv, verbose=0).reshape(-1)
     right = float(np.mean((logits > 0) == yv))
-    assert abs(m["epochs"][-1]["val_accuracy"] - right) < 1e-6
+    last = m["epochs"][-1]
+    assert abs(last["val_accuracy"] - right) < 1e-6
+    positive = logits > 0
+    assert last["val_true_positives"] == float(np.sum(positive & (yv == 1)))
+    assert last["val_precision"] == pytest.approx(np.sum(positive & (yv == 1)) / np.sum(positive))
+    assert last["val_recall"] == pytest.approx(np.sum(positive & (yv == 1)) / np.sum(yv == 1))
+    auc = tf.keras.metrics.AUC()
+    auc.update_state(yv, tf.sigmoid(logits))
+    assert last["val_auc"] == pytest.approx(float(auc.result()), abs=1e-4)
     # Where the two thresholds disagree on this model, the test tells them apart.
     assert np.any((logits > 0) != (logits > 0.5))
 
@@ -323,3 +335,26 @@ def test_multi_hot_labels_and_class_weights_are_one_line(tmp_path):
         app.train(model=lambda input_shape, num_classes: _tagger(None)(input_shape, 3),
                   data=_tags(800), epochs=1, output=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["auc", "precision", "recall", "true_positives", "AUC"])
+def test_metric_names_in_snake_case_are_keras_classes_under_either_keras(name):
+    """Keras 2 knows 'AUC' and 'TruePositives' only; Keras 3 and its docs say 'auc'."""
+    from types import SimpleNamespace
+
+    from app.task.losses import make_metric
+    metric = make_metric(name, SimpleNamespace(label_kind="binary"), 1)
+    assert metric.name == name
+    assert type(metric).__name__.lower() == name.replace("_", "").lower()
+
+
+def test_a_metric_that_needs_arguments_is_one_line():
+    from types import SimpleNamespace
+
+    from app.task.losses import make_metric
+    with pytest.raises(UsageError) as caught:
+        make_metric("mean_iou", SimpleNamespace(label_kind="sparse"), 3)
+    assert str(caught.value) == (
+        "error: metric 'mean_iou' (MeanIoU) needs arguments; allowed: a metric that takes "
+        "none, or MODULE:OBJECT: a module of yours that builds it, e.g. mean_iou = "
+        "tf.keras.metrics.MeanIoU(...)")
