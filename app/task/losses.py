@@ -54,7 +54,7 @@ def make_loss(loss_spec, bundle, units, probabilities: bool, notes: list, explai
         return per_example(loss)
     loss = keras_object(loss_spec, "loss", tf.keras.losses.get,
                          "a Keras loss name (e.g. sparse_categorical_crossentropy, mse) "
-                         "or MODULE:OBJECT")
+                         "or MODULE:OBJECT", namespace=tf.keras.losses)
     if isinstance(loss, tf.keras.losses.Loss):
         cfg = loss.get_config()
         cfg["reduction"] = "none"
