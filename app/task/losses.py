@@ -194,18 +194,25 @@ def make_metric(spec, bundle, units, probabilities: bool = True):
                        "comma-separated", namespace=tf.keras.metrics)
     named = isinstance(spec, str) and not specs.is_user_spec(spec)
     # A metric of probabilities that Keras would read logits with (thresholds at 0.5, or,
-    # Keras 2, "predictions must be >= 0"): given the sigmoid of the outputs.  Only the ones
-    # named here; a metric object of the user's reads the outputs as they are.
-    sigmoid = (named and not probabilities and _binary(bundle, units)
-               and _reads_probabilities(obj))
+    # Keras 2, "predictions must be >= 0"): given the sigmoid of the outputs (one unit,
+    # multi-hot labels), or their softmax (a row of class scores).  Only the ones named
+    # here; a metric object of the user's reads the outputs as they are.
+    squash = None
+    if named and not probabilities:
+        if _binary(bundle, units) and _metric_name(obj) in _OF_PROBABILITIES:
+            squash = tf.sigmoid
+        elif (bundle.label_kind in ("sparse", "onehot", "binary")
+              and _metric_name(obj) in _OF_CLASS_PROBABILITIES):
+            squash = tf.nn.softmax
     if isinstance(obj, tf.keras.metrics.Metric):
         config = obj.get_config()
         if named:
             config["name"] = spec   # as typed, in both Kerases ('mae', not mean_absolute_error)
-        return (_on_sigmoid(type(obj)) if sigmoid else type(obj)).from_config(config)
+        return (_on(type(obj), squash) if squash else type(obj)).from_config(config)
     if callable(obj):
         name = spec if named else getattr(obj, "__name__", "metric")
-        fn = (lambda y_true, y_pred, f=obj: f(y_true, tf.sigmoid(y_pred))) if sigmoid else obj
+        fn = (lambda y_true, y_pred, f=obj: f(y_true, squash(tf.cast(y_pred, tf.float32)))
+              ) if squash else obj
         return tf.keras.metrics.MeanMetricWrapper(fn, name=name)
     raise UsageError(f"metric {spec!r} is a {type(obj).__name__}, not a metric",
                      "a Keras metric name, a keras.metrics.Metric, or a function")
@@ -218,6 +225,12 @@ _OF_PROBABILITIES = {
     "FalseNegatives", "PrecisionAtRecall", "RecallAtPrecision", "SensitivityAtSpecificity",
     "SpecificityAtSensitivity", "BinaryAccuracy", "BinaryCrossentropy", "BinaryIoU",
     "F1Score", "FBetaScore", "binary_accuracy", "binary_crossentropy"}
+# ... and those that read a row of class probabilities (accuracies and top-k take the
+# largest score, the same for logits).
+_OF_CLASS_PROBABILITIES = {
+    "CategoricalCrossentropy", "SparseCategoricalCrossentropy", "KLDivergence",
+    "categorical_crossentropy", "sparse_categorical_crossentropy", "kl_divergence",
+    "kullback_leibler_divergence"}
 
 
 def _binary(bundle, units) -> bool:
@@ -225,24 +238,27 @@ def _binary(bundle, units) -> bool:
     return bundle.label_kind == "multilabel" or (bundle.label_kind == "binary" and units == 1)
 
 
-def _reads_probabilities(obj) -> bool:
+def _metric_name(obj) -> str:
+    """A Keras metric's class name, or its function's name (Keras 3's MeanMetricWrapper of
+    a function keeps it as ``fn``)."""
     name = getattr(obj, "__name__", None) or type(obj).__name__
     if getattr(obj, "get_config", None) is not None and getattr(obj, "fn", None) is not None:
-        name = getattr(obj.fn, "__name__", name)   # Keras 3's MeanMetricWrapper of a function
-    return name in _OF_PROBABILITIES
+        name = getattr(obj.fn, "__name__", name)
+    return name
 
 
-def _on_sigmoid(cls):
-    """``cls`` updated with the sigmoid of the outputs (logits): the metric's own variables,
-    config and name, so both Kerases' loops treat it as the class it is."""
+def _on(cls, squash):
+    """``cls`` updated with ``squash`` (sigmoid, softmax) of the outputs (logits): the
+    metric's own variables, config and name, so both Kerases' loops treat it as the class it
+    is."""
     import tensorflow as tf
 
-    class OnSigmoid(cls):
+    class OnProbabilities(cls):
         def update_state(self, y_true, y_pred, sample_weight=None):
-            return super().update_state(y_true, tf.sigmoid(tf.cast(y_pred, tf.float32)),
+            return super().update_state(y_true, squash(tf.cast(y_pred, tf.float32)),
                                         sample_weight=sample_weight)
-    OnSigmoid.__name__ = OnSigmoid.__qualname__ = cls.__name__
-    return OnSigmoid
+    OnProbabilities.__name__ = OnProbabilities.__qualname__ = cls.__name__
+    return OnProbabilities
 
 
 def weighted(per_example, sample_weight=None):

@@ -358,3 +358,24 @@ def test_a_metric_that_needs_arguments_is_one_line():
         "error: metric 'mean_iou' (MeanIoU) needs arguments; allowed: a metric that takes "
         "none, or MODULE:OBJECT: a module of yours that builds it, e.g. mean_iou = "
         "tf.keras.metrics.MeanIoU(...)")
+
+
+def test_a_class_cross_entropy_metric_on_logits_is_the_loss(tmp_path):
+    """Three classes, logits: a cross-entropy named in --metrics read the logits as
+    probabilities; given their softmax it is the loss itself (no sample weights)."""
+    import tensorflow as tf
+
+    import app
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(800, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
+
+    def build(input_shape, num_classes):
+        return tf.keras.Sequential([tf.keras.Input(shape=input_shape),
+                                    tf.keras.layers.Dense(num_classes, dtype="float32")])
+    m = app.train(model=build, data=_split(x, y, val=200), epochs=2, precision="float32",
+                  metrics="accuracy,sparse_categorical_crossentropy", progress="lines",
+                  save_model=False, output=str(tmp_path / "run"))
+    last = m["epochs"][-1]
+    assert last["val_sparse_categorical_crossentropy"] == pytest.approx(last["val_loss"],
+                                                                       rel=1e-5)
