@@ -175,9 +175,13 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("max_skipped_steps", "how", "stop when this many steps in a row have non-finite "
             "gradients (default {default})", int),
     # Not passed: the benchmark times a fixed number of epochs.
-    Setting("early_stop", "how", "stop when val_loss has not improved for N epochs in a row, "
-            "and save the best epoch's weights as the model (default {default}: off; "
-            "docs/training.md)", int, metavar="N"),
+    Setting("early_stop", "how", "stop when val_loss (or --early-stop-on) has not improved for "
+            "N epochs in a row, and save the best epoch's weights as the model (default "
+            "{default}: off; docs/training.md)", int, metavar="N"),
+    Setting("early_stop_on", "how", "the number --early-stop watches: val_loss, or val_ and a "
+            "metric of the run, e.g. val_accuracy, val_auc (default {default}); accuracies, "
+            "AUC, precision, recall and the like must rise, the others fall",
+            metavar="METRIC"),
     Setting("steps_per_execution", "how", "--loop fit: training steps per tf.function call; "
             "step logs and skipped-step checks then happen once per call (default {default})",
             int, passed=True),

@@ -47,6 +47,7 @@ class TrainConfig:
     resume: bool = False
     max_skipped_steps: int = 20       # consecutive skipped steps before giving up
     early_stop: int = 0               # epochs without a better val_loss before stopping; 0: off
+    early_stop_on: str = "val_loss"   # the epoch record's key --early-stop watches
     initial_loss_scale: float = registry.DEFAULT_INITIAL_LOSS_SCALE
     offline: bool = False
     save_model: bool = True
@@ -265,6 +266,10 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
                          f"{said('early_stop')}={cfg.early_stop!r}",
                          "an integer >= 1, the epochs without a better val_loss before "
                          "stopping, or 0 (the default) for no early stop")
+    if cfg.early_stop_on != "val_loss" and not cfg.early_stop:
+        raise UsageError(f"{said('early_stop_on')} applies with --early-stop only. Received: "
+                         f"{said('early_stop_on')}={cfg.early_stop_on!r}",
+                         "--early-stop N together with --early-stop-on METRIC")
     for name in ("max_train_samples", "max_val_samples"):
         v = getattr(cfg, name)
         if v is not None and v < 1:

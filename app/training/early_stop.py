@@ -1,10 +1,11 @@
-"""``--early-stop N``: stop when ``val_loss`` has not improved for N epochs in a row, and
-save the best epoch's weights as the model (Keras' ``EarlyStopping(patience=N,
-restore_best_weights=True)``, made to survive ``--resume``).
+"""``--early-stop N``: stop when ``val_loss`` (or ``--early-stop-on``'s number) has not
+improved for N epochs in a row, and save the best epoch's weights as the model (Keras'
+``EarlyStopping(patience=N, restore_best_weights=True)``, made to survive ``--resume``).
 
 The decision is read from the run's own epoch records (metrics.json's ``epochs``, which a
 resumed run continues), so it needs no state of its own: the best epoch is the first with
-the lowest finite ``val_loss``, and the run stops once N epochs have passed since it.  The
+the lowest finite value (the highest, for accuracies and the like), and the run stops once
+N epochs have passed since it.  The
 best epoch's weights are a checkpoint of the model alone in ``<output>/best``, numbered by
 the epoch, written when an epoch improves, before that epoch's regular checkpoint.  At the
 end they are restored into the model before it is saved; if the best epoch's checkpoint is
@@ -24,38 +25,60 @@ import tensorflow as tf
 
 BEST_DIR = "best"
 MONITOR = "val_loss"
+# A metric whose name holds one of these is better higher (Keras' EarlyStopping says "auto"
+# mode for the same reading); any other (losses, errors, divergences, false counts) lower.
+_HIGHER_IS_BETTER = ("acc", "auc", "precision", "recall", "f1", "fbeta", "iou",
+                     "true_positives", "true_negatives")
 
 
-def best_epoch(epochs: list) -> Optional[dict]:
-    """The epoch record with the lowest finite ``val_loss`` (the first of equals), or None."""
+def higher_is_better(monitor: str) -> bool:
+    return any(k in monitor.lower() for k in _HIGHER_IS_BETTER)
+
+
+def best_epoch(epochs: list, monitor: str = MONITOR) -> Optional[dict]:
+    """The epoch record with the best finite ``monitor`` (the first of equals), or None."""
+    up = higher_is_better(monitor)
     best = None
     for row in epochs:
-        value = row.get(MONITOR)
-        if value is not None and math.isfinite(value) and (best is None or value < best[MONITOR]):
+        value = row.get(monitor)
+        if value is None or not math.isfinite(value):
+            continue
+        if best is None or (value > best[monitor] if up else value < best[monitor]):
             best = row
     return best
 
 
-def epochs_since_best(epochs: list) -> int:
-    """Epochs recorded after the best one (all of them when none has a finite val_loss)."""
-    best = best_epoch(epochs)
+def epochs_since_best(epochs: list, monitor: str = MONITOR) -> int:
+    """Epochs recorded after the best one (all of them when none has a finite value)."""
+    best = best_epoch(epochs, monitor)
     if best is None:
         return len(epochs)
     return sum(1 for row in epochs if row["epoch"] > best["epoch"])
 
 
-def should_stop(epochs: list, patience: int) -> bool:
-    return patience > 0 and bool(epochs) and epochs_since_best(epochs) >= patience
+def should_stop(epochs: list, patience: int, monitor: str = MONITOR) -> bool:
+    return patience > 0 and bool(epochs) and epochs_since_best(epochs, monitor) >= patience
 
 
-def stop_line(epochs: list, patience: int, saves_model: bool = True) -> str:
-    best = best_epoch(epochs)
+def stop_line(epochs: list, patience: int, saves_model: bool = True,
+              monitor: str = MONITOR) -> str:
+    best = best_epoch(epochs, monitor)
     if best is None:
-        return (f"early stop: {MONITOR} has not been a finite number in {len(epochs)} "
+        return (f"early stop: {monitor} has not been a finite number in {len(epochs)} "
                 f"epoch(s) (--early-stop {patience})")
-    line = (f"early stop: {MONITOR} has not improved for {patience} epoch(s) since epoch "
-            f"{best['epoch']} ({best[MONITOR]:.4f})")
+    line = (f"early stop: {monitor} has not improved for {patience} epoch(s) since epoch "
+            f"{best['epoch']} ({best[monitor]:.4f})")
     return line + (f"; the model saved is epoch {best['epoch']}'s" if saves_model else "")
+
+
+def check_monitor(monitor: str, metric_names) -> None:
+    """``monitor`` must be a number every epoch records: val_loss or val_<metric>."""
+    allowed = ["val_loss"] + [f"val_{name}" for name in metric_names]
+    if monitor not in allowed:
+        from app.core.errors import UsageError
+
+        raise UsageError(f"--early-stop-on {monitor!r} is not a number this run records",
+                         f"one of {', '.join(allowed)}")
 
 
 class EarlyStop:
@@ -66,8 +89,8 @@ class EarlyStop:
     worker restores from the chief's ``<output>/best``."""
 
     def __init__(self, patience: int, output: str, model, write_dir: Optional[str] = None,
-                 saves_model: bool = True):
-        self.patience, self.saves_model = patience, saves_model
+                 saves_model: bool = True, monitor: str = MONITOR):
+        self.patience, self.saves_model, self.monitor = patience, saves_model, monitor
         self.read_dir = os.path.join(output, BEST_DIR)
         self.write_dir = write_dir or self.read_dir
         self.ckpt = tf.train.Checkpoint(model=model)
@@ -78,18 +101,21 @@ class EarlyStop:
     def after_epoch(self, epochs: list) -> bool:
         """Save the weights when the epoch just recorded is the best so far; True when the
         run should stop here."""
-        best = best_epoch(epochs)
+        best = best_epoch(epochs, self.monitor)
         if best is not None and best is epochs[-1]:
             self.manager.save(checkpoint_number=best["epoch"])
             if self.write_dir != self.read_dir:
                 shutil.rmtree(self.write_dir, ignore_errors=True)
-        self.stopped = should_stop(epochs, self.patience)
+        self.stopped = should_stop(epochs, self.patience, self.monitor)
         return self.stopped
+
+    def line(self, epochs: list) -> str:
+        return stop_line(epochs, self.patience, self.saves_model, self.monitor)
 
     def restore_best(self, epochs: list) -> Optional[int]:
         """The best epoch's weights into the model, before it is saved; the epoch restored,
         or None (no best, or its checkpoint missing: said on stderr)."""
-        best = best_epoch(epochs)
+        best = best_epoch(epochs, self.monitor)
         if best is None or best is epochs[-1]:
             return best["epoch"] if best is not None else None   # the weights in place
         prefix = os.path.join(self.read_dir, f"epoch-{best['epoch']}")
@@ -104,10 +130,10 @@ class EarlyStop:
 
     def to_json(self, epochs: list, restored: Optional[int]) -> dict:
         """metrics.json's ``early_stop``."""
-        best = best_epoch(epochs)
-        return {"patience": self.patience, "monitor": MONITOR,
+        best = best_epoch(epochs, self.monitor)
+        return {"patience": self.patience, "monitor": self.monitor,
                 "best_epoch": best["epoch"] if best else None,
-                "best": best[MONITOR] if best else None,
-                "stopped": should_stop(epochs, self.patience),
+                "best": best[self.monitor] if best else None,
+                "stopped": should_stop(epochs, self.patience, self.monitor),
                 "model_epoch": restored if restored is not None else
                 (epochs[-1]["epoch"] if epochs else None)}

@@ -290,7 +290,8 @@ def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
         best_dir = os.path.join(run.output, early_stop.BEST_DIR)
         recorder.early = early_stop.EarlyStop(run.config.early_stop, run.output, parts.model,
                                               write_dir=run.dist.write_dir(best_dir),
-                                              saves_model=run.config.save_model)
+                                              saves_model=run.config.save_model,
+                                              monitor=run.config.early_stop_on)
     return recorder
 
 
@@ -358,6 +359,9 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     stop.output = run.output
     with _policy_restored(), signal_handlers(stop, repeat_signal_exits):
         parts = _build_or_explain(run, stop)
+        if run.config.early_stop:   # the metrics are known once the model is built
+            early_stop.check_monitor(run.config.early_stop_on,
+                                     [m.name for m in parts.built.make_metrics()])
         _warn_of_the_amx_hang(run, parts.model, metrics["environment"]["cpu_threads"])
         start, skip, previous_steps = _resume(run, parts, metrics)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
@@ -444,12 +448,16 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     skip = 0 if run.dist.multi_worker else accumulate.trained_in_epoch(run, start, step)
     if parts.accumulator is not None:
         parts.accumulator.start_at(skip)
-    if run.config.early_stop and early_stop.should_stop(metrics["epochs"], run.config.early_stop):
+    cfg = run.config
+    if cfg.early_stop and early_stop.should_stop(metrics["epochs"], cfg.early_stop,
+                                                 cfg.early_stop_on):
         # Stopped early before: another epoch would only be trained to be thrown away.
+        said = early_stop.stop_line(metrics["epochs"], cfg.early_stop, cfg.save_model,
+                                    cfg.early_stop_on)
         print(f"resuming from {parts.checkpointer.restored_path}: the run stopped early after "
-              f"{start} epoch(s) ({early_stop.stop_line(metrics['epochs'], run.config.early_stop)}), "
-              f"so nothing is left to train (a larger --early-stop trains on)", file=sys.stderr)
-        return run.config.epochs, 0, previous_steps
+              f"{start} epoch(s) ({said}), so nothing is left to train (a larger "
+              "--early-stop trains on)", file=sys.stderr)
+        return cfg.epochs, 0, previous_steps
     if start >= run.config.epochs and not skip:
         # Nothing is left to train: say so, not "resuming ... at epoch 10" of a 3-epoch run.
         print(f"resuming from {parts.checkpointer.restored_path}: {start} epoch(s) trained, "

@@ -209,10 +209,7 @@ class Recorder:
                   f"{row['samples_per_second']:.0f} samples/s "
                   f"loss_scale={row['loss_scale']:g} skipped={row['skipped_steps']}", flush=True)
         if stop and epoch + 1 < self.epochs:
-            from app.training.early_stop import stop_line
-
-            print(stop_line(self.metrics["epochs"], self.early.patience,
-                            self.early.saves_model), flush=True)
+            print(self.early.line(self.metrics["epochs"]), flush=True)
 
     @property
     def stopping_early(self) -> bool:

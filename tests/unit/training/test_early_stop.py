@@ -9,7 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from app.training.early_stop import best_epoch, epochs_since_best, should_stop
+from app.training.early_stop import (best_epoch, epochs_since_best, higher_is_better,
+                                     should_stop)
 
 
 def _rows(*val_losses):
@@ -28,6 +29,16 @@ def test_the_best_epoch_and_the_epochs_since(losses, best, since):
     assert epochs_since_best(rows) == since
     assert should_stop(rows, since) and not should_stop(rows, since + 1)
     assert not should_stop(rows, 0)           # 0: off
+
+
+def test_accuracies_and_the_like_are_better_higher():
+    rows = [{"epoch": i + 1, "val_accuracy": a} for i, a in enumerate((0.7, 0.9, 0.9, 0.8))]
+    assert best_epoch(rows, "val_accuracy")["epoch"] == 2
+    assert epochs_since_best(rows, "val_accuracy") == 2
+    assert [higher_is_better(m) for m in ("val_accuracy", "val_auc", "val_recall",
+                                          "val_top_k_categorical_accuracy", "val_loss",
+                                          "val_mae", "val_false_positives")] == \
+        [True, True, True, True, False, False, False]
 
 
 def _overfitting_data():
@@ -64,22 +75,22 @@ def _accuracy_of_the_saved_model(metrics) -> float:
     return float(np.mean(model.predict(xv, verbose=0).argmax(axis=1) == yv))
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_a_run_stops_early_and_saves_the_best_epochs_weights(tmp_path, capfd, loop):
-    m = _train(tmp_path / "run", loop)
+@pytest.mark.parametrize("loop, monitor", [("fit", "val_loss"), ("custom", "val_accuracy")])
+def test_a_run_stops_early_and_saves_the_best_epochs_weights(tmp_path, capfd, loop, monitor):
+    m = _train(tmp_path / "run", loop, early_stop_on=monitor)
     epochs = m["epochs"]
-    best = best_epoch(epochs)
+    best = best_epoch(epochs, monitor)
     assert m["status"] == "completed"
-    assert len(epochs) == best["epoch"] + 3 < 40, [e["val_loss"] for e in epochs]
-    assert m["early_stop"] == {"patience": 3, "monitor": "val_loss", "best_epoch": best["epoch"],
-                               "best": best["val_loss"], "stopped": True,
+    assert len(epochs) == best["epoch"] + 3 < 40, [e[monitor] for e in epochs]
+    assert m["early_stop"] == {"patience": 3, "monitor": monitor, "best_epoch": best["epoch"],
+                               "best": best[monitor], "stopped": True,
                                "model_epoch": best["epoch"]}
     # The model saved is the best epoch's, not the last one's (whose accuracy is lower).
     assert _accuracy_of_the_saved_model(m) == pytest.approx(best["val_accuracy"], abs=1e-6)
     assert best["val_accuracy"] != epochs[-1]["val_accuracy"]
     out = capfd.readouterr().out
-    assert (f"early stop: val_loss has not improved for 3 epoch(s) since epoch {best['epoch']} "
-            f"({best['val_loss']:.4f}); the model saved is epoch {best['epoch']}'s") in out
+    assert (f"early stop: {monitor} has not improved for 3 epoch(s) since epoch {best['epoch']} "
+            f"({best[monitor]:.4f}); the model saved is epoch {best['epoch']}'s") in out
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["early_stop"] == \
         m["early_stop"]
 
@@ -106,10 +117,16 @@ def test_resume_trains_a_stopped_run_on_only_with_more_patience(tmp_path, capfd)
             "saved") in capfd.readouterr().err
 
 
-def test_a_bad_patience_is_one_line(tmp_path):
+def test_a_bad_patience_or_number_to_watch_is_one_line(tmp_path):
     from app.core.errors import UsageError
 
     with pytest.raises(UsageError, match=r"early_stop must be 0 or more. Received: "
                                          r"early_stop=-1; allowed: an integer >= 1"):
         _train(tmp_path / "run", early_stop=-1)
+    with pytest.raises(UsageError) as caught:
+        _train(tmp_path / "run", early_stop_on="val_auc")
+    assert str(caught.value) == ("error: --early-stop-on 'val_auc' is not a number this run "
+                                 "records; allowed: one of val_loss, val_accuracy")
+    with pytest.raises(UsageError, match=r"early_stop_on applies with --early-stop only"):
+        _train(tmp_path / "run", early_stop=0, early_stop_on="val_accuracy")
     assert not (tmp_path / "run").exists()
