@@ -45,6 +45,7 @@ class BuiltModel:
     notes: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     float32_layers: list = field(default_factory=list)   # full paths --float32-layers set
+    metric_names: list = field(default_factory=list)     # the metrics' names, as logged
 
 
 class Task:
@@ -189,7 +190,8 @@ class Task:
 
         def make_metrics():
             return [losses.make_metric(m, bundle, units, probabilities) for m in metric_specs]
-        make_metrics()  # resolve now: a bad name is a usage error before anything is written
+        # Resolved now: a bad name is a usage error before anything is written.
+        metric_names = [m.name for m in make_metrics()]
         from app.precision.policy import global_policy_name
         from app.task.model_layers import policy_mismatch
 
@@ -198,7 +200,7 @@ class Task:
         if mismatch:
             warnings.insert(0, mismatch)
         return BuiltModel(model, optimizer, loss_fn, make_metrics, notes, warnings,
-                          float32_paths)
+                          float32_paths, metric_names)
 
 
 def _before_first_call(model, float32_layers, spec: str, provisional=()) -> list:

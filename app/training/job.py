@@ -360,8 +360,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     with _policy_restored(), signal_handlers(stop, repeat_signal_exits):
         parts = _build_or_explain(run, stop)
         if run.config.early_stop:   # the metrics are known once the model is built
-            early_stop.check_monitor(run.config.early_stop_on,
-                                     [m.name for m in parts.built.make_metrics()])
+            early_stop.check_monitor(run.config.early_stop_on, parts.built.metric_names)
         _warn_of_the_amx_hang(run, parts.model, metrics["environment"]["cpu_threads"])
         start, skip, previous_steps = _resume(run, parts, metrics)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
