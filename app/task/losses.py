@@ -35,7 +35,7 @@ def make_loss(loss_spec, bundle, units, probabilities: bool, notes: list, explai
                              "ids 0..N-1, one-hot rows, or multi-hot rows of 0s and 1s")
         if bundle.label_kind == "onehot":
             name = "categorical_crossentropy"
-        elif bundle.label_kind == "multilabel" or (bundle.label_kind == "binary" and units == 1):
+        elif _binary(bundle, units):
             name = "binary_crossentropy"
         else:
             name = DEFAULT_LOSS
