@@ -541,9 +541,9 @@ def _from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inp
     if integer_labels and min(scan.low, vscan.low) >= 0:
         top = max(scan.top, vscan.top)
         kind, classes = ("binary" if top <= 1 else "sparse"), top + 1
-    elif rows and scan.onehot and vscan.onehot:
+    elif rows and scan.onehot:   # the training labels decide, as for arrays (label_kind_of)
         kind, classes = "onehot", int(fy.shape[0])
-    elif rows and scan.multihot and vscan.multihot:
+    elif rows and scan.multihot:
         kind, classes = "multilabel", int(fy.shape[0])
     else:   # values: negative ids, rows neither one- nor multi-hot: not class labels
         kind, classes = "other", max(1, fy.shape.num_elements() or 1)
