@@ -5,13 +5,12 @@ improved for N epochs in a row, and save the best epoch's weights as the model (
 The decision is read from the run's own epoch records (metrics.json's ``epochs``, which a
 resumed run continues), so it needs no state of its own: the best epoch is the first with
 the lowest finite value (the highest, for accuracies and the like), and the run stops once
-N epochs have passed since it.  The
-best epoch's weights are a checkpoint of the model alone in ``<output>/best``, numbered by
-the epoch, written when an epoch improves, before that epoch's regular checkpoint.  At the
-end they are restored into the model before it is saved; if the best epoch's checkpoint is
-missing (it trained before a ``--resume`` gave ``--early-stop``, or the run was cut short
-between the two saves of that epoch), the model saved is the last epoch's, and the run says
-so.
+N epochs have passed since it.  The best epoch's weights are a checkpoint of the model
+alone in ``<output>/best``, numbered by the epoch, written when an epoch improves, before
+that epoch's regular checkpoint.  At the end they are restored into the model before it
+is saved; if the best epoch's checkpoint is missing (it trained before a ``--resume`` gave
+``--early-stop``, or the run was cut short between the two saves of that epoch), the model
+saved is the last epoch's, and the run says so.
 """
 from __future__ import annotations
 
@@ -22,6 +21,8 @@ import sys
 from typing import Optional
 
 import tensorflow as tf
+
+from app.core.errors import UsageError
 
 BEST_DIR = "best"
 MONITOR = "val_loss"
@@ -75,8 +76,6 @@ def check_monitor(monitor: str, metric_names) -> None:
     """``monitor`` must be a number every epoch records: val_loss or val_<metric>."""
     allowed = ["val_loss"] + [f"val_{name}" for name in metric_names]
     if monitor not in allowed:
-        from app.core.errors import UsageError
-
         raise UsageError(f"--early-stop-on {monitor!r} is not a number this run records",
                          f"one of {', '.join(allowed)}")
 
