@@ -19,6 +19,8 @@ your own model and data (docs/your-model.md):
   parameters you need) after the precision policy is set; it returns a keras.Model,
   compiled or not.  The dataset function returns ((x_train, y_train), (x_val, y_val))
   arrays or (train, val) unbatched tf.data datasets; it may declare data_dir and seed.
+  --dataset ./data.npz            arrays saved with np.savez: x_train, y_train, x_val,
+                                  y_val (or x_test, y_test, as Keras' own files)
 """
 
 

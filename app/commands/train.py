@@ -6,6 +6,7 @@ import sys
 
 from app.commands.flags import SPEC_HELP, add_setting_flags, add_task_flags, command_parser
 from app.core import settings
+from app.core.files import fmt
 from app.core.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, interrupted
 
 _PEER_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError")
@@ -91,6 +92,7 @@ def done_line(metrics: dict, output: str) -> str:
     if kept and last and kept != last["epoch"]:
         last = next((e for e in epochs if e["epoch"] == kept), last)
         head.append(f"the model saved is epoch {kept}'s")
-    shown = [f"{k}={v}" for k, v in last.items() if k.startswith("val_") and k != "val_loss"]
+    shown = [f"{k}={fmt(v)}" for k, v in last.items()
+             if k.startswith("val_") and k != "val_loss"]
     return ", ".join(head + shown
                      + [f"outputs in {(metrics.get('config') or {}).get('output') or output}"])

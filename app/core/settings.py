@@ -114,7 +114,8 @@ SETTINGS: Tuple[Setting, ...] = (
     # what to train
     Setting("model", "what", "{models} or " + _SPEC_FORMS + " (default {default})",
             metavar="SPEC", passed=True, task=True),
-    Setting("dataset", "what", "{datasets} or " + _SPEC_FORMS + " (default {default})",
+    Setting("dataset", "what", "{datasets}, " + _SPEC_FORMS + " or data.npz (arrays x_train, "
+            "y_train, x_val, y_val) (default {default})",
             metavar="SPEC", passed=True, task=True),
     Setting("loss", "what", "Keras loss name or MODULE:OBJECT (default: the compiled model's, "
             "else the cross-entropy that fits class-id or one-hot labels, from logits when "

@@ -4,10 +4,13 @@ model or the data itself), so both take one code path.
 """
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from app.core import catalog as registry
+from app.task import array_file
 from app.task import user_code as specs
 from app.core.errors import UsageError
 
@@ -35,11 +38,15 @@ class DatasetEntry:
     source: Optional[str] = None
 
 
-def _user_function(spec: str, what: str, builtins: tuple, expected: str) -> Callable:
-    """The function a MODULE:FUNCTION spec names; UsageError for anything else."""
+def _user_function(spec: str, what: str, builtins: tuple, expected: str,
+                   files: str = "") -> Callable:
+    """The function a MODULE:FUNCTION spec names; UsageError for anything else.  ``files``:
+    the other form the spec may take, for the message."""
     if not specs.is_user_spec(spec):
-        raise UsageError(f"{what} must be one of {', '.join(builtins)} or MODULE:FUNCTION. "
-                         f"Received: {what}={spec!r}", specs.SPEC_FORMS)
+        forms = f", MODULE:FUNCTION or {files}" if files else " or MODULE:FUNCTION"
+        raise UsageError(f"{what} must be one of {', '.join(builtins)}{forms}. "
+                         f"Received: {what}={spec!r}",
+                         specs.SPEC_FORMS + (f", or {files}" if files else ""))
     fn = specs.load_object(spec, what)
     if not callable(fn):
         raise UsageError(f"{what} spec {spec!r} names a {type(fn).__name__}, not a function",
@@ -60,15 +67,19 @@ def resolve_model(spec: str) -> ModelEntry:
 def resolve_dataset(spec: str) -> DatasetEntry:
     if spec in registry.DATASET_NAMES:
         return DatasetEntry(spec, True)
+    if array_file.is_array_file(spec):
+        array_file.check_layout(spec)   # a wrong file is one line before anything is written
+        return DatasetEntry(spec, False, functools.partial(array_file.load, spec),
+                            os.path.abspath(os.path.expanduser(spec)))
     fn = _user_function(spec, "dataset", registry.DATASET_NAMES,
                         "a function returning ((x_train, y_train), (x_val, y_val)) or "
-                        "(train, val) unbatched tf.data datasets")
+                        "(train, val) unbatched tf.data datasets", "path/to/data.npz")
     return DatasetEntry(spec, False, fn, specs.source_file(fn))
 
 
 MODEL_FORMS = ("a built-in name, 'MODULE:FUNCTION', 'file.py:FUNCTION', a function "
                "(input_shape, num_classes) -> keras.Model, or a keras.Model")
-DATA_FORMS = ("None (synthetic data), a built-in name or 'MODULE:FUNCTION', a function "
+DATA_FORMS = ("None (synthetic data), a built-in name, 'MODULE:FUNCTION' or 'file.npz', a function "
               "returning the data, ((x_train, y_train), (x_val, y_val)) arrays, or "
               "(train, val) unbatched tf.data datasets")
 

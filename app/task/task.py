@@ -246,6 +246,11 @@ def _call_model(entry, bundle, float32_layers=()):
     import tensorflow as tf
 
     several = several_inputs(bundle.input_shape)
+    if several and entry.builtin:
+        raise UsageError(f"the built-in model {entry.spec!r} takes one input; the dataset "
+                         f"gives {len(bundle.input_shape)} ({', '.join(map(repr, sorted(bundle.input_shape)))})",
+                         "your own model of those inputs, by name (docs/your-model.md), or "
+                         "the features as one array")
     try:
         with f32.while_building(float32_layers) as provisional:
             model = specs.call_user(entry.function, entry.spec, "model",

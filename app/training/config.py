@@ -208,14 +208,17 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
                          ", ".join(allowed))
 
 
-def _spec_or_one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    # MODULE:FUNCTION specs are imported later (app.task.task), after every cheap check.
-    if isinstance(value, str) and ":" in value:
+def _spec_or_one_of(name: str, value: str, allowed: tuple[str, ...], files: str = "") -> None:
+    """A built-in name, or a spec read later (a MODULE:FUNCTION is imported by app.task.task
+    after every cheap check); ``files``: another form the setting takes (a dataset's .npz)."""
+    if isinstance(value, str) and (":" in value or (files and value.lower().endswith(files))):
         return
     if value not in allowed:
-        raise UsageError(f"{name} must be one of {', '.join(allowed)} or MODULE:FUNCTION. "
+        also = f", path/to/data{files}" if files else ""
+        forms = f", MODULE:FUNCTION or a {files} file" if files else " or MODULE:FUNCTION"
+        raise UsageError(f"{name} must be one of {', '.join(allowed)}{forms}. "
                          f"Received: {name}={value!r}",
-                         f"{', '.join(allowed)}, MODULE:FUNCTION or path/to/file.py:FUNCTION")
+                         f"{', '.join(allowed)}, MODULE:FUNCTION, path/to/file.py:FUNCTION{also}")
 
 
 def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) -> None:
@@ -234,7 +237,7 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
                              settings.EMPTY_ALLOWED)
     _one_of(said("precision"), cfg.precision, PRECISIONS)
     _spec_or_one_of(said("model"), cfg.model, MODELS)
-    _spec_or_one_of(said("dataset"), cfg.dataset, DATASETS)
+    _spec_or_one_of(said("dataset"), cfg.dataset, DATASETS, ".npz")
     _one_of(said("loop"), cfg.loop, LOOPS)
     _one_of(said("strategy"), cfg.strategy, STRATEGIES)
     _one_of(said("scale_lr"), cfg.scale_lr, SCALE_LR)
