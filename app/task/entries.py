@@ -43,6 +43,9 @@ def _user_function(spec: str, what: str, builtins: tuple, expected: str,
     """The function a MODULE:FUNCTION spec names; UsageError for anything else.  ``files``:
     the other form the spec may take, for the message."""
     if not specs.is_user_spec(spec):
+        misread = specs.misread_spec(what, spec)
+        if misread is not None:
+            raise misread
         forms = f", MODULE:FUNCTION or {files}" if files else " or MODULE:FUNCTION"
         raise UsageError(f"{what} must be one of {', '.join(builtins)}{forms}. "
                          f"Received: {what}={spec!r}",

@@ -32,6 +32,25 @@ def is_user_spec(spec: str) -> bool:
     return isinstance(spec, str) and ":" in spec
 
 
+def misread_spec(what: str, spec: str, said: str | None = None) -> UsageError | None:
+    """The one line for a ``what`` ("model" or "dataset") spec that names a file or folder the
+    way users mistype it: a .py file without its function, or a folder of images given as
+    the dataset.  ``said``: the setting as the user gave it (a TFMP_ variable)."""
+    if not isinstance(spec, str) or ":" in spec:
+        return None
+    said = said or what
+    if spec.endswith(".py"):
+        example = "build" if what == "model" else "load"
+        return UsageError(f"{said} {spec!r} names a file but not the function in it",
+                          f"{spec}:FUNCTION, e.g. {spec}:{example}")
+    if what == "dataset" and os.path.isdir(os.path.expanduser(spec)):
+        return UsageError(f"{said} {spec!r} is a folder",
+                          f"--dataset images --image-dir {spec} for a folder of one subfolder "
+                          "of images per class (image_dir= in Python), a .npz file of arrays, "
+                          "or MODULE:FUNCTION")
+    return None
+
+
 def split_spec(spec: str, what: str) -> tuple[str, str]:
     module, _, name = spec.rpartition(":")
     if not module or not name or not name.replace("_", "a").isalnum() or name[0].isdigit():

@@ -208,12 +208,19 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
                          ", ".join(allowed))
 
 
-def _spec_or_one_of(name: str, value: str, allowed: tuple[str, ...], files: str = "") -> None:
+def _spec_or_one_of(what: str, name: str, value: str, allowed: tuple[str, ...],
+                    files: str = "") -> None:
     """A built-in name, or a spec read later (a MODULE:FUNCTION is imported by app.task.task
-    after every cheap check); ``files``: another form the setting takes (a dataset's .npz)."""
+    after every cheap check); ``name``: the setting as given (a flag's or a variable's);
+    ``files``: another form the setting takes (a dataset's .npz)."""
     if isinstance(value, str) and (":" in value or (files and value.lower().endswith(files))):
         return
     if value not in allowed:
+        from app.task.user_code import misread_spec
+
+        misread = misread_spec(what, value, name)
+        if misread is not None:
+            raise misread
         also = f", path/to/data{files}" if files else ""
         forms = f", MODULE:FUNCTION or a {files} file" if files else " or MODULE:FUNCTION"
         raise UsageError(f"{name} must be one of {', '.join(allowed)}{forms}. "
@@ -236,8 +243,8 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
             raise UsageError(f"{said(name)} is empty. Received: {said(name)}={value!r}",
                              settings.EMPTY_ALLOWED)
     _one_of(said("precision"), cfg.precision, PRECISIONS)
-    _spec_or_one_of(said("model"), cfg.model, MODELS)
-    _spec_or_one_of(said("dataset"), cfg.dataset, DATASETS, ".npz")
+    _spec_or_one_of("model", said("model"), cfg.model, MODELS)
+    _spec_or_one_of("dataset", said("dataset"), cfg.dataset, DATASETS, ".npz")
     _one_of(said("loop"), cfg.loop, LOOPS)
     _one_of(said("strategy"), cfg.strategy, STRATEGIES)
     _one_of(said("scale_lr"), cfg.scale_lr, SCALE_LR)

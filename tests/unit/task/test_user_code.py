@@ -54,3 +54,33 @@ def test_a_failing_import_without_such_a_file_is_the_users_bug(folders):
     (user / "net.py").write_text("raise RuntimeError('the bucket is not mounted')\n")
     with pytest.raises(UserCodeError):
         user_code.load_object(str(user / "net.py") + ":build", "model")
+
+
+@pytest.mark.parametrize("settings, line", [
+    ({"model": "nets.py"}, "error: model 'nets.py' names a file but not the function in it; "
+                           "allowed: nets.py:FUNCTION, e.g. nets.py:build"),
+    ({"data": "./mydata.py"}, "error: dataset './mydata.py' names a file but not the function "
+                              "in it; allowed: ./mydata.py:FUNCTION, e.g. ./mydata.py:load"),
+    ({"data": "photos"}, "error: dataset 'photos' is a folder; allowed: --dataset images "
+                         "--image-dir photos for a folder of one subfolder of images per class"),
+    ({"env": "photos"}, "error: TFMP_DATASET 'photos' is a folder; allowed: --dataset images "
+                        "--image-dir photos"),
+])
+def test_a_file_or_folder_given_as_a_spec_is_named_with_the_form_it_needs(
+        tmp_path, monkeypatch, settings, line):
+    """`--dataset ./mydata.py` (no function), `--dataset ./photos` (a folder of images):
+    the usual slips are told what to write, not only that the value is not a built-in."""
+    import app
+
+    (tmp_path / "photos" / "cats").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as caught:
+        if "env" in settings:   # the command line's path: flags, then TFMP_ variables
+            from app.training.config import resolve_config
+
+            resolve_config({"output": str(tmp_path / "run")},
+                           {"TFMP_DATASET": settings["env"]})
+        else:
+            app.train(epochs=1, output=str(tmp_path / "run"), **settings)
+    assert str(caught.value).startswith(line), str(caught.value)
+    assert not (tmp_path / "run").exists()
