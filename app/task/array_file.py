@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+import zlib
 from typing import List, Optional
 
 from app.core.errors import UsageError
@@ -108,7 +109,8 @@ def load(spec: str):
         files = list(archive.files)
         try:
             return tuple(_part(archive, files, name, spec) for name in ("train", part))
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+        except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as exc:
+            # zlib: an np.savez_compressed file whose bytes were damaged
             raise UsageError(f"{_named(spec)} cannot be read ({_why(exc)})", LAYOUT) from None
 
 

@@ -197,22 +197,33 @@ def make_metric(spec, bundle, units, probabilities: bool = True):
     # Keras 2, "predictions must be >= 0"): given the sigmoid of the outputs (one unit,
     # multi-hot labels), or their softmax (a row of class scores).  Only the ones named
     # here; a metric object of the user's reads the outputs as they are.
-    squash = None
-    if named and not probabilities:
-        if _binary(bundle, units) and _metric_name(obj) in _OF_PROBABILITIES:
+    # Such a metric with class labels against a row of class scores (AUC of ten classes)
+    # reads every class as a positive-or-not column, as Keras does with one-hot labels
+    # (micro-averaged): class ids are made one-hot rows first (as they are, Keras failed on
+    # the first step: "Shapes (None, 3) and (None, 1) are incompatible").
+    squash, classes = None, None
+    of_classes = bundle.label_kind in ("sparse", "onehot", "binary") and (units or 1) > 1
+    if named and _metric_name(obj) in _OF_PROBABILITIES:
+        if _binary(bundle, units) and not probabilities:
             squash = tf.sigmoid
-        elif (bundle.label_kind in ("sparse", "onehot", "binary")
-              and _metric_name(obj) in _OF_CLASS_PROBABILITIES):
-            squash = tf.nn.softmax
+        elif of_classes:
+            squash = None if probabilities else tf.nn.softmax
+            classes = units if bundle.label_kind != "onehot" else None
+    elif (named and not probabilities and bundle.label_kind in ("sparse", "onehot", "binary")
+          and _metric_name(obj) in _OF_CLASS_PROBABILITIES):
+        squash = tf.nn.softmax
     if isinstance(obj, tf.keras.metrics.Metric):
         config = obj.get_config()
         if named:
             config["name"] = spec   # as typed, in both Kerases ('mae', not mean_absolute_error)
-        return (_on(type(obj), squash) if squash else type(obj)).from_config(config)
+        wrapped = squash is not None or classes is not None
+        return (_on(type(obj), squash, classes) if wrapped else type(obj)).from_config(config)
     if callable(obj):
         name = spec if named else getattr(obj, "__name__", "metric")
-        fn = (lambda y_true, y_pred, f=obj: f(y_true, squash(tf.cast(y_pred, tf.float32)))
-              ) if squash else obj
+        fn = obj
+        if squash is not None or classes is not None:
+            def fn(y_true, y_pred, f=obj):
+                return f(*_read_as_probabilities(y_true, y_pred, squash, classes))
         return tf.keras.metrics.MeanMetricWrapper(fn, name=name)
     raise UsageError(f"metric {spec!r} is a {type(obj).__name__}, not a metric",
                      "a Keras metric name, a keras.metrics.Metric, or a function")
@@ -247,15 +258,26 @@ def _metric_name(obj) -> str:
     return name
 
 
-def _on(cls, squash):
-    """``cls`` updated with ``squash`` (sigmoid, softmax) of the outputs (logits): the
-    metric's own variables, config and name, so both Kerases' loops treat it as the class it
-    is."""
+def _read_as_probabilities(y_true, y_pred, squash, classes):
+    """(labels, outputs) as a metric of probabilities reads them: class ids as one-hot rows
+    of ``classes`` (None: as they are), the outputs in float32 through ``squash``."""
+    import tensorflow as tf
+
+    y_pred = tf.cast(y_pred, tf.float32)
+    if classes is not None:
+        y_true = tf.one_hot(tf.cast(tf.reshape(y_true, [-1]), tf.int32), classes)
+    return y_true, (squash(y_pred) if squash is not None else y_pred)
+
+
+def _on(cls, squash=None, classes=None):
+    """``cls`` updated with ``squash`` (sigmoid, softmax) of the outputs (logits), and with
+    class-id labels as one-hot rows of ``classes``: the metric's own variables, config and
+    name, so both Kerases' loops treat it as the class it is."""
     import tensorflow as tf
 
     class OnProbabilities(cls):
         def update_state(self, y_true, y_pred, sample_weight=None):
-            return super().update_state(y_true, squash(tf.cast(y_pred, tf.float32)),
+            return super().update_state(*_read_as_probabilities(y_true, y_pred, squash, classes),
                                         sample_weight=sample_weight)
     OnProbabilities.__name__ = OnProbabilities.__qualname__ = cls.__name__
     return OnProbabilities

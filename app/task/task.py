@@ -239,6 +239,14 @@ def _data_shape_for_model(entry, shape: tuple) -> tuple:
     return tuple(shape)
 
 
+def _text_features(bundle) -> bool:
+    import tensorflow as tf
+
+    sample = bundle.sample_batch
+    return sample is not None and any(getattr(t, "dtype", None) == tf.string
+                                      for t in tf.nest.flatten(sample[0]))
+
+
 def _call_model(entry, bundle, float32_layers=()):
     """(The model function's keras.Model for the data's shape and class count, the layers
     made float32 provisionally as it was wired): the layers ``float32_layers`` names compute
@@ -247,10 +255,17 @@ def _call_model(entry, bundle, float32_layers=()):
 
     several = several_inputs(bundle.input_shape)
     if several and entry.builtin:
-        raise UsageError(f"the built-in model {entry.spec!r} takes one input; the dataset "
-                         f"gives {len(bundle.input_shape)} ({', '.join(map(repr, sorted(bundle.input_shape)))})",
-                         "your own model of those inputs, by name (docs/your-model.md), or "
-                         "the features as one array")
+        names = ", ".join(map(repr, sorted(bundle.input_shape)))
+        raise UsageError(f"the built-in model {entry.spec!r} takes its features as one "
+                         f"array; the dataset gives them by input name ({names})",
+                         "the features as one array (x_train, not x_train/NAME), or your own "
+                         "model of those inputs, by name (docs/your-model.md)")
+    if entry.builtin and _text_features(bundle):
+        raise UsageError(f"the built-in model {entry.spec!r} takes numbers; the dataset's "
+                         "features are text",
+                         "numbers (token ids, or features), or your own model that reads "
+                         "strings with a TextVectorization or StringLookup layer "
+                         "(docs/your-model.md)")
     try:
         with f32.while_building(float32_layers) as provisional:
             model = specs.call_user(entry.function, entry.spec, "model",
@@ -311,6 +326,16 @@ def _check_output_is_a_row(prediction, bundle, model_spec: str, dataset_spec: st
                      "Flatten() or GlobalAveragePooling2D() before its last Dense")
 
 
+def _input_keys(model) -> list:
+    """The keys of a model built on a dict of inputs (``Model({"num": a, ...}, ...)``), which
+    its data is matched by whatever the Input layers are named; [] for any other model."""
+    for attribute in ("_inputs_struct", "_nested_inputs"):   # Keras 3, Keras 2
+        struct = getattr(model, attribute, None)
+        if isinstance(struct, dict):
+            return list(struct)
+    return []
+
+
 def _check_inputs_fit(model, x, model_spec: str, dataset_spec: str):
     """A graph model (functional, Sequential) takes as many inputs as the data's features
     give: say so in one line rather than in Keras' error from inside the model."""
@@ -323,9 +348,16 @@ def _check_inputs_fit(model, x, model_spec: str, dataset_spec: str):
     if not inputs:   # a subclassed model: its call() decides
         return
     given = tf.nest.flatten(x)
-    if len(inputs) == len(given):
-        return
     names = [str(getattr(t, "name", "?")).split(":")[0] for t in inputs]
+    if len(inputs) == len(given):
+        keys = _input_keys(model) or names
+        if isinstance(x, dict) and set(keys) != set(x):   # Keras: "Missing data for input"
+            raise UsageError(f"model {model_spec!r} takes inputs named "
+                             f"{', '.join(map(repr, sorted(keys)))}; dataset {dataset_spec!r} "
+                             f"gives {', '.join(map(repr, sorted(x)))}",
+                             "the features keyed by the model's input names "
+                             "(tf.keras.Input(..., name=...)), docs/your-model.md")
+        return
     data = (f"a dict of {len(given)} ({', '.join(map(repr, sorted(x)))})" if isinstance(x, dict)
             else "one tensor" if len(given) == 1 else f"{len(given)} tensors")
     raise UsageError(f"model {model_spec!r} takes {len(inputs)} input(s) "

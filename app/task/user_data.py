@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
-from app.task import sequences
+from app.task import array_file, sequences
 from app.task.data import DataBundle, make_dataset
 from app.task.data_rows import MOST_LISTED, DataRows, DatasetElements, unread_rows
 from app.core.errors import UsageError
@@ -44,6 +44,8 @@ def _received(obj) -> str:
 
 
 def _bad(spec: str, returned, why: str = "") -> UsageError:
+    if array_file.is_array_file(spec):   # the user wrote arrays, not a function returning them
+        return UsageError(f"dataset file {spec!r}: {why}", array_file.LAYOUT)
     return UsageError(f"dataset spec {spec!r} returned {_received(returned)}"
                       + (f" ({why})" if why else ""), EXPECTED)
 
@@ -235,14 +237,17 @@ def _features(x: np.ndarray) -> np.ndarray:
         return x
     if x.dtype == np.uint8:
         return x.astype(np.float32) / 255.0
+    if x.dtype == np.bool_:   # flags: 0 and 1
+        return x.astype(np.float32)
     if not np.issubdtype(x.dtype, np.number):
         raise TypeError(x.dtype)
     return x.astype(np.float32, copy=False)
 
 
 def _input(x: np.ndarray) -> np.ndarray:
-    """One of several inputs: uint8 scaled as one x is, other floats float32, integers kept."""
-    if x.dtype == np.uint8 or x.dtype.kind == "f":
+    """One of several inputs: uint8 scaled as one x is, other floats and flags float32,
+    integers kept."""
+    if x.dtype == np.uint8 or x.dtype.kind in "fb":
         return _features(x)
     return x
 
@@ -321,6 +326,10 @@ def _from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input
             xtr, xva = _features(xtr), _features(xva)
         except TypeError:
             raise _bad(spec, returned, f"features of dtype {xtr.dtype} are not numeric") from None
+        if xtr.ndim == 1 and xtr.dtype.kind not in "US":
+            # One number a sample: one feature, as Keras 2's fit reads a 1-D x (Keras 3 and a
+            # Dense layer take no sample without a feature axis).
+            xtr, xva = xtr[:, None], xva[:, None]
         shape = input_shape(tuple(xtr.shape[1:]))
         xtr, xva = xtr.reshape((len(xtr),) + shape), xva.reshape((len(xva),) + shape)
     if kind in ("sparse", "binary"):

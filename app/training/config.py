@@ -169,16 +169,19 @@ def utc_stamp(now: datetime | None = None) -> str:
 
 
 def short_name(spec: str) -> str:
-    """A spec as a folder-name part: ``mlp`` -> mlp, ``nets/small.py:build`` -> small.build."""
-    if ":" not in spec:
-        return spec
-    module, _, fn = spec.rpartition(":")
-    if module.endswith(".py") or "/" in module:
-        base = os.path.splitext(os.path.basename(module))[0]
+    """A spec as one folder-name part, never a path: ``mlp`` -> mlp, ``nets/small.py:build``
+    -> small.build, ``../data/digits.npz`` -> digits."""
+    if ":" not in spec:   # a built-in name, or a file (a dataset's .npz): its name alone
+        name = os.path.splitext(os.path.basename(os.path.normpath(spec)))[0]
     else:
-        base = module.split(".")[-1]  # a dotted module: its last part
-    name = f"{base}.{fn}" if fn not in ("build", "load", "build_model", "load_data") else base
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:40]
+        module, _, fn = spec.rpartition(":")
+        if module.endswith(".py") or "/" in module:
+            base = os.path.splitext(os.path.basename(module))[0]
+        else:
+            base = module.split(".")[-1]  # a dotted module: its last part
+        name = f"{base}.{fn}" if fn not in ("build", "load", "build_model", "load_data") else base
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:40].lstrip(".")
+    return name or "data"
 
 
 def run_name(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:

@@ -379,3 +379,38 @@ def test_a_class_cross_entropy_metric_on_logits_is_the_loss(tmp_path):
     last = m["epochs"][-1]
     assert last["val_sparse_categorical_crossentropy"] == pytest.approx(last["val_loss"],
                                                                        rel=1e-5)
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+def test_auc_precision_recall_of_class_ids_read_every_class(tmp_path, softmax):
+    """Three classes as ids, against logits or a softmax: `--metrics auc` failed on the first
+    step ("Shapes (None, 3) and (None, 1) are incompatible"), a traceback that left a run
+    folder behind.  Such metrics now read one-hot rows against the class probabilities,
+    as Keras reads one-hot labels (micro-averaged over the classes)."""
+    import tensorflow as tf
+
+    import app
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(800, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
+
+    def build(input_shape, num_classes):
+        return tf.keras.Sequential([tf.keras.Input(shape=input_shape), tf.keras.layers.Dense(
+            num_classes, activation="softmax" if softmax else None, dtype="float32")])
+    m = app.train(model=build, data=_split(x, y, val=200), epochs=5, precision="float32",
+                  metrics="accuracy,auc,precision,recall", progress="lines", learning_rate=0.05,
+                  output=str(tmp_path / "run"))
+    assert m["status"] == "completed"
+    model = tf.keras.models.load_model(m["model_path"], compile=False)
+    scores = model.predict(x[-200:], verbose=0)
+    probabilities = scores if softmax else tf.nn.softmax(scores).numpy()
+    one_hot = np.eye(3)[y[-200:]]
+    last = m["epochs"][-1]
+    auc = tf.keras.metrics.AUC()
+    auc.update_state(one_hot, probabilities)
+    assert last["val_auc"] == pytest.approx(float(auc.result()), abs=1e-4)
+    chosen = probabilities > 0.5
+    assert last["val_precision"] == pytest.approx(
+        np.sum(chosen & (one_hot == 1)) / max(np.sum(chosen), 1), abs=1e-4)
+    assert last["val_recall"] == pytest.approx(np.sum(chosen & (one_hot == 1)) / 200, abs=1e-4)
+    assert last["val_auc"] > 0.8    # the model has learnt something to rank by

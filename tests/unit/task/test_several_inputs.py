@@ -183,3 +183,29 @@ def test_a_model_of_several_outputs_is_one_line(tmp_path):
             "from the model function"], proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_inputs_named_otherwise_than_the_data_are_one_line(tmp_path, keyed):
+    """The same count of inputs under other names: Keras' "Missing data for input" came as
+    'your code raised', exit 1.  A model keyed by a dict is matched by its keys, whatever its
+    Input layers are called; a list of Inputs by their names."""
+    import tensorflow as tf
+
+    import app
+    (xtr, ytr), (xva, yva) = _several().arrays()
+    renamed = [{"count": x["num"], "tokens": x["ids"]} for x in (xtr, xva)]
+
+    def build(input_shape, num_classes):
+        num = tf.keras.Input((8,), name="num")
+        ids = tf.keras.Input((3,), name="ids", dtype="int64")
+        joined = tf.keras.layers.Concatenate()([num, tf.keras.layers.Flatten()(
+            tf.keras.layers.Embedding(50, 4)(ids))])
+        inputs = {"num": num, "ids": ids} if keyed else [num, ids]
+        return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(joined))
+    with pytest.raises(UsageError) as caught:
+        app.train(model=build, data=((renamed[0], ytr), (renamed[1], yva)), epochs=1,
+                  precision="float32", output=str(tmp_path / "run"))
+    assert "takes inputs named 'ids', 'num'; dataset 'python:arrays' gives 'count', " \
+           "'tokens'" in str(caught.value), str(caught.value)
+    assert not (tmp_path / "run").exists()

@@ -102,6 +102,12 @@ def test_default_run_folder_names_model_dataset_and_policy(tiny_config):
     assert default_output(cfg, "mixed_float16", now).endswith(
         "runs/20261130T010203Z-small-cifar-mixed_float16")
     assert short_name("mlp") == "mlp" and short_name("nets.small:make_net") == "small.make_net"
+    # A dataset file is named by its name alone: its path made folders inside runs/, and a
+    # path through .. put the run outside it.
+    for path in ("./digits.npz", "/workspace/d/digits.npz", "d/../../workspace/digits.NPZ"):
+        cfg = tiny_config(output=None, model="mlp", dataset=path)
+        assert default_output(cfg, "float32", now).endswith(
+            "runs/20261130T010203Z-mlp-digits-float32"), path
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tiny_config, tmp_path):
