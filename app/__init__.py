@@ -16,10 +16,6 @@ __all__ = ["train", "check", "tune"]
 def __getattr__(name):
     # Lazy: `tfmp --help` and the benchmark's parent process never import
     # TensorFlow; `app.train` imports it on first use.
-    if name == "tune":
-        from app.tuner.tuning import tune
-
-        return tune
     if name in __all__:
         from app import api
 

@@ -19,9 +19,19 @@ before anything is written.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import numbers
+import os
 from typing import Any, Callable, Optional
 
 from app.core.errors import UsageError
+from app.tuner.tuning import tune as _tune
+
+# The keywords app.train takes besides the settings of tfmp train.
+_TRAIN_KEYWORDS = ("model", "data", "dataset", "on_step")
+# Settings that name a file or folder: text, or a pathlib.Path.
+_PATHS = ("workspace", "output", "data_dir", "image_dir", "tuned")
 
 
 def _no_namesakes() -> None:
@@ -47,14 +57,58 @@ def _data_of(data, settings: dict, default):
     return dataset
 
 
+def _path_or_value(value):
+    """A ``pathlib.Path`` (or any os.PathLike) as the text a path setting or spec takes."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _setting_value(name: str, value, field_type: str):
+    """An API keyword's value as the setting takes it: text read as its TFMP_ variable is
+    (``epochs="3"``, ``jit="false"``), a path as text; a number or a yes/no of the wrong
+    type is one line, where it failed deep inside with TypeError, or (``jit="false"``, a
+    true string) turned XLA on."""
+    from app.core import settings
+
+    kinds = {k.strip() for k in field_type.split("|")}
+    value = _path_or_value(value)
+    if name in _PATHS and value is not None and not isinstance(value, str):
+        raise UsageError(f"{name} must be a path. Received: {name}={value!r} "
+                         f"({type(value).__name__})", "a str or a pathlib.Path")
+    if value is None or not kinds & {"int", "float", "bool"}:
+        return value
+    setting = settings.BY_NAME.get(name)
+    if isinstance(value, str) and setting is not None:
+        try:
+            return setting.read_env(value)
+        except ValueError:
+            raise UsageError(f"{name}={value!r} is not valid", setting.allowed) from None
+    if "bool" in kinds:
+        ok, wanted = isinstance(value, bool), "True or False"
+    elif "int" in kinds:
+        ok, wanted = isinstance(value, numbers.Integral) and not isinstance(value, bool), \
+            "an integer"
+    else:
+        ok, wanted = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
+    if not ok:
+        raise UsageError(f"{name} must be {wanted}. Received: {name}={value!r} "
+                         f"({type(value).__name__})", wanted)
+    if "bool" in kinds:
+        return value
+    return int(value) if "int" in kinds else float(value)   # numpy's own numbers: JSON's
+
+
 def _config(model, data, settings: dict):
     from app.training.config import TrainConfig, resolve_config
     from app.task.task import Task
 
-    unknown = sorted(set(settings) - set(TrainConfig.__dataclass_fields__))
+    fields = {n: f for n, f in TrainConfig.__dataclass_fields__.items() if n != "tuning"}
+    unknown = sorted(set(settings) - set(fields))
     if unknown:
         raise UsageError(f"unknown setting(s) {', '.join(unknown)}",
-                         ", ".join(sorted(TrainConfig.__dataclass_fields__)))
+                         ", ".join(_TRAIN_KEYWORDS + tuple(sorted(set(fields) - set(
+                             _TRAIN_KEYWORDS)))))
+    settings = {k: _setting_value(k, v, str(fields[k].type)) for k, v in settings.items()}
+    model, data = _path_or_value(model), _path_or_value(data)
     task = Task.from_objects(model, data, settings.get("loss"), settings.get("metrics"),
                              settings.get("input_shape"), settings.get("num_classes"),
                              settings.get("image_size") or 32, settings.get("float32_layers"))
@@ -82,6 +136,10 @@ def train(model: Any = "mlp", data: Any = None, *, precision: Optional[str] = No
     from app.training.job import train as run_training
 
     _no_namesakes()
+    if on_step is not None and not callable(on_step):
+        raise UsageError(f"on_step is not a function. Received: on_step={on_step!r} "
+                         f"({type(on_step).__name__})",
+                         "a function taking one dict (each logged step's record), or None")
     data = _data_of(data, settings, "mnist")
     cfg, task = _config(model, data, dict(settings, precision=precision, loop=loop,
                                           epochs=epochs, output=output))
@@ -93,4 +151,25 @@ def check(model: Any, data: Any = None, **settings) -> dict:
     from app.doctor.check import check as run_check
 
     _no_namesakes()
-    return run_check(model=model, data=_data_of(data, settings, None), **settings)
+    data = _data_of(data, settings, None)
+    _known_keywords(run_check, dict(settings, model=model, data=data), "check")
+    return run_check(model=_path_or_value(model), data=_path_or_value(data), **settings)
+
+
+@functools.wraps(_tune)
+def tune(*args, **kwargs) -> dict:
+    _known_keywords(_tune, kwargs, "tune")
+    return _tune(*args, **kwargs)
+
+
+def _known_keywords(fn, given: dict, what: str) -> None:
+    """A keyword ``fn`` does not take is one line naming the ones it does (as app.train's
+    are), not Python's TypeError."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(given) - set(named))
+    if unknown:
+        raise UsageError(f"unknown setting(s) of app.{what}: {', '.join(unknown)}",
+                         ", ".join(named))

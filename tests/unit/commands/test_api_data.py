@@ -58,3 +58,46 @@ def test_check_takes_dataset_too(monkeypatch):
     monkeypatch.setattr(doctor, "check", lambda **kw: seen.update(kw) or {})
     app.check("mlp", dataset="synthetic", steps=2)
     assert seen == {"model": "mlp", "data": "synthetic", "steps": 2}
+
+
+@pytest.mark.parametrize("settings, line", [
+    # a number or a yes/no of the wrong type failed deep inside with TypeError
+    ({"learning_rate": "fast"}, "learning_rate='fast' is not valid; allowed: a number"),
+    ({"max_train_samples": 100.5}, "max_train_samples must be an integer. Received: "
+                                   "max_train_samples=100.5 (float)"),
+    ({"initial_loss_scale": [128]}, "initial_loss_scale must be a number"),
+    ({"epochs": True}, "epochs must be an integer. Received: epochs=True (bool)"),
+    ({"workspace": 5, "output": None}, "workspace must be a path. Received: workspace=5 (int)"),
+    # a true string turned XLA on: "false" is read as the variable TFMP_JIT=false is
+    ({"jit": "maybe"}, "jit='maybe' is not valid; allowed: 1/0, true/false, yes/no or on/off"),
+    ({"jit": 1}, "jit must be True or False. Received: jit=1 (int)"),
+    ({"on_step": 5}, "on_step is not a function. Received: on_step=5 (int)"),
+    # the list named an internal field and left out data and on_step
+    ({"tuning": {}}, "unknown setting(s) tuning; allowed: model, data, dataset, on_step, "
+                     "accumulate,"),
+])
+def test_a_value_of_the_wrong_type_is_one_line(captured, settings, line):
+    with pytest.raises(UsageError) as caught:
+        app.train("mlp", "synthetic", **{"epochs": 1, **settings})
+    assert line in str(caught.value), str(caught.value)
+    assert captured == {}
+
+
+def test_text_and_paths_are_read_as_the_command_line_reads_them(captured, tmp_path):
+    import pathlib
+
+    app.train("mlp", pathlib.Path("synthetic"),
+              epochs="3", jit="false", learning_rate="0.01", max_train_samples=np.int64(64),
+              output=tmp_path / "run")
+    cfg = captured["cfg"]
+    assert (cfg.epochs, cfg.jit, cfg.learning_rate, cfg.max_train_samples) == (3, False, 0.01, 64)
+    assert type(cfg.max_train_samples) is int and cfg.output == str(tmp_path / "run")
+    assert cfg.dataset == "synthetic"
+
+
+@pytest.mark.parametrize("call", ["check", "tune"])
+def test_check_and_tune_name_an_unknown_keyword_in_one_line(call):
+    with pytest.raises(UsageError) as caught:
+        getattr(app, call)("mlp", "synthetic", epochs=3)
+    assert str(caught.value).startswith(f"error: unknown setting(s) of app.{call}: epochs; "
+                                        "allowed: model, data, precision,"), str(caught.value)
