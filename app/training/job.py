@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
+import json
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -177,9 +180,22 @@ def check_holds_no_run(output: str) -> None:
     """A new run never writes over a finished (or failed) one: checked in ``prepare`` to
     refuse early, and again under the folder's lock, where no other run can finish in
     between."""
-    if os.path.exists(os.path.join(output, "metrics.json")):
-        raise UsageError(f"output directory {output!r} already holds a run",
-                         "--resume to continue it, or a new --output")
+    metrics = os.path.join(output, "metrics.json")
+    if not os.path.exists(metrics):
+        return
+    try:
+        with open(metrics, encoding="utf-8") as fh:
+            status = json.load(fh).get("status")
+    except (OSError, ValueError, AttributeError):
+        status = None
+    saved = glob.glob(os.path.join(output, "checkpoints", "ckpt-*.index"))
+    if status == "failed" and not saved:   # nothing to --resume: say what is left to do
+        raise UsageError(f"output directory {output!r} holds a run that failed before its "
+                         "first checkpoint (metrics.json says why): nothing to resume",
+                         f"a new --output, or remove that folder (rm -r {shlex.quote(output)}) "
+                         "to start the run again there")
+    raise UsageError(f"output directory {output!r} already holds a run",
+                     "--resume to continue it, or a new --output")
 
 
 def _runnable(decision: prec.PrecisionDecision, model: str, hw) -> prec.PrecisionDecision:

@@ -249,3 +249,25 @@ def test_a_batch_holding_the_whole_training_set_is_noted(tiny_config, capsys):
     train(tiny_config(epochs=1, batch_size=32, max_train_samples=64, max_val_samples=32,
                       output=None))
     assert "whole training set" not in capsys.readouterr().err
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_says_what_is_left_to_do(tmp_path):
+    """A run that failed at its first step (a metric that did not fit the labels) left its
+    folder; the retry said "already holds a run", and --resume "found no checkpoint"."""
+    from app.core.errors import UsageError
+    from app.training.job import check_holds_no_run
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.json").write_text(json.dumps({"status": "failed"}))
+    with pytest.raises(UsageError) as caught:
+        check_holds_no_run(str(out))
+    assert str(caught.value) == (
+        f"error: output directory '{out}' holds a run that failed before its first checkpoint "
+        f"(metrics.json says why): nothing to resume; allowed: a new --output, or remove that "
+        f"folder (rm -r {out}) to start the run again there")
+    assert (out / "metrics.json").exists()          # nothing of the user's is removed
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "ckpt-1.index").write_text("")
+    with pytest.raises(UsageError, match="already holds a run; allowed: --resume"):
+        check_holds_no_run(str(out))
