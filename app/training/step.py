@@ -127,8 +127,11 @@ def compile_for_fit(parts, jit: bool, steps_per_execution: int) -> None:
     extra = {"jit_compile": True} if jit else {}  # else Keras' own default
     with parts.strategy.scope():  # Keras 2: metric objects must come from the model's scope
         metrics = parts.built.make_metrics()
+    # weighted_metrics=[]: the sample weights weigh the loss, not the metrics (documented),
+    # said so here, where Keras 2 otherwise warns at every validation that they were meant
+    # for weighted_metrics.
     parts.model.compile(optimizer=parts.optimizer, loss=parts.built.loss, metrics=metrics,
-                        steps_per_execution=steps_per_execution, **extra)
+                        weighted_metrics=[], steps_per_execution=steps_per_execution, **extra)
 
 
 class CustomSteps:

@@ -40,6 +40,30 @@ def test_the_weights_decide_what_is_learned_in_both_loops(tiny_config, dataset, 
     assert m["epochs"][-1]["val_accuracy"] >= 0.9, m["epochs"][-1]
 
 
+def test_weighted_validation_in_fit_trains_without_keras_warning(tiny_config):
+    """Keras 2 warned at every validation of weighted data that the weights were meant for
+    ``weighted_metrics``: they weigh the loss alone, as documented, and compile says so."""
+    import logging
+
+    import tensorflow as tf
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+    seen = Lines()
+    tf.get_logger().addHandler(seen)   # TensorFlow's logger does not propagate to caplog's
+    try:
+        m = _train(tiny_config, "weighted_validation", loop="fit")
+    finally:
+        tf.get_logger().removeHandler(seen)
+    assert m["status"] == "completed" and m["epochs"][-1]["val_accuracy"] >= 0.9
+    assert not [line for line in seen.lines if "weighted_metrics" in line], seen.lines
+
+
 def test_without_the_weights_the_same_samples_are_learned_otherwise(tiny_config):
     """The control: the data is such that a run that dropped the weights would fail above."""
     m = _train(tiny_config, "unweighted", loop="custom")
