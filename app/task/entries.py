@@ -82,8 +82,8 @@ def resolve_dataset(spec: str) -> DatasetEntry:
 
 MODEL_FORMS = ("a built-in name, 'MODULE:FUNCTION', 'file.py:FUNCTION', a function "
                "(input_shape, num_classes) -> keras.Model, or a keras.Model")
-DATA_FORMS = ("None (synthetic data), a built-in name, 'MODULE:FUNCTION' or 'file.npz', a function "
-              "returning the data, ((x_train, y_train), (x_val, y_val)) arrays, or "
+DATA_FORMS = ("None (synthetic data), a built-in name, 'MODULE:FUNCTION' or 'file.npz', a "
+              "function returning the data, ((x_train, y_train), (x_val, y_val)) arrays, or "
               "(train, val) unbatched tf.data datasets")
 
 
