@@ -159,7 +159,8 @@ def check(model: Any, data: Any = None, **settings) -> dict:
 @functools.wraps(_tune)
 def tune(*args, **kwargs) -> dict:
     _known_keywords(_tune, kwargs, "tune")
-    return _tune(*args, **kwargs)
+    return _tune(*map(_path_or_value, args),
+                 **{k: _path_or_value(v) for k, v in kwargs.items()})
 
 
 def _known_keywords(fn, given: dict, what: str) -> None:

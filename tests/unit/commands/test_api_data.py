@@ -101,3 +101,14 @@ def test_check_and_tune_name_an_unknown_keyword_in_one_line(call):
         getattr(app, call)("mlp", "synthetic", epochs=3)
     assert str(caught.value).startswith(f"error: unknown setting(s) of app.{call}: epochs; "
                                         "allowed: model, data, precision,"), str(caught.value)
+
+
+def test_tune_takes_paths_too(monkeypatch, tmp_path):
+    import pathlib
+
+    from app import api
+
+    seen = {}
+    monkeypatch.setattr(api, "_tune", lambda *a, **kw: seen.update(args=a, kw=kw) or {})
+    app.tune("mlp", pathlib.Path("data.npz"), output=tmp_path / "tune")
+    assert seen == {"args": ("mlp", "data.npz"), "kw": {"output": str(tmp_path / "tune")}}
