@@ -90,7 +90,11 @@ def check_layout(spec: str) -> str:
     """The name of the file's validation part ('val' or 'test'); one line when the arrays
     a training run needs are not all there."""
     with _open(spec) as archive:
-        files = list(archive.files)
+        return _validation_of(list(archive.files), spec)
+
+
+def _validation_of(files: List[str], spec: str) -> str:
+    """``check_layout`` on the archive's list of arrays."""
     held = ", ".join(sorted(files)[:12]) + (", ..." if len(files) > 12 else "") or "no arrays"
     if not (_features(files, "train") and "y_train" in files):
         raise UsageError(f"{_named(spec)} holds {held}: x_train and y_train are missing", LAYOUT)
@@ -104,9 +108,9 @@ def check_layout(spec: str) -> str:
 def load(spec: str):
     """((x_train, y_train[, w]), (x_val, y_val[, w])), as a dataset function returns them;
     the features a dict of arrays when the file holds one an input."""
-    part = check_layout(spec)
     with _open(spec) as archive:
         files = list(archive.files)
+        part = _validation_of(files, spec)
         try:
             return tuple(_part(archive, files, name, spec) for name in ("train", part))
         except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as exc:

@@ -41,15 +41,9 @@ class DatasetEntry:
 def _user_function(spec: str, what: str, builtins: tuple, expected: str,
                    files: str = "") -> Callable:
     """The function a MODULE:FUNCTION spec names; UsageError for anything else.  ``files``:
-    the other form the spec may take, for the message."""
+    the file suffix the spec may also take, for the message."""
     if not specs.is_user_spec(spec):
-        misread = specs.misread_spec(what, spec)
-        if misread is not None:
-            raise misread
-        forms = f", MODULE:FUNCTION or {files}" if files else " or MODULE:FUNCTION"
-        raise UsageError(f"{what} must be one of {', '.join(builtins)}{forms}. "
-                         f"Received: {what}={spec!r}",
-                         specs.SPEC_FORMS + (f", or {files}" if files else ""))
+        raise specs.not_a_spec(what, spec, builtins, files=files)
     fn = specs.load_object(spec, what)
     if not callable(fn):
         raise UsageError(f"{what} spec {spec!r} names a {type(fn).__name__}, not a function",
@@ -76,7 +70,7 @@ def resolve_dataset(spec: str) -> DatasetEntry:
                             os.path.abspath(os.path.expanduser(spec)))
     fn = _user_function(spec, "dataset", registry.DATASET_NAMES,
                         "a function returning ((x_train, y_train), (x_val, y_val)) or "
-                        "(train, val) unbatched tf.data datasets", "path/to/data.npz")
+                        "(train, val) unbatched tf.data datasets", array_file.SUFFIX)
     return DatasetEntry(spec, False, fn, specs.source_file(fn))
 
 

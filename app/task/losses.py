@@ -202,26 +202,26 @@ def make_metric(spec, bundle, units, probabilities: bool = True):
     # (micro-averaged): class ids are made one-hot rows first (as they are, Keras failed on
     # the first step: "Shapes (None, 3) and (None, 1) are incompatible").
     squash, classes = None, None
-    of_classes = bundle.label_kind in ("sparse", "onehot", "binary") and (units or 1) > 1
+    class_labels = bundle.label_kind in ("sparse", "onehot", "binary")
     if named and _metric_name(obj) in _OF_PROBABILITIES:
         if _binary(bundle, units) and not probabilities:
             squash = tf.sigmoid
-        elif of_classes:
+        elif class_labels and (units or 1) > 1:
             squash = None if probabilities else tf.nn.softmax
             classes = units if bundle.label_kind != "onehot" else None
-    elif (named and not probabilities and bundle.label_kind in ("sparse", "onehot", "binary")
+    elif (named and not probabilities and class_labels
           and _metric_name(obj) in _OF_CLASS_PROBABILITIES):
         squash = tf.nn.softmax
+    wrapped = squash is not None or classes is not None
     if isinstance(obj, tf.keras.metrics.Metric):
         config = obj.get_config()
         if named:
             config["name"] = spec   # as typed, in both Kerases ('mae', not mean_absolute_error)
-        wrapped = squash is not None or classes is not None
         return (_on(type(obj), squash, classes) if wrapped else type(obj)).from_config(config)
     if callable(obj):
         name = spec if named else getattr(obj, "__name__", "metric")
         fn = obj
-        if squash is not None or classes is not None:
+        if wrapped:
             def fn(y_true, y_pred, f=obj):
                 return f(*_read_as_probabilities(y_true, y_pred, squash, classes))
         return tf.keras.metrics.MeanMetricWrapper(fn, name=name)
@@ -273,8 +273,6 @@ def _on(cls, squash=None, classes=None):
     """``cls`` updated with ``squash`` (sigmoid, softmax) of the outputs (logits), and with
     class-id labels as one-hot rows of ``classes``: the metric's own variables, config and
     name, so both Kerases' loops treat it as the class it is."""
-    import tensorflow as tf
-
     class OnProbabilities(cls):
         def update_state(self, y_true, y_pred, sample_weight=None):
             return super().update_state(*_read_as_probabilities(y_true, y_pred, squash, classes),

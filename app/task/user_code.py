@@ -51,6 +51,22 @@ def misread_spec(what: str, spec: str, said: str | None = None) -> UsageError | 
     return None
 
 
+def not_a_spec(what: str, spec, builtins, said: str | None = None,
+               files: str = "") -> UsageError:
+    """The one line for a ``what`` spec that is neither a built-in nor ``MODULE:FUNCTION``
+    (``misread_spec``'s when it is a usual slip); ``files``: the file suffix the spec may
+    also take (a dataset's ``.npz``)."""
+    misread = misread_spec(what, spec, said)
+    if misread is not None:
+        return misread
+    said = said or what
+    forms = f", MODULE:FUNCTION or a {files} file" if files else " or MODULE:FUNCTION"
+    also = f", path/to/data{files}" if files else ""
+    return UsageError(f"{said} must be one of {', '.join(builtins)}{forms}. "
+                      f"Received: {said}={spec!r}",
+                      f"{', '.join(builtins)}, MODULE:FUNCTION, path/to/file.py:FUNCTION{also}")
+
+
 def split_spec(spec: str, what: str) -> tuple[str, str]:
     module, _, name = spec.rpartition(":")
     if not module or not name or not name.replace("_", "a").isalnum() or name[0].isdigit():

@@ -219,16 +219,9 @@ def _spec_or_one_of(what: str, name: str, value: str, allowed: tuple[str, ...],
     if isinstance(value, str) and (":" in value or (files and value.lower().endswith(files))):
         return
     if value not in allowed:
-        from app.task.user_code import misread_spec
+        from app.task.user_code import not_a_spec
 
-        misread = misread_spec(what, value, name)
-        if misread is not None:
-            raise misread
-        also = f", path/to/data{files}" if files else ""
-        forms = f", MODULE:FUNCTION or a {files} file" if files else " or MODULE:FUNCTION"
-        raise UsageError(f"{name} must be one of {', '.join(allowed)}{forms}. "
-                         f"Received: {name}={value!r}",
-                         f"{', '.join(allowed)}, MODULE:FUNCTION, path/to/file.py:FUNCTION{also}")
+        raise not_a_spec(what, value, allowed, name, files)
 
 
 def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) -> None:

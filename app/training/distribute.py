@@ -171,6 +171,11 @@ class Distribution:
     def multi_worker(self) -> bool:
         return self.choice.kind == "multi-worker"
 
+    @property
+    def spreads_batches(self) -> bool:
+        """Each global batch is split between replicas or workers (the datasets distributed)."""
+        return self.replicas > 1 or self.multi_worker
+
     def write_dir(self, dirpath: str) -> str:
         return worker_temp_dir(dirpath, self.cluster if self.multi_worker else None)
 
@@ -296,7 +301,7 @@ def _gather_json(strategy, value) -> list:
 def distribute_dataset(dist: Distribution, dataset):
     """Split each global batch between the replicas (and, multi-worker, between workers:
     the in-memory datasets here have no files to shard, so shard by data)."""
-    if dist.replicas == 1 and not dist.multi_worker:
+    if not dist.spreads_batches:
         return dataset
     return dist.strategy.experimental_distribute_dataset(shard_by_data(dataset))
 

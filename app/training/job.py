@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
-import json
 import os
 import shlex
 import sys
@@ -180,16 +178,14 @@ def check_holds_no_run(output: str) -> None:
     """A new run never writes over a finished (or failed) one: checked in ``prepare`` to
     refuse early, and again under the folder's lock, where no other run can finish in
     between."""
-    metrics = os.path.join(output, "metrics.json")
-    if not os.path.exists(metrics):
+    if not os.path.exists(os.path.join(output, "metrics.json")):
         return
     try:
-        with open(metrics, encoding="utf-8") as fh:
-            status = json.load(fh).get("status")
-    except (OSError, ValueError, AttributeError):
+        status = read_previous_metrics(output).get("status")
+    except UsageError:   # unreadable: not known to have failed
         status = None
-    saved = glob.glob(os.path.join(output, "checkpoints", "ckpt-*.index"))
-    if status == "failed" and not saved:   # nothing to --resume: say what is left to do
+    if status == "failed" and not checkpointing.has_checkpoint(output):
+        # nothing --resume would find: say what is left to do
         raise UsageError(f"output directory {output!r} holds a run that failed before its "
                          "first checkpoint (metrics.json says why): nothing to resume",
                          f"a new --output, or remove that folder (rm -r {shlex.quote(output)}) "

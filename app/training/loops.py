@@ -32,7 +32,7 @@ def run_fit(run, parts, recorder, monitor, start_epoch: int, skip: int = 0):
         # BackupAndRestore saves after every epoch (non-chief workers into temporary
         # folders) and a restarted job continues from there.
         callbacks.append(_backup_and_restore(os.path.join(cfg.output, "backup")))
-    if run.dist.multi_worker or run.dist.replicas > 1:
+    if run.dist.spreads_batches:
         # Keras distributes the datasets itself: by data, as the custom loop does (its
         # AUTO policy tries files first and logs the pipeline's whole graph, 70 lines a
         # dataset, on TensorFlow 2.9 before falling back to data).
