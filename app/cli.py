@@ -13,7 +13,7 @@ from app.core import shadowing
 from app.core.args import OneLineParser
 from app.core.errors import ReportedError, report
 from app.core.exit_codes import EXIT_SIGINT
-from app.core.signals import SecondSignalExits
+from app.core.signals import SecondSignalExits, interrupts_outside_tensorflow
 
 
 def build_parser() -> OneLineParser:
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:   # named with the command's own help, which lists its flags
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        with _second_signal_exits():
+        with _second_signal_exits(), interrupts_outside_tensorflow():
             shadowing.refuse_namesakes(shadowing.user_folder())
             return int(args._run(args))
     except ReportedError as exc:

@@ -12,9 +12,17 @@ what is left.  Docker Compose and most servers treat a second Ctrl-C the same wa
 Only signals with a Python-level handler reach the descriptor (Ctrl-C's default handler is
 one; SIGTERM's default, which ends the process anyway, is not).  Watches nest: an inner one
 takes the descriptor for its block and gives it back.
+
+Ctrl-C's KeyboardInterrupt must not be raised inside Python code that TensorFlow's C++
+called (``tf.py_function``, ``tf.numpy_function``, a model's layer or loss that uses them):
+TF 2.9 then aborts the whole process (``py_func.cc: Check failed: ctx != nullptr``), a newer
+TensorFlow turns it into an error of the user's code.  ``interrupts_outside_tensorflow``
+holds such a Ctrl-C until the step that ran that code returns, where ``interrupt_point``
+(called between steps) or the block's end raises it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -85,3 +93,52 @@ class SecondSignalExits:
                     self.on_first(signum)
                 else:
                     self.read_end.settimeout(HINT_AFTER_SECONDS)
+
+
+# Where TensorFlow's C++ calls back into Python on the thread that runs the op (eager
+# ``tf.py_function``/``tf.numpy_function`` and their graph forms): tensorflow/python/ops/.
+_TENSORFLOW_CALLBACKS = os.path.join("tensorflow", "python", "ops", "script_ops.py")
+_held: list = []   # the Ctrl-C held while TensorFlow ran the model's Python code
+
+
+def _inside_tensorflow_callback(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_TENSORFLOW_CALLBACKS):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_ctrl_c(signum, frame):
+    if _inside_tensorflow_callback(frame):
+        _held.append(signum)   # raised by interrupt_point once the step has returned
+        return
+    raise KeyboardInterrupt
+
+
+def interrupt_point() -> None:
+    """Raise the KeyboardInterrupt of a Ctrl-C held while TensorFlow ran Python code: call
+    it where stopping is safe, between two steps."""
+    if _held:
+        _held.clear()
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupts_outside_tensorflow():
+    """While the block runs, Ctrl-C raises KeyboardInterrupt at once, as Python's default
+    handler does, except inside Python code TensorFlow's C++ called: there it is held until
+    ``interrupt_point`` or the block's end.  Only on the main thread (where Python runs
+    handlers) and only over the default handler: a block that handles SIGINT itself (train's
+    stop flag, a notebook kernel's own handler) keeps its way."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    signal.signal(signal.SIGINT, _on_ctrl_c)
+    try:
+        yield
+        interrupt_point()   # held to the end: still answered, not lost
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _held.clear()

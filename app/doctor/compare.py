@@ -32,6 +32,7 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
     weights; ``fault`` then holds the rule's fault and the batch, for the replay."""
     import tensorflow as tf
 
+    from app.core.signals import interrupt_point
     from app.numerics import rules
     from app.precision import loss_scale
 
@@ -43,6 +44,7 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
     losses, skipped, at_floor, run_start, fault = [], 0, 0, 0, None
     previous_skipped = False
     for i, batch in enumerate(batches, start=1):
+        interrupt_point()   # a Ctrl-C held while the last step ran the model's Python code
         # The scale from the optimizer's own scaling call (1 x the scale): Keras 2's
         # LossScaleOptimizer then knows the loss was scaled, where it warned "You forgot to
         # call LossScaleOptimizer.get_scaled_loss()" at every apply of `check --steps`.

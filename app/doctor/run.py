@@ -13,6 +13,7 @@ from app.doctor import probe as probe_mod
 from app.doctor.report import BLOCKER, INFO, WARNING, Finding, counts, sort_findings, verdict
 from app.core.errors import PrecisionUnsupported, UsageError, UserCodeError
 from app.core.settings import seed_problem
+from app.core.signals import interrupts_outside_tensorflow
 
 SCHEMA_VERSION = 1
 DEFAULT_PRECISION = "mixed_float16"
@@ -102,8 +103,10 @@ def run_check(task, precision: str = DEFAULT_PRECISION, batch_size: int = DEFAUL
     decision = prec.resolve(precision, hw)
     before = prec.global_policy_name()
     try:
-        bundle = load_bundle(task, batch_size, steps, seed, data_dir)
-        report = _check(task, bundle, decision, hw, batch_size, steps, seed)
+        # A notebook's Interrupt too: never raised inside the model's own py_function.
+        with interrupts_outside_tensorflow():
+            bundle = load_bundle(task, batch_size, steps, seed, data_dir)
+            report = _check(task, bundle, decision, hw, batch_size, steps, seed)
     finally:
         prec.apply_policy(before)
     report["seconds"] = round(time.perf_counter() - t0, 2)

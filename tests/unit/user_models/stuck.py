@@ -7,9 +7,12 @@ the model on two rows) it creates the file named in ``STUCK_MARK`` and the step 
 to take an element from a queue nothing is ever put into: a wait in TensorFlow's C++, where
 the thread that started the step (eager or not) never runs a Python signal handler.  Without
 ``STUCK_MARK`` it trains like any model; with ``STUCK_HANG=0`` it marks that batch and
-goes on (a test's sign that the steps have begun)."""
+goes on, each later step spending ``STUCK_SLOW`` seconds (default 0.3) in that Python
+function: a signal then lands, almost always, while TensorFlow's C++ is running Python code
+of the model's (a test's sign that the steps have begun, and the moment to Ctrl-C)."""
 import itertools
 import os
+import time
 
 import tensorflow as tf
 
@@ -18,10 +21,15 @@ _batches = itertools.count(1)
 
 def _hangs_now(x):
     mark = os.environ.get("STUCK_MARK")
-    if (mark and x.shape[0] == int(os.environ["STUCK_ROWS"])
-            and next(_batches) == int(os.environ.get("STUCK_AT", "1"))):
+    if not mark or x.shape[0] != int(os.environ["STUCK_ROWS"]):
+        return False
+    batch = next(_batches)
+    at = int(os.environ.get("STUCK_AT", "1"))
+    if batch == at:
         open(mark, "w").close()
         return os.environ.get("STUCK_HANG", "1") != "0"
+    if batch > at:   # only with STUCK_HANG=0: the hanging step never returns
+        time.sleep(float(os.environ.get("STUCK_SLOW", "0.3")))
     return False
 
 
