@@ -84,12 +84,12 @@ def test_what_a_report_says_of_the_bad_rows_and_elements():
 def test_a_tf_data_dataset_s_bad_elements_are_found_in_the_pass_that_counts_it(monkeypatch):
     import tensorflow as tf
 
-    from app.task import user_data
+    from app.task import user_data, user_datasets
 
     x, y = _data(n=40, width=4)
     x[[3, 11, 12, 30]] = np.nan
     y = y.astype("int32")
-    monkeypatch.setattr(user_data, "MOST_LISTED", 3)
+    monkeypatch.setattr(user_datasets, "MOST_LISTED", 3)
     bundle = user_data.from_user((tf.data.Dataset.from_tensor_slices((x, y)),
                                   tf.data.Dataset.from_tensor_slices((x[:8], y[:8]))),
                                  "mine:load", 8)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from app.core.errors import UsageError
-from app.task.user_data import label_kind_of
+from app.task.data_rules import label_kind_of
 
 WEIGHTS = np.array([1.0, 2.0, -1.0, 0.5], np.float32)
 
