@@ -34,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Quiet TensorFlow's C++ start-up chatter unless the user asked for it; must be set
     # before TensorFlow is imported (the commands import it lazily).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _whole_lines()
     parser = build_parser()
     _command_first(parser, sys.argv[1:] if argv is None else list(argv))
     args, unknown = parser.parse_known_args(argv)
@@ -49,6 +50,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Ctrl-C, answered once the running step returned: one line, not a traceback.
         sys.stderr.write(f"\ninterrupted (Ctrl-C): tfmp {args.command} stopped\n")
         return EXIT_SIGINT
+
+
+def _whole_lines() -> None:
+    """Each line out in one write.  Unbuffered, as the image runs Python
+    (PYTHONUNBUFFERED=1), ``print`` writes a line's text and its newline apart, and where
+    stdout and stderr meet (``docker run ... 2>&1``, a job's log) a line of the other stream
+    lands between them: "precision: ...strategy: ...".  Line-buffered, a line goes whole.
+    Progress bars flush their partial lines themselves."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):   # a test's or a notebook's stand-in may not
+            stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def _second_signal_exits():

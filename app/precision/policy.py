@@ -126,16 +126,16 @@ def resolve(requested: str, hw: HardwareInfo) -> PrecisionDecision:
                              warning=warning)
 
 
-def announce(decision: PrecisionDecision, stream=None) -> None:
-    """One line saying what was chosen and why; a loud block for a slow fp16 request."""
-    stream = stream or sys.stderr
+def announce(decision: PrecisionDecision) -> None:
+    """One line saying what was chosen and why, on stdout with the run's other lines of what
+    it is (the strategy, the batch); a loud block on stderr for a slow fp16 request."""
     if decision.requested == "auto":
-        print(f"precision: auto chose {decision.policy} ({decision.reason})", file=stream)
+        print(f"precision: auto chose {decision.policy} ({decision.reason})", flush=True)
     else:
-        print(f"precision: {decision.policy} ({decision.reason})", file=stream)
+        print(f"precision: {decision.policy} ({decision.reason})", flush=True)
     if decision.warning:
         bar = "!" * 72
-        print(f"{bar}\nWARNING: {decision.warning}\n{bar}", file=stream)
+        print(f"{bar}\nWARNING: {decision.warning}\n{bar}", file=sys.stderr, flush=True)
 
 
 def apply_policy(policy: str) -> None:
@@ -143,8 +143,23 @@ def apply_policy(policy: str) -> None:
     only global side effects of this module)."""
     import tensorflow as tf
 
+    _quiet_keras_device_check()
     tf.keras.mixed_precision.set_global_policy(policy)
     _fit_cpu_float16_fusions(tf, policy)
+
+
+def _quiet_keras_device_check() -> None:
+    """Keras 2 logs a three-line "Mixed precision compatibility check (mixed_float16):
+    WARNING" the first time a float16 policy is set where no GPU has Tensor Cores.  The
+    run's own precision line and warning (``resolve``, ``tfmp check``'s findings) say the
+    same with the fix, and TensorFlow's lines came first, before a bad flag's one-line
+    error.  Marked as logged; Keras 3 has no such check."""
+    try:
+        from keras.mixed_precision import device_compatibility_check as check
+    except ImportError:
+        return
+    if hasattr(check, "_logged_compatibility_check"):
+        check._logged_compatibility_check = True
 
 
 # Set when _fit_cpu_float16_fusions turned Grappler's remapper off, so that a later policy

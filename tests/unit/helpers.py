@@ -21,7 +21,7 @@ ONCE_IN_THE_IMAGE = pytest.mark.image_self_tested(
     reason="an end-to-end run of the app's processes, the same under either Keras")
 
 
-def _app_env(env=None) -> dict:
+def app_env(env=None) -> dict:
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -35,13 +35,13 @@ def _app_env(env=None) -> dict:
 def run_app(*args, env=None, timeout=180, cwd=None):
     """Run ``python -m app ...`` in a subprocess, as a user would."""
     return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True,
-                          timeout=timeout, env=_app_env(env), cwd=cwd or ROOT)
+                          timeout=timeout, env=app_env(env), cwd=cwd or ROOT)
 
 
 def start_app(*args, env=None, cwd=None) -> subprocess.Popen:
     """``run_app`` without waiting: several runs side by side (``communicate()`` each)."""
     return subprocess.Popen([sys.executable, "-m", "app", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_app_env(env),
+                            stderr=subprocess.PIPE, text=True, env=app_env(env),
                             cwd=cwd or ROOT)
 
 

@@ -93,6 +93,6 @@ def test_auto_is_announced_in_one_line(capsys):
     from app.precision.policy import announce
 
     announce(resolve("auto", HardwareInfo(cpu_flags=CPU_BF16)))
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["precision: auto chose mixed_bfloat16 (no GPU; the CPU has AVX512_BF16, "
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["precision: auto chose mixed_bfloat16 (no GPU; the CPU has AVX512_BF16, "
                    "so bfloat16 math is native)"]
