@@ -566,7 +566,9 @@ def _output_fault(recorder: Recorder, exc: BaseException, code: int):
     output_faults.remove_partial_checkpoints(ckpt_dir)
     latest = checkpointing.newest_complete(ckpt_dir)
     hint = (f"run the same command with --resume to continue from {os.path.basename(latest)}"
-            if latest else "run the same command again (no checkpoint was completed)")
+            if latest else "run the command again with a new --output, or after removing "
+            f"that folder (rm -r {shlex.quote(output)}): no checkpoint was completed, so "
+            "there is nothing to resume")
     fault = output_faults.OutputFault(output_faults.path_of(exc, output), code,
                                       f"{type(exc).__name__}", hint)
     with contextlib.suppress(Exception):   # the disk may still be full: best effort

@@ -70,6 +70,28 @@ def test_disk_full_during_a_checkpoint_save_then_resume_finishes(tmp_path, capsy
     assert m["status"] == "completed" and [e["epoch"] for e in m["epochs"]] == [1, 2, 3]
 
 
+def test_disk_full_before_the_first_checkpoint_says_what_works_and_it_does(tmp_path, capsys,
+                                                                         monkeypatch):
+    """No checkpoint to resume: the line names what does work (it once said "run the same
+    command again", which the failed run in the folder then refused)."""
+    import shutil
+
+    out = tmp_path / "run"
+    _full_on_save(monkeypatch, fail_at=1)
+    code, err = _main(capsys, *ARGS, "--output", str(out))
+    assert code == 5, err
+    [line] = error_lines(err)
+    assert line.endswith(f"then run the command again with a new --output, or after removing "
+                         f"that folder (rm -r {out}): no checkpoint was completed, so there "
+                         "is nothing to resume"), line
+    monkeypatch.undo()
+    for args in ([*ARGS, "--output", str(tmp_path / "new")], [*ARGS, "--output", str(out)]):
+        if args[-1] == str(out):
+            shutil.rmtree(out)
+        code, err = _main(capsys, *args, "--epochs", "1")
+        assert code == 0, err
+
+
 def test_metrics_write_failing_is_the_same_one_line(tmp_path, capsys, monkeypatch):
     from app.core import files as reporting
 
