@@ -75,7 +75,13 @@ def format_text(r: dict) -> str:
                      f"{_gib(g['memory_bytes'])}, Tensor Cores {'yes' if g['tensor_cores'] else 'no'}")
     lines.append(f"CPU bfloat16:  AVX512_BF16 {'yes' if r['hardware']['cpu_avx512_bf16'] else 'no'}, "
                  f"AMX {'yes' if r['hardware']['cpu_amx'] else 'no'}")
-    lines.append(f"auto precision: {r['auto_precision']['policy']} ({r['auto_precision']['reason']})")
+    auto = r["auto_precision"]
+    line = f"auto precision: {auto['policy']} ({auto['reason']})"
+    if (r.get("precision_support") or {}).get(auto["policy"], {}).get("causes"):
+        # As train decides (app.training.job._runnable): the mlp keeps it, a convolution not.
+        line += ("; a model with a layer it cannot run here (below) trains in float32, as "
+                 "does a model of your own while oneDNN is off")
+    lines.append(line)
     if r.get("cpu_threads"):
         from app.machine.cpu_threads import describe
 

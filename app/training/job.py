@@ -198,21 +198,23 @@ def _runnable(decision: prec.PrecisionDecision, model: str, hw) -> prec.Precisio
     """A built-in model's layer kinds are known (``app.core.catalog``): a policy this TensorFlow
     cannot run here for one of them is one line before any data loads (``app.machine.kernels``;
     a user's model is checked in ``Task.build``, once built).  ``auto`` falls back to
-    float32 and says why, for a built-in model, and for any model where oneDNN is off on
-    TF 2.9 (no bfloat16 convolutions at all)."""
+    float32 and says why: for a built-in model when one of its kinds cannot run (the mlp's
+    Dense layers still run in bfloat16 with oneDNN off), and for a user's model, whose kinds
+    are not known yet, where oneDNN is off on TF 2.9 (no bfloat16 convolutions at all)."""
     from app.machine import kernels
     from app.core import catalog as registry
 
     if decision.policy != kernels.PROBED_POLICY:
         return decision
     auto = decision.requested == "auto"
-    if auto:
-        sup = kernels.support(decision.policy, hw)
-        if sup.failing and (sup.everything or (sup.onednn is not None and not sup.onednn[0])):
-            cause = next(iter(sup.failing.values())).text("convolutions")
-            return _fall_back(decision, cause)
     kinds = registry.layer_kinds(model)
     if kinds is None:
+        if auto:
+            sup = kernels.support(decision.policy, hw)
+            if sup.failing and (sup.everything or (sup.onednn is not None
+                                                   and not sup.onednn[0])):
+                cause = next(iter(sup.failing.values())).text("convolutions")
+                return _fall_back(decision, cause)
         return decision
     try:
         kernels.check_kinds(decision.policy, kinds, model, hw)

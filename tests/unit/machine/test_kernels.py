@@ -275,8 +275,9 @@ def test_train_refuses_a_builtin_before_any_data_loads(no_bf16_convs, tiny_confi
     auto = prepare(tiny_config(model="cnn", precision="auto", max_train_samples=64),
                    hardware=HardwareInfo(cpu_flags=INTEL_SPR))
     assert auto.decision.policy == "float32"
-    assert "so bfloat16 math is native, but TensorFlow 2.9 has bfloat16 CPU kernels for " \
-        "convolutions only in oneDNN" in auto.decision.reason
+    assert "so bfloat16 math is native, but mixed_bfloat16 cannot run the Conv2D layers of " \
+        "model 'cnn' here: TensorFlow 2.9 has bfloat16 CPU kernels for Conv2D only in " \
+        "oneDNN" in auto.decision.reason
     assert prepare(tiny_config(model="mlp", precision=BF16)).decision.policy == BF16
 
 
@@ -596,3 +597,36 @@ def test_an_op_without_a_float16_kernel_met_in_the_first_step_is_one_line(tiny_c
     blockers = [f for f in report["findings"] if f["severity"] == "blocker"]
     assert [f["check"] for f in blockers] == ["kernels"], report["findings"]
     assert "no float16 kernel for its op AdjustContrastv2" in blockers[0]["what"]
+
+
+@pytest.mark.parametrize("model, chosen", [("mlp", BF16), ("cnn", "float32"),
+                                           ("./net.py:build", "float32")])
+def test_auto_with_onednn_off_keeps_bfloat16_for_dense_layers_only(monkeypatch, model, chosen):
+    """With oneDNN off TF 2.9 has no bfloat16 convolutions: auto gave the mlp (Dense layers,
+    which still run) float32 too, while `tfmp env` said mixed_bfloat16.  A user's model,
+    whose layers are not known before it is built, still gets float32 there."""
+    from app.machine import envreport
+    from app.machine.hardware import HardwareInfo
+    from app.precision.policy import resolve
+    from app.training.job import _runnable
+
+    support = kernels.reconcile(BF16, Machine("2.9.3", INTEL_SPR, "0"), {"Conv2D": "E: 1"})
+    monkeypatch.setitem(kernels._CACHE, BF16, support)
+    hw = HardwareInfo(cpu_flags=INTEL_SPR)
+    decision = _runnable(resolve("auto", hw), model, hw)
+    assert decision.policy == chosen, decision.reason
+    if chosen == "float32":
+        assert "oneDNN" in decision.reason, decision.reason
+    report = {"auto_precision": {"policy": BF16, "reason": "no GPU"},
+              "precision_support": {BF16: support.to_dict()}}
+    line = next(l for l in envreport.format_text(_env_base(report)).splitlines()
+                if l.startswith("auto precision:"))
+    assert line.endswith("; a model with a layer it cannot run here (below) trains in float32, "
+                         "as does a model of your own while oneDNN is off"), line
+
+
+def _env_base(extra: dict) -> dict:
+    return {"python": "3.9", "platform": "linux", "tensorflow": "2.9.3", "keras": "2.9.0",
+            "keras_major": 2, "numpy": "1.26", "built_with_cuda": False, "cuda_version": None,
+            "cudnn_version": None, "hardware": {"gpus": [], "cpu_avx512_bf16": True,
+                                                "cpu_amx": True}, **extra}
