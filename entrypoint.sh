@@ -179,7 +179,7 @@ check_ids() {
   [[ $NB_UID =~ ^[0-9]+$ ]] || fatal "NB_UID must be a number (your host's \`id -u\`). Received: NB_UID='$NB_UID'"
   [[ $NB_GID =~ ^[0-9]+$ ]] || fatal "NB_GID must be a number (your host's \`id -g\`). Received: NB_GID='$NB_GID'"
   # Compared as text first: bash arithmetic reads 08 as bad octal and wraps 2**64 to 0.
-  [[ $NB_UID =~ ^0+$ ]] && fatal "NB_UID=0 is refused: the user must not be root (use your host's \`id -u\`)"
+  [[ $NB_UID =~ ^0+$ ]] && fatal "NB_UID=0 is refused: the user must not be root; allowed: your host user's \`id -u\`, or, where that is root (0), the UID of a regular user who should own the files (e.g. 1000), or no NB_UID (the image's user, UID 1000)"
   id_in_range NB_UID "$NB_UID" "id -u"
   id_in_range NB_GID "$NB_GID" "id -g"
   NB_UID=$((10#$NB_UID)) NB_GID=$((10#$NB_GID))

@@ -151,12 +151,15 @@ def _memlock() -> str:
 # --- bad settings: one clear line, non-zero exit -------------------------------------
 
 @pytest.mark.parametrize("env, message", [
-    (["-e", "NB_UID=0"], "NB_UID=0 is refused"),
+    (["-e", "NB_UID=0"], "NB_UID=0 is refused: the user must not be root; allowed: your host "
+                         "user's `id -u`, or, where that is root (0), the UID of a regular user"),
     (["-e", "NB_UID=abc"], "NB_UID must be a number"),
     (["-e", "PUBLIC_KEY=ssh-ed25519 not-a-key"], "PUBLIC_KEY line 1 is not an OpenSSH public key"),
     (["-e", "JUPYTER_TOKEN_FILE=/nonexistent/token"], "JUPYTER_TOKEN_FILE='/nonexistent/token' is not a readable file"),
     (["-e", "JUPYTER_TOKEN="], "JUPYTER_TOKEN is set but empty"),
     (["-e", "JUPYTER_TOKEN=a b"], "may contain only"),
+    # The characters as typed: printf %q showed "\\ " for a space and '\\"' for a quote.
+    (["-e", 'JUPYTER_TOKEN=a b"c$d e'], """(it goes into URLs); found: ' ', '"', '$'"""),
     (["-e", "SSH_PASSWORD="], "SSH_PASSWORD is set but empty"),
     (["-e", "JUPYTER_TOKEN_FILE="], "JUPYTER_TOKEN_FILE is set but empty; unset it or give the "
                                     "path of a file holding JUPYTER_TOKEN"),
@@ -166,7 +169,7 @@ def _memlock() -> str:
     (["-e", "TFMP_GPU_PROFILING=1"], "TFMP_GPU_PROFILING=1 needs CAP_SYS_ADMIN in the container: "
                                      "start it with --cap-add SYS_ADMIN"),
     (["-e", "TFMP_GPU_PROFILING=yes"], "TFMP_GPU_PROFILING must be 1 or 0"),
-], ids=["uid0", "uid-text", "bad-key", "token-file", "empty-token", "token-space",
+], ids=["uid0", "uid-text", "bad-key", "token-file", "empty-token", "token-space", "token-chars",
         "empty-password", "empty-token-file", "empty-password-file", "enable-ssh", "jupyter-ui", "gpu-profiling-no-cap",
         "gpu-profiling-value"])
 def test_bad_environment_fails_with_one_clear_line(image, env, message):

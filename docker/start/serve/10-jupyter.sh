@@ -90,6 +90,22 @@ setup_hub() {
 
 # The token goes to $TOKEN_FILE, where the server reads it (jupyter_server_config.py):
 # never in argv or the environment of kernels and terminals.
+# Each character of $1 once, quoted as itself ('$', ' ', '"'), a control character as bash
+# writes it ($'\t'): printf %q alone showed a backslash the user never typed ("\ " for a space).
+shown_chars() {
+  local s=$1 c i out=""
+  for ((i = 0; i < ${#s}; i++)); do
+    c=${s:i:1}
+    if [[ $c == [[:print:]] ]]; then
+      [[ $c == "'" ]] && c="\"'\"" || c="'$c'"
+    else
+      c=$(printf '%q' "$c")
+    fi
+    [[ ", $out, " == *", $c, "* ]] || out+=${out:+, }$c
+  done
+  printf '%s' "$out"
+}
+
 setup_jupyter() {
   local token source=JUPYTER_TOKEN landing
   case ${JUPYTER_UI:-lab} in
@@ -110,7 +126,7 @@ setup_jupyter() {
   [[ -n $token ]] || token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
   # Only the offending characters are shown, never the token.
   [[ $token =~ ^[A-Za-z0-9._~-]+$ ]] ||
-    fatal "$source: the Jupyter token may contain only letters, digits and . _ ~ - (it goes into URLs); found: $(printf '%q' "${token//[A-Za-z0-9._~-]/}")"
+    fatal "$source: the Jupyter token may contain only letters, digits and . _ ~ - (it goes into URLs); found: $(shown_chars "${token//[A-Za-z0-9._~-]/}")"
   ((${#token} >= 8)) || warn "the Jupyter token is shorter than 8 characters"
   local log_token=${JUPYTER_LOG_TOKEN:-}
   if [[ -z $log_token ]]; then
