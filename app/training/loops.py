@@ -6,6 +6,7 @@ recorder.  The steps come from ``app.training.step``, the step watching from ``a
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -53,6 +54,17 @@ def run_fit(run, parts, recorder, monitor, start_epoch: int, skip: int = 0):
     finally:
         if profiler is not None:
             profiler.stop()
+    if run.dist.multi_worker:
+        _remove_if_empty(os.path.join(cfg.output, "backup"))
+
+
+def _remove_if_empty(folder: str) -> None:
+    """BackupAndRestore empties its folder when the job completes, but a worker that removes
+    its temporary folder in it after the chief removed the folder leaves it behind, empty.
+    Every worker tries, so the last one to finish removes it; a folder that still holds
+    anything (the other worker's temporary folder, a backup after an interruption) stays."""
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
 
 
 class _EpochCallback(tf.keras.callbacks.Callback):
