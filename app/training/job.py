@@ -179,6 +179,7 @@ def check_holds_no_run(output: str) -> None:
     refuse early, and again under the folder's lock, where no other run can finish in
     between."""
     if not os.path.exists(os.path.join(output, "metrics.json")):
+        _check_holds_none_of_a_runs_names(output)
         return
     try:
         status = read_previous_metrics(output).get("status")
@@ -192,6 +193,23 @@ def check_holds_no_run(output: str) -> None:
                          "to start the run again there")
     raise UsageError(f"output directory {output!r} already holds a run",
                      "--resume to continue it, or a new --output")
+
+
+# What a run writes in its folder besides metrics.json: a folder that already holds one of
+# them, with no run's metrics.json, is someone's project (a Python package named `model`, a
+# `checkpoints` folder of their own), and saving the model replaces `model/` whole.
+_RUN_NAMES = ("model", "model.keras", checkpointing.CHECKPOINT_DIR, "tensorboard",
+              early_stop.BEST_DIR, "backup")
+
+
+def _check_holds_none_of_a_runs_names(output: str) -> None:
+    taken = [name for name in _RUN_NAMES if os.path.lexists(os.path.join(output, name))]
+    if taken:
+        raise UsageError(f"output directory {output!r} already holds {', '.join(taken)} and no "
+                         "run (no metrics.json): a run writes its model, checkpoints and "
+                         "TensorBoard logs under those names and would replace them",
+                         "a new --output (a run's own folder, e.g. runs/NAME), or a folder "
+                         "without " + ", ".join(_RUN_NAMES))
 
 
 def _runnable(decision: prec.PrecisionDecision, model: str, hw) -> prec.PrecisionDecision:
