@@ -215,8 +215,14 @@ remap_user() {
   # Only the top of the workspace, and only if the user could not write there
   # (a fresh bind mount created by Docker as root, or a volume from another UID).
   if ! setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups test -w "$WORKSPACE"; then
-    chown "$NB_UID:$NB_GID" "$WORKSPACE"
-    info "made $WORKSPACE writable for UID $NB_UID (top directory only)"
+    local why
+    if why=$(chown "$NB_UID:$NB_GID" "$WORKSPACE" 2>&1); then
+      info "made $WORKSPACE writable for UID $NB_UID (top directory only)"
+    else
+      # A read-only mount (-v DIR:/workspace:ro) is a choice: commands that write elsewhere
+      # (--output /tmp/run, a notebook saved outside) still run.
+      warn "$WORKSPACE is not writable by UID $NB_UID and cannot be made so (${why##*: }): what is saved there fails; mount it read-write, or give --output (TFMP_OUTPUT) another folder"
+    fi
   fi
 }
 

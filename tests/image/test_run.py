@@ -148,6 +148,21 @@ def _memlock() -> str:
     return memlock_limit()
 
 
+def test_a_read_only_workspace_is_a_warning_and_the_command_runs(image, tmp_path):
+    """-v DIR:/workspace:ro of a folder UID 1000 cannot write: the entrypoint's chown of its
+    top failed and ended the container (exit 1, chown's line only) before the command ran,
+    though its output could go elsewhere."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o755)   # root's: the image's user may not write there
+    proc = docker_run(image, "-v", f"{ro}:/workspace:ro", command=["echo", "ran"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "ran"
+    assert ("WARN  /workspace is not writable by UID 1000 and cannot be made so (Read-only "
+            "file system): what is saved there fails; mount it read-write, or give --output "
+            "(TFMP_OUTPUT) another folder") in proc.stderr, proc.stderr[-2000:]
+
+
 # --- bad settings: one clear line, non-zero exit -------------------------------------
 
 @pytest.mark.parametrize("env, message", [
