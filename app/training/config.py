@@ -70,10 +70,14 @@ class TrainConfig:
     scale_lr: str = "none"            # with tuned: none | linear (learning rate x batch / 128)
     # Set by resolve_config from ``tuned``: metrics.json's "tuned" block (not a setting).
     tuning: dict | None = field(default=None, compare=False, repr=False)
+    # Set by resolve_config: the settings given (flags, TFMP_ variables), not defaulted; what
+    # --resume keeps of the run's own when it is not given (not recorded).
+    given: tuple = field(default=(), compare=False, repr=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("tuning")
+        d.pop("given")
         return d
 
 
@@ -126,7 +130,7 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
 
         values["class_weight"] = class_weights.text(class_weights.parse(
             values["class_weight"], from_variables.get("class_weight", class_weights.FLAG)))
-    cfg = TrainConfig(**values)
+    cfg = TrainConfig(**values, given=tuple(sorted(values)))
     validate(cfg, from_variables)
     if cfg.tuned:
         cfg = _with_tune(cfg, values)

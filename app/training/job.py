@@ -53,7 +53,8 @@ from app.training.recorder import (Recorder, StepCallback, continue_metrics, new
 from app.run_folder.lock import RunLock
 from app.training.resuming import (check_same_task, counted_class_weights, read_previous_metrics,
                                    resumed_class_weight, resumed_float32_layers,
-                                   resumed_precision)
+                                   resumed_learning_rate, resumed_precision,
+                                   set_learning_rate)
 from app.task import class_weights, model_layers
 from app.task.float32_layers import flag as f32_flag
 from app.task.task import BuiltModel, Task
@@ -133,6 +134,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                                 "--resume"), task.model.spec, hw))
         cfg, task = resumed_float32_layers(cfg, task, previous)
         cfg = resumed_class_weight(cfg, previous)
+        cfg = resumed_learning_rate(cfg, previous)
         counted = counted_class_weights(cfg, previous)
     bundle = task.load_data(dist.global_batch, cfg.data_dir or default_data_dir(cfg.workspace),
                             image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
@@ -473,6 +475,8 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     if not run.config.resume:
         return 0, 0, []
     start = parts.checkpointer.restore_latest()  # UsageError if incompatible: nothing written
+    if parts.built.optimizer is None:   # the app's own Adam: the rate the config records
+        set_learning_rate(parts.optimizer, run.config.learning_rate)
     step = int(parts.checkpointer.step.numpy())
     parts.stats.steps.assign(step)
     previous_steps = continue_metrics(metrics, run.previous, start, step)
@@ -489,12 +493,14 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
               f"{start} epoch(s) ({said}), so nothing is left to train (a larger "
               "--early-stop trains on)", file=sys.stderr)
         return cfg.epochs, 0, previous_steps
-    if start >= run.config.epochs and not skip:
-        # Nothing is left to train: say so, not "resuming ... at epoch 10" of a 3-epoch run.
-        print(f"resuming from {parts.checkpointer.restored_path}: {start} epoch(s) trained, "
-              f"and --epochs {run.config.epochs} asks for no more, so nothing is left to "
-              f"train (--epochs {start + 1} or more trains on)", file=sys.stderr)
-        return start, skip, previous_steps
+    if start >= run.config.epochs:
+        # Nothing is left to train: say so, not "resuming ... at epoch 10" of a 3-epoch run,
+        # nor finish an epoch past --epochs that was cut short.
+        part = f" and part of epoch {start + 1}" if skip else ""
+        print(f"resuming from {parts.checkpointer.restored_path}: {start} epoch(s){part} "
+              f"trained, and --epochs {run.config.epochs} asks for no more, so nothing is "
+              f"left to train (--epochs {start + 1} or more trains on)", file=sys.stderr)
+        return start, 0, previous_steps
     where = f" after {skip} batch(es) of epoch {start + 1}" if skip else f" at epoch {start + 1}"
     print(f"resuming from {parts.checkpointer.restored_path}{where}", file=sys.stderr)
     return start, skip, previous_steps

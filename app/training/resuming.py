@@ -133,6 +133,35 @@ def resumed_class_weight(cfg: TrainConfig, previous: Optional[dict]) -> TrainCon
     return cfg
 
 
+def resumed_learning_rate(cfg: TrainConfig, previous: Optional[dict]) -> TrainConfig:
+    """--resume keeps the learning rate the run was trained at when none is given (its
+    checkpoint's optimizer holds it); a given one replaces it once the checkpoint is restored
+    (``set_learning_rate``), and a line says so.  Either way metrics.json records the rate
+    that trains."""
+    was = _section(previous, "config").get("learning_rate")
+    if isinstance(was, bool) or not isinstance(was, (int, float)) or not math.isfinite(was) \
+            or was <= 0 or was == cfg.learning_rate:
+        return cfg   # not written by this program, or the same
+    if "learning_rate" not in cfg.given:
+        print(f"note: --resume keeps the run's learning rate ({was:g})", file=sys.stderr,
+              flush=True)
+        return dataclasses.replace(cfg, learning_rate=float(was))
+    print(f"note: the run was trained at learning rate {was:g}; it continues at "
+          f"{cfg.learning_rate:g}", file=sys.stderr, flush=True)
+    return cfg
+
+
+def set_learning_rate(optimizer, value: float) -> None:
+    """The optimizer's learning rate after a restore put the checkpoint's back (a Keras 2
+    hyperparameter or a Keras 3 variable; the LossScaleOptimizer passes it to the one it
+    wraps)."""
+    rate = optimizer.learning_rate
+    if hasattr(rate, "assign"):
+        rate.assign(value)
+    else:   # a schedule or a plain number: set as Keras sets it
+        optimizer.learning_rate = value
+
+
 def counted_class_weights(cfg: TrainConfig, previous: Optional[dict]) -> Optional[List[float]]:
     """The class weights a balanced run counted when it began (metrics.json's
     ``data.class_weight``), when it continues balanced: ``class_weights.weigh`` uses them

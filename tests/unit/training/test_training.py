@@ -177,6 +177,51 @@ def test_resuming_a_run_that_has_its_epochs_says_nothing_is_left(tiny_config, tm
                          "is left to train (--epochs 3 or more trains on)"), said
 
 
+def test_resuming_mid_epoch_past_the_epochs_asked_for_trains_nothing(tiny_config, capsys):
+    """Interrupted in epoch 2 and resumed with --epochs 1: it finished epoch 2 and said
+    "done: 2 epoch(s)" under a config of 1 (found by a QA pass)."""
+    import os
+    import signal
+
+    def stop_in_epoch_2(row):
+        if row["step"] == 20:   # 16 steps an epoch: the 4th batch of epoch 2
+            os.kill(os.getpid(), signal.SIGTERM)
+    first = train(tiny_config(epochs=3, loop="custom"), on_step=stop_in_epoch_2)
+    assert first["status"] == "interrupted" and len(first["epochs"]) == 1
+    capsys.readouterr()
+    again = train(tiny_config(epochs=1, resume=True, loop="custom"))
+    assert [e["epoch"] for e in again["epochs"]] == [1]
+    [said] = [line for line in capsys.readouterr().err.splitlines() if "resuming" in line]
+    assert said.endswith(": 1 epoch(s) and part of epoch 2 trained, and --epochs 1 asks for "
+                         "no more, so nothing is left to train (--epochs 2 or more trains "
+                         "on)"), said
+
+
+def test_resume_trains_at_a_learning_rate_given_and_keeps_the_runs_otherwise(
+        tiny_config, tmp_path, capsys):
+    """The checkpoint's optimizer brought its own rate back: --resume --learning-rate 50
+    trained at the run's 0.001 while metrics.json recorded 50 (found by a QA pass)."""
+    import shutil
+
+    first = train(tiny_config(epochs=1, learning_rate=0.01))
+    shutil.copytree(tmp_path / "run", tmp_path / "again")
+    capsys.readouterr()
+    # Given: it trains at that rate.  1e-9 leaves the weights, so the validation loss, as
+    # they were; the run's 0.01 moves them.
+    given = train(tiny_config(epochs=2, resume=True, learning_rate=1e-9,
+                              given=("learning_rate",)))
+    assert "note: the run was trained at learning rate 0.01; it continues at 1e-09" in \
+        capsys.readouterr().err
+    assert given["config"]["learning_rate"] == 1e-9
+    start = first["epochs"][0]["val_loss"]
+    assert abs(given["epochs"][1]["val_loss"] - start) < 1e-4 * start, given["epochs"]
+    # Not given (a default of 0.001 in the config): the run's own.
+    kept = train(tiny_config(epochs=2, resume=True, output=str(tmp_path / "again")))
+    assert "note: --resume keeps the run's learning rate (0.01)" in capsys.readouterr().err
+    assert kept["config"]["learning_rate"] == 0.01
+    assert abs(kept["epochs"][1]["val_loss"] - start) > 1e-3 * start, kept["epochs"]
+
+
 KINK_MODEL = '''
 import tensorflow as tf
 
