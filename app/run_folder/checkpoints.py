@@ -149,17 +149,32 @@ def has_checkpoint(output: str) -> bool:
     return newest_complete(os.path.join(output, CHECKPOINT_DIR)) is not None
 
 
+PARTIAL_MODELS = (".model.tmp", ".model.tmp.keras")   # save_final_model's names before the rename
+
+
+def remove_partial_model(output: str) -> None:
+    """A final model's save cut short (a full disk) leaves its temporary folder or file:
+    removed, so the space it held is free and only whole things stay in the run folder."""
+    for name in PARTIAL_MODELS:
+        path = os.path.join(output, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.lexists(path):
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+
 def save_final_model(model, output: str) -> str:
     """Save in the running Keras' native format: ``model.keras`` on Keras 3, a SavedModel
     folder ``model/`` on Keras 2.  Written under a temporary name, then renamed."""
     if IS_KERAS3:
         final = os.path.join(output, "model.keras")
-        tmp = os.path.join(output, ".model.tmp.keras")
+        tmp = os.path.join(output, PARTIAL_MODELS[1])
         model.save(tmp)
         os.replace(tmp, final)
         return final
     final = os.path.join(output, "model")
-    tmp = os.path.join(output, ".model.tmp")
+    tmp = os.path.join(output, PARTIAL_MODELS[0])
     shutil.rmtree(tmp, ignore_errors=True)
     # The optimizer is in the checkpoints; the final model is for inference.
     with _without_uncompiled_notice():

@@ -590,6 +590,7 @@ def _output_fault(recorder: Recorder, exc: BaseException, code: int):
     output = recorder.output
     ckpt_dir = os.path.join(output, checkpointing.CHECKPOINT_DIR)
     output_faults.remove_partial_checkpoints(ckpt_dir)
+    checkpointing.remove_partial_model(output)   # frees its space for metrics.json's "failed"
     latest = checkpointing.newest_complete(ckpt_dir)
     hint = (f"run the same command with --resume to continue from {os.path.basename(latest)}"
             if latest else "run the command again with a new --output, or after removing "

@@ -92,6 +92,28 @@ def test_disk_full_before_the_first_checkpoint_says_what_works_and_it_does(tmp_p
         assert code == 0, err
 
 
+def test_disk_full_saving_the_model_leaves_no_partial_model_and_says_failed(tmp_path, capsys,
+                                                                          monkeypatch):
+    """The partial model held the space metrics.json's "failed" needed: the run folder kept
+    `.model.tmp/` and a metrics.json that said "running" (found by a QA pass)."""
+    from app.run_folder import checkpoints as checkpointing
+
+    def full(model, output):
+        partial = os.path.join(output, ".model.tmp", "variables")
+        os.makedirs(partial)
+        with open(os.path.join(partial, "variables.data-00000-of-00001"), "wb") as fh:
+            fh.write(b"\0" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device", partial)
+    monkeypatch.setattr(checkpointing, "save_final_model", full)
+    out = tmp_path / "run"
+    args = [a for a in ARGS if a != "--no-save-model"]
+    code, err = _main(capsys, *args, "--epochs", "1", "--output", str(out))
+    assert code == 5, err
+    assert not (out / ".model.tmp").exists() and not (out / "model").exists()
+    assert json.loads((out / "metrics.json").read_text())["status"] == "failed"
+    assert "--resume to continue from ckpt-1" in error_lines(err)[0]
+
+
 def test_metrics_write_failing_is_the_same_one_line(tmp_path, capsys, monkeypatch):
     from app.core import files as reporting
 
