@@ -106,6 +106,10 @@ def run_check(task, precision: str = DEFAULT_PRECISION, batch_size: int = DEFAUL
         # A notebook's Interrupt too: never raised inside the model's own py_function.
         with interrupts_outside_tensorflow():
             bundle = load_bundle(task, batch_size, steps, seed, data_dir)
+            if decision.requested == "auto":   # what train would pick for this model
+                from app.training.job import auto_runnable
+
+                decision = auto_runnable(decision, task, bundle, hw)
             report = _check(task, bundle, decision, hw, batch_size, steps, seed)
     finally:
         prec.apply_policy(before)

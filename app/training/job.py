@@ -176,6 +176,15 @@ def _runnable_model(decision: prec.PrecisionDecision, task: Task, bundle
     return decision
 
 
+def auto_runnable(decision: prec.PrecisionDecision, task: Task, bundle, hw
+                  ) -> prec.PrecisionDecision:
+    """What ``auto`` trains this model in here, as ``train`` decides it: the policy it
+    picked, or float32 with the reason when the model has a layer that policy cannot run
+    (a built-in's by its layer kinds, a user's by building it).  ``tfmp check`` asks the
+    same, so that its auto is train's."""
+    return _runnable_model(_runnable(decision, task.model.spec, hw), task, bundle)
+
+
 def check_holds_no_run(output: str) -> None:
     """A new run never writes over a finished (or failed) one: checked in ``prepare`` to
     refuse early, and again under the folder's lock, where no other run can finish in

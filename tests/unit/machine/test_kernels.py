@@ -407,6 +407,26 @@ def test_an_op_without_a_bfloat16_kernel_is_a_refusal_and_float32_layers_is_its_
                                          "bfloat16 kernel for its op Lgamma here")
 
 
+def test_check_under_auto_checks_what_train_would_pick(no_bf16_lstm, monkeypatch):
+    """`tfmp check --precision auto` said "auto chose mixed_bfloat16" for a model train
+    trains in float32 under auto, and blocked on the layer (found by a QA pass)."""
+    import os
+
+    from app.doctor.check import check
+    from app.machine import hardware
+    from tests.paths import USER_MODELS
+
+    monkeypatch.setattr(hardware, "detect", lambda: hardware.HardwareInfo(cpu_flags=INTEL_SPR))
+    spec = os.path.join(USER_MODELS, "no_bf16_op.py") + ":build"
+    report = check(model=spec, data="synthetic", input_shape=(8,), precision="auto",
+                   batch_size=16, steps=2, verbose=False)
+    assert report["policy"] == "float32", report["precision"]
+    assert report["precision"]["reason"].endswith(
+        "but mixed_bfloat16 cannot run layer 'log_gamma' (LogGamma) of model "
+        f"'{spec}': TensorFlow has no bfloat16 kernel for its op Lgamma here")
+    assert report["verdict"] != "blocked", report["findings"]
+
+
 def test_a_layer_that_fails_as_the_model_function_calls_it_takes_the_flag(tiny_config, tmp_path):
     """Keras 2.9's RandomRotation stops the model function under mixed_bfloat16 (its transform
     op takes no bfloat16): the line gives --float32-layers, and with it the layer computes
