@@ -96,8 +96,11 @@ def check_layout(spec: str) -> str:
 def _validation_of(files: List[str], spec: str) -> str:
     """``check_layout`` on the archive's list of arrays."""
     held = ", ".join(sorted(files)[:12]) + (", ..." if len(files) > 12 else "") or "no arrays"
-    if not (_features(files, "train") and "y_train" in files):
-        raise UsageError(f"{_named(spec)} holds {held}: x_train and y_train are missing", LAYOUT)
+    missing = [name for name, there in (("x_train", _features(files, "train")),
+                                        ("y_train", "y_train" in files)) if not there]
+    if missing:
+        raise UsageError(f"{_named(spec)} holds {held}: {' and '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} missing", LAYOUT)
     part = _validation_part(files)
     if part is None:
         raise UsageError(f"{_named(spec)} holds {held}: the validation part is missing "

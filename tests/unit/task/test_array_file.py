@@ -121,6 +121,8 @@ def _damaged_compressed(path):
     (_npy_renamed, "holds one array (an .npy file), not named arrays"),
     (lambda p: _save(p, x=np.zeros((4, 2)), y=np.zeros(4)),
      "holds x, y: x_train and y_train are missing"),
+    # It said "holds x_train: x_train and y_train are missing".
+    (lambda p: _save(p, x_train=np.zeros((4, 2))), "holds x_train: y_train is missing"),
     (lambda p: _save(p, x_train=np.zeros((4, 2)), y_train=np.zeros(4)),
      "holds x_train, y_train: the validation part is missing (x_val and y_val, or x_test"),
     (lambda p: _save(p, x_train=np.zeros((4, 2)), y_train=np.zeros(4), x_val=np.zeros((2, 2))),
