@@ -109,3 +109,22 @@ def label_kind_of(y_train: np.ndarray) -> tuple[str, int]:
             return "other", 1
         return ("binary" if high <= 1 else "sparse"), high + 1
     return "other", 1
+
+
+# Class ids past this many outputs are taken for a stray label, not a model's classes: one
+# id of 10**9 made a Dense layer of 10**9 outputs and an out-of-memory error in the user's
+# code.  Past it the count is one line (2**20: the largest class counts in use, ImageNet-21k
+# and the like, are well under it).
+MOST_CLASSES = 2 ** 20
+
+
+def check_class_count(spec: str, classes: int, where: str = "") -> None:
+    """One line when the labels' largest class id would give the model more outputs than
+    ``MOST_CLASSES``; ``where``: the label that holds it, when known."""
+    if classes <= MOST_CLASSES:
+        return
+    raise UsageError(f"dataset {spec!r}: its labels go up to class id {classes - 1}"
+                     + (f" ({where})" if where else "") + f", so the model would get "
+                     f"{classes} outputs, one per id up to it",
+                     f"class ids numbered 0..N-1 with N at most {MOST_CLASSES} "
+                     "(ids = np.unique(y, return_inverse=True)[1] numbers them)")

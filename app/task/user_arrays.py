@@ -11,8 +11,8 @@ import numpy as np
 
 from app.task.data import DataBundle, make_dataset
 from app.task.data_rows import DataRows, unread_rows
-from app.task.data_rules import (WEIGHTS_ALLOWED, finite_labels, given_classes,
-                                 label_kind_of, weight_values, wrong_form)
+from app.task.data_rules import (MOST_CLASSES, WEIGHTS_ALLOWED, check_class_count, finite_labels,
+                                 given_classes, label_kind_of, weight_values, wrong_form)
 from app.core.errors import UsageError
 
 def _part(part, spec, returned, which):
@@ -164,6 +164,8 @@ def from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input_
     if kind in ("sparse", "binary"):
         val_kind, val_classes = label_kind_of(yva)
         classes = max(classes, val_classes if val_kind in ("sparse", "binary") else 0)
+        if classes > MOST_CLASSES:
+            check_class_count(spec, classes, _largest_id_at(ytr, yva))
         notes += _sparse_ids_note(spec, ytr, classes, num_classes)
     unread = unread_rows(xtr, ytr, max_train)
     xtr, xva = _rows(xtr, max_train), _rows(xva, max_val)
@@ -203,6 +205,14 @@ def from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input_
                           () if wtr is None else (wtr[:8],)),
                       weighted=wtr is not None,
                       train_rows=DataRows(xtr, ytr, unread=unread), notes=notes)
+
+
+def _largest_id_at(ytr: np.ndarray, yva: np.ndarray) -> str:
+    """Which label holds the largest class id: 'row 0 of the training labels'."""
+    top = [(int(y.max()), which, int(y.reshape(-1).argmax()))
+           for y, which in ((ytr, "training"), (yva, "validation")) if y.size]
+    _, which, row = max(top)
+    return f"row {row} of the {which} labels"
 
 
 # Class ids this far past the ones in use give the model mostly outputs no label reaches.

@@ -9,7 +9,8 @@ from typing import NamedTuple, Optional
 
 from app.task.data import DataBundle
 from app.task.data_rows import MOST_LISTED, DatasetElements
-from app.task.data_rules import WEIGHTS_ALLOWED, given_classes, weight_values, wrong_form
+from app.task.data_rules import (WEIGHTS_ALLOWED, check_class_count, given_classes,
+                                 weight_values, wrong_form)
 from app.core.errors import UsageError
 
 SHUFFLE_BUFFER = 10_000
@@ -192,6 +193,7 @@ def from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inpu
     if integer_labels and min(scan.low, vscan.low) >= 0:
         top = max(scan.top, vscan.top)
         kind, classes = ("binary" if top <= 1 else "sparse"), top + 1
+        check_class_count(spec, classes)
     elif rows and scan.onehot:   # the training labels decide, as for arrays (label_kind_of)
         kind, classes = "onehot", int(fy.shape[0])
     elif rows and scan.multihot:

@@ -414,3 +414,28 @@ def test_auc_precision_recall_of_class_ids_read_every_class(tmp_path, softmax):
         np.sum(chosen & (one_hot == 1)) / max(np.sum(chosen), 1), abs=1e-4)
     assert last["val_recall"] == pytest.approx(np.sum(chosen & (one_hot == 1)) / 200, abs=1e-4)
     assert last["val_auc"] > 0.8    # the model has learnt something to rank by
+
+
+@pytest.mark.parametrize("form", ["arrays", "tf.data"])
+def test_one_stray_huge_class_id_is_one_line_not_an_out_of_memory(form):
+    """One label of 10**9 among ids 0..2: the model got 10**9 + 1 outputs and the run ended
+    in "your code raised ResourceExhaustedError" (found by a QA pass)."""
+    import tensorflow as tf
+
+    from app.core.errors import UsageError
+    from app.task.user_data import from_user
+
+    x = np.random.default_rng(0).normal(size=(40, 4)).astype("float32")
+    y = np.arange(40) % 3
+    y[7] = 10 ** 9
+    parts = ((x[:30], y[:30]), (x[30:], y[30:]))
+    if form == "tf.data":
+        parts = tuple(tf.data.Dataset.from_tensor_slices(p) for p in parts)
+    with pytest.raises(UsageError) as caught:
+        from_user(parts, "d.py:load", 8)
+    line = caught.value.line()
+    assert line.startswith("error: dataset 'd.py:load': its labels go up to class id 1000000000"
+                           + (" (row 7 of the training labels)" if form == "arrays" else "")
+                           + ", so the model would get 1000000001 outputs"), line
+    assert line.endswith("allowed: class ids numbered 0..N-1 with N at most 1048576 (ids = "
+                         "np.unique(y, return_inverse=True)[1] numbers them)"), line
