@@ -21,27 +21,12 @@ def environment_settings(environ: Mapping[str, str]) -> Dict[str, Any]:
     """What the environment sets for every run: ``variables`` (each set TFMP_ setting and
     its value as ``train`` reads it), ``tf_config`` (what TF_CONFIG makes of this process)
     and ``errors`` (one ``error:`` line a variable that ``train`` would refuse)."""
-    from app.core import settings
     from app.core.errors import UsageError
-    from app.training.config import env_value, resolve_config
+    from app.training.config import variable_settings
     from app.training.distribute import parse_tf_config
 
-    variables: Dict[str, Any] = {}
-    errors = []
-    for s in sorted(settings.BY_NAME.values(), key=lambda s: s.env or ""):
-        if not s.env or environ.get(s.env, "") == "":
-            continue
-        try:
-            # Checked as train checks it, beside the defaults; a refusal that does not name
-            # the variable is about another setting, which a flag may still give
-            # (TFMP_DATASET=images wants an --image-dir).
-            resolve_config({}, {s.env: environ[s.env]})
-        except UsageError as exc:
-            if s.env in str(exc):
-                variables[s.env] = None
-                errors.append(str(exc))
-                continue
-        variables[s.env] = env_value(s.name, environ)
+    variables, refused = variable_settings(environ)
+    errors = [str(exc) for exc in refused]
     try:
         cluster = parse_tf_config(environ.get("TF_CONFIG"))
         tf_config = ("unset: one worker" if cluster is None else

@@ -253,7 +253,8 @@ def call_user(fn: Callable, spec: str, what: str, available: Mapping[str, Any]) 
         raise UserCodeError(spec, f"calling {getattr(fn, '__name__', spec)}", exc) from exc
 
 
-def parse_input_shape(text) -> tuple | None:
+def parse_input_shape(text, name: str = "input_shape") -> tuple | None:
+    """``name``: the setting as the user gave it (``TFMP_INPUT_SHAPE``, say)."""
     if text is None or isinstance(text, tuple):
         return text
     if isinstance(text, (list,)):
@@ -264,6 +265,6 @@ def parse_input_shape(text) -> tuple | None:
     except ValueError:
         shape = ()
     if not shape or any(d < 1 for d in shape):
-        raise UsageError(f"input_shape must be positive integers separated by commas. "
-                         f"Received: input_shape={text!r}", "e.g. 28,28,1 (or 28x28x1) or 784")
+        raise UsageError(f"{name} must be positive integers separated by commas. "
+                         f"Received: {name}={text!r}", "e.g. 28,28,1 (or 28x28x1) or 784")
     return shape

@@ -81,6 +81,36 @@ class TrainConfig:
         return d
 
 
+def variable_settings(environ: Mapping[str, str]) -> tuple:
+    """(each set TFMP_ variable -> its value as ``train`` reads it, None for a bad one;
+    the UsageError of each variable ``train`` would refuse).  Each is checked as train
+    checks it, beside the defaults; a refusal that does not name the variable is about
+    another setting, which a flag may still give (TFMP_DATASET=images wants an
+    --image-dir)."""
+    variables: dict[str, Any] = {}
+    errors = []
+    for s in sorted(settings.BY_NAME.values(), key=lambda s: s.env or ""):
+        if not s.env or environ.get(s.env, "") == "":
+            continue
+        try:
+            resolve_config({}, {s.env: environ[s.env]})
+        except UsageError as exc:
+            if s.env in str(exc):
+                variables[s.env] = None
+                errors.append(exc)
+                continue
+        variables[s.env] = env_value(s.name, environ)
+    return variables, errors
+
+
+def check_variables(environ: Mapping[str, str] | None = None) -> None:
+    """A command that runs training processes (``tune``) refuses a bad TFMP_ variable up
+    front, in train's words, as ``train`` itself would: not from inside a trial."""
+    errors = variable_settings(os.environ if environ is None else environ)[1]
+    if errors:
+        raise errors[0]
+
+
 def env_name(field_name: str) -> str:
     """The TFMP_ variable of a setting (``app.core.settings``)."""
     return settings.BY_NAME[field_name].env
@@ -270,7 +300,7 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
                          f"{said('steps_per_execution')}={cfg.steps_per_execution}, "
                          f"{said('loop')}={cfg.loop!r}",
                          "--loop fit with --steps-per-execution, or leave it at 1")
-    check_accumulation(cfg)
+    check_accumulation(cfg, said=said)
     if not isinstance(cfg.early_stop, int) or cfg.early_stop < 0:
         raise UsageError(f"{said('early_stop')} must be 0 or more. Received: "
                          f"{said('early_stop')}={cfg.early_stop!r}",
@@ -312,20 +342,22 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
     if cfg.input_shape is not None:
         from app.task.user_code import parse_input_shape
 
-        parse_input_shape(cfg.input_shape)
+        parse_input_shape(cfg.input_shape, said("input_shape"))
     problem = registry.pairing_problem(cfg.model, cfg.dataset)   # pairs that cannot work
     if problem:
         raise UsageError(*problem)
 
 
-def check_accumulation(cfg: TrainConfig, replicas: int | None = None) -> int:
+def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
+                       said=lambda name: name) -> int:
     """The number of micro-batches per update that ``--accumulate`` and ``--global-batch``
     say, checked (UsageError).  ``replicas`` None (before the strategy exists): the
-    global batch is checked against the batch size alone."""
+    global batch is checked against the batch size alone.  ``said(name)``: the setting as
+    the user gave it (its TFMP_ variable)."""
     n, total = cfg.accumulate, cfg.global_batch
     for name, v in (("accumulate", n), ("global_batch", total)):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            raise UsageError(f"{name} must be at least 1. Received: {name}={v!r}",
+            raise UsageError(f"{said(name)} must be at least 1. Received: {said(name)}={v!r}",
                              "an integer >= 1" + (" (1: no accumulation)"
                                                   if name == "accumulate" else ""))
     if total is None:

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional
 from app.core import catalog as registry
 from app.core.errors import UsageError, unprefixed
 from app.run_folder.lock import RunLock
+from app.training.config import check_variables
 from app.tuner.arguments import (check_margin, check_max_batch, check_reference_batch,
                                  check_task, check_time_budget, parse_precisions, spec_of)
 from app.tuner import budget as budget_mod
@@ -82,6 +83,7 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
     fits under any precision.  ``global_batch``: also plan, per precision, the micro-batch
     and accumulation that reach it fastest (``app.tuner.plan``): the choice is that plan."""
     stream = stream or sys.stderr
+    check_variables()   # each trial is a train: a bad TFMP_ variable is train's one line now
     model, dataset = spec_of(model, "model"), spec_of(data, "data")
     wanted = parse_precisions(precision)
     margin = check_margin(margin)

@@ -335,6 +335,9 @@ def test_env_text_and_json():
     ({"TFMP_BATCH_SIZE": "64", "TFMP_JIT": "yes", "TFMP_OUTPUT": "", "HOME": "/x"},
      {"TFMP_BATCH_SIZE": 64, "TFMP_JIT": True}, "unset: one worker", 0),
     ({"TFMP_PRECISION": "fp16"}, {"TFMP_PRECISION": None}, "unset: one worker", 1),
+    # Refused by train, and named by it as the variable: env took them (a QA pass).
+    ({"TFMP_ACCUMULATE": "0"}, {"TFMP_ACCUMULATE": None}, "unset: one worker", 1),
+    ({"TFMP_INPUT_SHAPE": "28,x"}, {"TFMP_INPUT_SHAPE": None}, "unset: one worker", 1),
     # another setting's value a flag may give: not this variable's fault
     ({"TFMP_DATASET": "images"}, {"TFMP_DATASET": "images"}, "unset: one worker", 0),
     ({"TF_CONFIG": '{"cluster": {"chief": ["c:1"], "worker": ["w:1"]}, '
@@ -368,3 +371,19 @@ def test_env_text_format_from_a_fake_report():
                      "cpu_avx512_bf16": False, "cpu_amx": False}})
     assert "GPU 0:         Tesla T4, compute capability 7.5, memory 15.0 GiB, Tensor Cores yes" in text
     assert "CUDA 64_112, cuDNN 64_8" in text
+
+
+@pytest.mark.parametrize("variable, value, words", [
+    ("TFMP_EPOCHS", "lots", "error: environment variable TFMP_EPOCHS='lots' is not valid"),
+    ("TFMP_BATCH_SIZE", "0", "error: TFMP_BATCH_SIZE must be at least 1"),
+])
+def test_tune_refuses_a_bad_variable_as_train_does(tmp_path, variable, value, words):
+    """It ran, and the first trial's `tfmp env` failed: "a trial failed: ... (log: -)", exit
+    1; TFMP_BATCH_SIZE=0 was called reference_batch_size (a QA pass)."""
+    proc = run_app("tune", "--model", "mlp", "--dataset", "synthetic", "--output",
+                   str(tmp_path / "t"), env={variable: value})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert error_lines(proc.stderr) == [line for line in proc.stderr.splitlines()
+                                        if line.strip()][-1:]
+    assert error_lines(proc.stderr)[0].startswith(words), proc.stderr[-2000:]
+    assert not (tmp_path / "t").exists()
