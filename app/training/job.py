@@ -32,7 +32,7 @@ from app.machine import hardware as hw_mod
 from app.machine import cpu_threads, nvml, xla_toolchain
 from app.training import loops
 from app.precision import keras_version, loss_scale
-from app.training import step_stats
+from app.training import profiling, step_stats
 from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
 from app.training.config import (TrainConfig, data_dir_chosen,
@@ -390,6 +390,9 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                                      run.bundle.train_samples)
         if whole:
             print(f"note: {whole}", file=sys.stderr, flush=True)
+        late = profiling.past_the_end(run)
+        if late:
+            print(f"note: {late}", file=sys.stderr, flush=True)
         jit_note = xla_toolchain.cpu_note(run.config.jit, run.hardware.gpus)
         if jit_note:
             print(f"note: {jit_note}", file=sys.stderr, flush=True)

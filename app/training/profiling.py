@@ -112,6 +112,24 @@ class ProfileCallback(tf.keras.callbacks.Callback):
         self.profiler.stop()
 
 
+def past_the_end(run) -> Optional[str]:
+    """A note when --profile-steps begins after the run's last training step (steps count
+    from 1 over the whole run, a resumed one too): the run would end with no profile and
+    no word of why."""
+    cfg = run.config
+    samples = run.bundle.train_samples
+    if not cfg.profile_steps or not samples or not run.dist.is_chief:
+        return None
+    first, _ = parse_step_range(cfg.profile_steps)
+    per_epoch = -(-samples // run.dist.global_batch)
+    last = per_epoch * cfg.epochs
+    if first <= last:
+        return None
+    return (f"--profile-steps {cfg.profile_steps} begins after this run's last step, {last} "
+            f"({cfg.epochs} epoch(s) of {per_epoch}): nothing will be profiled; a range within "
+            f"1-{last} profiles this run")
+
+
 def make(run) -> Optional[StepProfiler]:
     """The run's profiler, or None without --profile-steps (or on a non-chief worker)."""
     cfg = run.config

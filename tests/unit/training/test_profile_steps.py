@@ -39,6 +39,17 @@ def test_a_bad_range_is_one_line_exit_2_nothing_written(tmp_path, value):
     assert not out.exists()
 
 
+def test_a_range_past_the_runs_last_step_is_said_at_the_start(tmp_path):
+    """It ran, wrote no profile and said nothing (a QA pass): 256 samples in batches of 32,
+    one epoch, are 8 steps."""
+    proc = run_app("train", *TINY, "--profile-steps", "500-600", "--output",
+                   str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("note: --profile-steps 500-600 begins after this run's last step, 8 (1 epoch(s) "
+            "of 8): nothing will be profiled; a range within 1-8 profiles this run"
+            ) in proc.stderr, proc.stderr[-2000:]
+
+
 def test_step_ranges():
     assert parse_step_range("10-15") == (10, 15) and parse_step_range(" 7 ") == (7, 7)
     for bad in ("", "1-2-3", "-1-2", "2-1"):
