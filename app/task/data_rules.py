@@ -128,3 +128,17 @@ def check_class_count(spec: str, classes: int, where: str = "") -> None:
                      f"{classes} outputs, one per id up to it",
                      f"class ids numbered 0..N-1 with N at most {MOST_CLASSES} "
                      "(ids = np.unique(y, return_inverse=True)[1] numbers them)")
+
+
+def finite_validation(spec: str, bad: list, total: int, where: str) -> None:
+    """Validation samples with NaN or inf in their features: every validation loss and
+    metric is then NaN, epoch after epoch, and --early-stop stops on it, with nothing said
+    of why.  One line naming them (``bad``: the first positions; ``where``: what they are
+    rows or elements of).  Training samples are the sentinel's to name, at their step."""
+    if not total:
+        return
+    listed = ", ".join(str(int(i)) for i in bad) + (", ..." if total > len(bad) else "")
+    raise UsageError(f"dataset {spec!r}: {total} validation sample(s) hold NaN or infinite "
+                     f"values ({where} {listed})",
+                     "finite features: fix or drop those samples (the loss and the metrics "
+                     "of a sample with NaN are NaN)")

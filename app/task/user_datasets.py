@@ -9,8 +9,8 @@ from typing import NamedTuple, Optional
 
 from app.task.data import DataBundle
 from app.task.data_rows import MOST_LISTED, DatasetElements
-from app.task.data_rules import (WEIGHTS_ALLOWED, check_class_count, given_classes,
-                                 weight_values, wrong_form)
+from app.task.data_rules import (WEIGHTS_ALLOWED, check_class_count, finite_validation,
+                                 given_classes, weight_values, wrong_form)
 from app.core.errors import UsageError
 
 SHUFFLE_BUFFER = 10_000
@@ -179,7 +179,8 @@ def from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inpu
             and (fy.shape[0] or 0) > 1)
     labels = "ids" if integer_labels else "rows" if rows else None
     scan = _scan(train, labels, watch_finite=True)
-    vscan = _scan(val, labels)
+    vscan = _scan(val, labels, watch_finite=True)
+    finite_validation(spec, vscan.bad, vscan.bad_total, "elements")
     n_train, n_val, bad, bad_total = scan.count, vscan.count, scan.bad, scan.bad_total
     if n_train == 0:
         raise wrong_form(spec, returned, "the training dataset has no elements")

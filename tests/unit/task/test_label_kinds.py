@@ -439,3 +439,30 @@ def test_one_stray_huge_class_id_is_one_line_not_an_out_of_memory(form):
                            + ", so the model would get 1000000001 outputs"), line
     assert line.endswith("allowed: class ids numbered 0..N-1 with N at most 1048576 (ids = "
                          "np.unique(y, return_inverse=True)[1] numbers them)"), line
+
+
+@pytest.mark.parametrize("form", ["arrays", "tf.data"])
+def test_nan_in_the_validation_features_is_one_line_naming_them(form):
+    """Every epoch said val_loss=nan, the run "completed", and --early-stop stopped on it
+    with no cause given (a QA pass); NaN in training rows is the sentinel's, at its step."""
+    import tensorflow as tf
+
+    from app.core.errors import UsageError
+    from app.task.user_data import from_user
+
+    x = np.random.default_rng(0).normal(size=(40, 4)).astype("float32")
+    y = np.arange(40) % 3
+    x[33, 1], x[38, 0] = np.inf, np.nan
+    parts = ((x[:30], y[:30]), (x[30:], y[30:]))
+    if form == "tf.data":
+        parts = tuple(tf.data.Dataset.from_tensor_slices(p) for p in parts)
+    with pytest.raises(UsageError) as caught:
+        from_user(parts, "d.py:load", 8)
+    where = "rows" if form == "arrays" else "elements"
+    assert caught.value.line() == (
+        f"error: dataset 'd.py:load': 2 validation sample(s) hold NaN or infinite values "
+        f"({where} 3, 8); allowed: finite features: fix or drop those samples (the loss and the "
+        "metrics of a sample with NaN are NaN)")
+    x[[33, 38]] = 0.0   # and clean ones pass
+    bundle = from_user(((x[:30], y[:30]), (x[30:], y[30:])), "d.py:load", 8)
+    assert bundle.val_samples == 10
