@@ -493,6 +493,8 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     parts.stats.steps.assign(step)
     previous_steps = continue_metrics(metrics, run.previous, start, step)
     skip = 0 if run.dist.multi_worker else accumulate.trained_in_epoch(run, start, step)
+    if not skip and not run.dist.multi_worker:
+        _say_a_cut_epoch_starts_over(metrics["epochs"], start, step)
     if parts.accumulator is not None:
         parts.accumulator.start_at(skip)
     cfg = run.config
@@ -516,6 +518,18 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     where = f" after {skip} batch(es) of epoch {start + 1}" if skip else f" at epoch {start + 1}"
     print(f"resuming from {parts.checkpointer.restored_path}{where}", file=sys.stderr)
     return start, skip, previous_steps
+
+
+def _say_a_cut_epoch_starts_over(epochs: list, start: int, step: int) -> None:
+    """A checkpoint saved inside epoch ``start + 1`` whose batches this run cannot count
+    (another --batch-size or --accumulate): that epoch trains from its first batch again.
+    Said, where it was silent; the weights keep what those batches taught them."""
+    ended = epochs[start - 1].get("steps") if 0 < start <= len(epochs) else 0
+    if isinstance(ended, int) and step > ended:
+        print(f"note: the checkpoint was saved {step - ended} step(s) into epoch {start + 1}, "
+              "at the batch size the run had then; at this run's batch size that epoch "
+              "starts over from its first batch (the weights keep what those steps "
+              "taught them)", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

@@ -197,6 +197,27 @@ def test_resuming_mid_epoch_past_the_epochs_asked_for_trains_nothing(tiny_config
                          "on)"), said
 
 
+def test_resuming_mid_epoch_at_another_batch_size_says_the_epoch_starts_over(tiny_config,
+                                                                            capsys):
+    """It said "resuming ... at epoch 2" and trained epoch 2 from its start, with no word
+    of the batches it had (a QA pass)."""
+    import os
+    import signal
+
+    def stop_in_epoch_2(row):
+        if row["step"] == 20:   # 16 steps an epoch: the 4th batch of epoch 2
+            os.kill(os.getpid(), signal.SIGTERM)
+    train(tiny_config(epochs=2, loop="custom"), on_step=stop_in_epoch_2)
+    capsys.readouterr()
+    again = train(tiny_config(epochs=2, loop="custom", batch_size=64, resume=True))
+    assert [e["epoch"] for e in again["epochs"]] == [1, 2]
+    # The signal at step 20 is answered after the next step: 5 of epoch 2.
+    assert ("note: the checkpoint was saved 5 step(s) into epoch 2, at the batch size the "
+            "run had then; at this run's batch size that epoch starts over from its first "
+            "batch (the weights keep what those steps taught them)"
+            ) in capsys.readouterr().err
+
+
 def test_resume_trains_at_a_learning_rate_given_and_keeps_the_runs_otherwise(
         tiny_config, tmp_path, capsys):
     """The checkpoint's optimizer brought its own rate back: --resume --learning-rate 50
