@@ -8,6 +8,7 @@ benchmark.json, benchmark.md (also printed), benchmark.png, env.json and env.txt
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from app.core import folders
@@ -156,6 +157,10 @@ def validate(args):
         cfg.workspace, "benchmarks",
         config.utc_stamp() + f"-{config.short_name(cfg.model)}")
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        if _interrupted_benchmark(output):   # Ctrl-C'd: its partial runs are kept, not reused
+            raise UsageError(f"output {output!r} holds an interrupted benchmark (runs/ and no "
+                             "benchmark.json)", "a new --output, or that folder removed first "
+                             f"(rm -r {shlex.quote(output)}) to run it again there")
         raise UsageError(f"output {output!r} already exists and is not an empty folder",
                          "a new or empty folder, so runs of different benchmarks never mix")
     folders.check_writable(output)
@@ -169,6 +174,11 @@ def validate(args):
     settings["data_dir"] = cfg.data_dir if config.data_dir_chosen(cfg) else None
     settings["offline"], settings["jit"] = bool(cfg.offline), bool(cfg.jit)
     return settings, policies, output, best
+
+
+def _interrupted_benchmark(output: str) -> bool:
+    return (os.path.isdir(os.path.join(output, "runs"))
+            and not os.path.exists(os.path.join(output, "benchmark.json")))
 
 
 def tune_first(settings: dict, policies, output: str) -> dict:

@@ -84,6 +84,20 @@ def test_non_empty_output_refused(tmp_path, capsys):
     assert os.listdir(tmp_path) == ["old.txt"]
 
 
+def test_an_interrupted_benchmarks_folder_says_how_to_run_it_again(tmp_path, capsys):
+    """After Ctrl-C the rerun said only "already exists and is not an empty folder" (a QA
+    pass); its partial runs are kept."""
+    out = tmp_path / "bench"
+    (out / "runs" / "00").mkdir(parents=True)
+    (out / "input_pipeline.log").write_text("x")
+    assert cli.main(["benchmark", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: output {str(out)!r} holds an interrupted benchmark (runs/ and no "
+                   f"benchmark.json); allowed: a new --output, or that folder removed first "
+                   f"(rm -r {out}) to run it again there\n")
+    assert sorted(os.listdir(out)) == ["input_pipeline.log", "runs"]
+
+
 @pytest.fixture(scope="module")
 def real_benchmark(tmp_path_factory):
     """One real ``benchmark`` run on the CPU (2 repeats, 2 epochs, 1 warm-up), shared by the
