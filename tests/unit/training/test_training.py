@@ -177,6 +177,23 @@ def test_resuming_a_run_that_has_its_epochs_says_nothing_is_left(tiny_config, tm
                          "is left to train (--epochs 3 or more trains on)"), said
 
 
+def test_resuming_with_nothing_left_to_train_restores_without_warnings(tmp_path):
+    """Keras 2 never made the optimizer's slots, and TensorFlow said so at exit: five
+    "WARNING:tensorflow:Value in checkpoint could not be found in the restored object:
+    (root).optimizer..." lines (a QA pass)."""
+    from tests.unit.helpers import run_app
+
+    args = ["train", "--model", "mlp", "--dataset", "synthetic", "--epochs", "1",
+            "--max-train-samples", "256", "--max-val-samples", "64", "--precision", "float32",
+            "--offline", "--no-save-model", "--progress", "lines", "--output",
+            str(tmp_path / "run")]
+    assert run_app(*args).returncode == 0
+    again = run_app(*args, "--resume")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "nothing is left to train" in again.stderr
+    assert "could not be found" not in again.stderr, again.stderr[-2000:]
+
+
 def test_resuming_mid_epoch_past_the_epochs_asked_for_trains_nothing(tiny_config, capsys):
     """Interrupted in epoch 2 and resumed with --epochs 1: it finished epoch 2 and said
     "done: 2 epoch(s)" under a config of 1 (found by a QA pass)."""
