@@ -206,7 +206,8 @@ def load_object(spec: str, what: str) -> Any:
                         if callable(v) and not n.startswith("_")
                         and getattr(v, "__module__", None) == module.__name__)
         raise UsageError(f"{what} spec {spec!r}: {module_part!r} has no {name!r}",
-                         "one of its functions: " + (", ".join(public) or "(it defines none)"))
+                         "one of the functions and classes it defines: "
+                         + (", ".join(public) or "(it defines none)"))
     return getattr(module, name)
 
 

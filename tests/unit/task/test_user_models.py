@@ -348,7 +348,7 @@ def test_an_input_shape_the_run_would_not_use_is_refused(model, dataset, shape, 
 @pytest.mark.parametrize("model, dataset, needle", [
     ("nosuchmodule:build", ARRAYS, "no module named 'nosuchmodule'"),
     ("./missing/net.py:build", ARRAYS, "file './missing/net.py' does not exist"),
-    (MISC + ":nosuch", ARRAYS, "has no 'nosuch'; allowed: one of its functions: broken, "),
+    (MISC + ":nosuch", ARRAYS, "has no 'nosuch'; allowed: one of the functions and classes it defines: broken, "),
     (MISC + ":NOT_CALLABLE", ARRAYS, "names a int, not a function"),
     (MISC + ":needs_more", ARRAYS, "parameter 'depth' has no value we can give"),
     (MISC + ":not_a_model", ARRAYS, "returned builtins.str, not a keras.Model"),
