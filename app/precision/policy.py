@@ -126,13 +126,16 @@ def resolve(requested: str, hw: HardwareInfo) -> PrecisionDecision:
                              warning=warning)
 
 
-def announce(decision: PrecisionDecision) -> None:
-    """One line saying what was chosen and why, on stdout with the run's other lines of what
-    it is (the strategy, the batch); a loud block on stderr for a slow fp16 request."""
+def announce(decision: PrecisionDecision, stream=None) -> None:
+    """One line saying what was chosen and why, on ``stream`` (stdout: with the run's other
+    lines of what it is, the strategy and the batch); a loud block on stderr for a slow fp16
+    request."""
+    stream = stream or sys.stdout
     if decision.requested == "auto":
-        print(f"precision: auto chose {decision.policy} ({decision.reason})", flush=True)
+        print(f"precision: auto chose {decision.policy} ({decision.reason})", file=stream,
+              flush=True)
     else:
-        print(f"precision: {decision.policy} ({decision.reason})", flush=True)
+        print(f"precision: {decision.policy} ({decision.reason})", file=stream, flush=True)
     if decision.warning:
         bar = "!" * 72
         print(f"{bar}\nWARNING: {decision.warning}\n{bar}", file=sys.stderr, flush=True)

@@ -214,6 +214,13 @@ _RUN_NAMES = ("model", "model.keras", checkpointing.CHECKPOINT_DIR, "tensorboard
 
 
 def _check_holds_none_of_a_runs_names(output: str) -> None:
+    """Refused when a name a run writes is there and the folder is no run's: it has neither
+    metrics.json nor the lock file a run makes at its first write (a run ended at once by a
+    second Ctrl-C before its first epoch leaves its tensorboard/ and that file)."""
+    from app.run_folder.lock import LOCK_NAME
+
+    if os.path.exists(os.path.join(output, LOCK_NAME)):
+        return
     taken = [name for name in _RUN_NAMES if os.path.lexists(os.path.join(output, name))]
     if taken:
         raise UsageError(f"output directory {output!r} already holds {', '.join(taken)} and no "
