@@ -90,8 +90,8 @@ def test_a_tf_data_dataset_s_bad_elements_are_found_in_the_pass_that_counts_it(m
     x[[3, 11, 12, 30]] = np.nan
     y = y.astype("int32")
     monkeypatch.setattr(user_datasets, "MOST_LISTED", 3)
-    bundle = user_data.from_user((tf.data.Dataset.from_tensor_slices((x, y)),
-                                  tf.data.Dataset.from_tensor_slices((x[:8], y[:8]))),
+    bundle = user_data.from_user((tf.data.Dataset.from_tensor_slices((x, y)),   # clean val:
+                                  tf.data.Dataset.from_tensor_slices((x[4:10], y[4:10]))),
                                  "mine:load", 8)
     assert bundle.train_samples == 40
     rows = bundle.train_rows
