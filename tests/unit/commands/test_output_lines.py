@@ -10,7 +10,7 @@ import sys
 import re
 
 from tests.paths import ROOT
-from tests.unit.helpers import app_env, run_app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, app_env, run_app
 
 
 # TensorFlow's C++ start-up log (TF 2.21 on the host writes a few through absl before
@@ -37,6 +37,7 @@ def _writes(*args) -> list:
     return writes
 
 
+@ONCE_IN_THE_IMAGE
 def test_a_runs_lines_are_written_whole(tmp_path):
     """Written in two parts (a line's text, then its newline) a line of the other stream
     landed between them in a joined log: "precision: float32 (requested explicitly)strategy:
@@ -52,6 +53,7 @@ def test_a_runs_lines_are_written_whole(tmp_path):
     assert "\n" not in writes, writes
 
 
+@ONCE_IN_THE_IMAGE
 def test_a_bad_layer_name_in_check_is_its_one_line():
     """check's default policy is mixed_float16: Keras 2 logged three lines of its own device
     check ("Mixed precision compatibility check (mixed_float16): WARNING ...") before the

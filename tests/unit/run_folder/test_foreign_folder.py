@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from tests.unit.helpers import error_lines, run_app
+from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app
 
 ARGS = ["train", "--dataset", "synthetic", "--max-train-samples", "128", "--max-val-samples",
         "64", "--batch-size", "32", "--precision", "float32", "--progress", "lines",
@@ -17,6 +17,7 @@ def _tree(folder):
                   for r, ds, fs in os.walk(folder) for n in ds + fs)
 
 
+@ONCE_IN_THE_IMAGE
 def test_a_folder_holding_a_model_package_is_refused_and_kept(tmp_path):
     project = tmp_path / "proj"
     (project / "model").mkdir(parents=True)
@@ -36,6 +37,7 @@ def test_a_folder_holding_a_model_package_is_refused_and_kept(tmp_path):
     assert (project / "model" / "__init__.py").read_text() == "precious = True\n"
 
 
+@ONCE_IN_THE_IMAGE
 def test_a_folder_of_other_files_takes_the_run_beside_them(tmp_path):
     project = tmp_path / "proj"
     project.mkdir()

@@ -177,6 +177,7 @@ def test_resuming_a_run_that_has_its_epochs_says_nothing_is_left(tiny_config, tm
                          "is left to train (--epochs 3 or more trains on)"), said
 
 
+@ONCE_IN_THE_IMAGE
 def test_resuming_with_nothing_left_to_train_restores_without_warnings(tmp_path):
     """Keras 2 never made the optimizer's slots, and TensorFlow said so at exit: five
     "WARNING:tensorflow:Value in checkpoint could not be found in the restored object:
