@@ -98,10 +98,10 @@ def _setting_value(name: str, value, field_type: str):
 
 
 def _config(model, data, settings: dict):
-    from app.training.config import TrainConfig, resolve_config
+    from app.training.config import NOT_SETTINGS, TrainConfig, resolve_config
     from app.task.task import Task
 
-    fields = {n: f for n, f in TrainConfig.__dataclass_fields__.items() if n != "tuning"}
+    fields = {n: f for n, f in TrainConfig.__dataclass_fields__.items() if n not in NOT_SETTINGS}
     unknown = sorted(set(settings) - set(fields))
     if unknown:
         raise UsageError(f"unknown setting(s) {', '.join(unknown)}",

@@ -62,11 +62,12 @@ def for_run(run, model, strategy) -> Optional["Accumulator"]:
         print(f"note: --accumulate {n}: BatchNormalization's statistics are computed per "
               f"micro-batch of {run.dist.global_batch}, not over the global batch of "
               f"{run.config.global_batch} (docs/training.md)", file=sys.stderr, flush=True)
-    return Accumulator(model.trainable_variables, n, _per_epoch(run), strategy,
+    return Accumulator(model.trainable_variables, n, steps_per_epoch(run), strategy,
                        run.dist.replicas)
 
 
-def _per_epoch(run) -> int:
+def steps_per_epoch(run) -> int:
+    """Training steps (micro-batches of the global batch) an epoch."""
     return -(-run.bundle.train_samples // run.dist.global_batch)
 
 
@@ -76,7 +77,7 @@ def trained_in_epoch(run, start: int, step: int) -> int:
     mid-group at that group's start (a group's sums are not saved).  0 when the count does
     not fit this run's epochs (another batch size)."""
     n = run.config.accumulate or 1
-    updates = -(-_per_epoch(run) // n)
+    updates = -(-steps_per_epoch(run) // n)
     done = step - start * updates
     return done * n if 0 < done < updates else 0
 

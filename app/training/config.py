@@ -76,9 +76,14 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.pop("tuning")
-        d.pop("given")
+        for name in NOT_SETTINGS:
+            d.pop(name)
         return d
+
+
+# TrainConfig's fields that resolve_config sets itself: no flag, variable or API keyword
+# gives them, and metrics.json's "config" does not record them.
+NOT_SETTINGS = ("tuning", "given")
 
 
 def variable_settings(environ: Mapping[str, str]) -> tuple:
@@ -141,7 +146,7 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
     values: dict[str, Any] = {}
     from_variables: dict[str, str] = {}   # field -> the TFMP_ variable it came from
     for name in TrainConfig.__dataclass_fields__:
-        if name == "tuning" or (not use_tuned and name in TUNED_FIELDS):
+        if name in NOT_SETTINGS or (not use_tuned and name in TUNED_FIELDS):
             continue
         value = flags.get(name)
         if value is None and name in settings.BY_NAME:

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from app.core.settings import parse_step_range
 from app.precision.keras_version import IS_KERAS3
+from app.training.accumulate import steps_per_epoch
 
 
 class StepProfiler:
@@ -121,7 +122,7 @@ def past_the_end(run) -> Optional[str]:
     if not cfg.profile_steps or not samples or not run.dist.is_chief:
         return None
     first, _ = parse_step_range(cfg.profile_steps)
-    per_epoch = -(-samples // run.dist.global_batch)
+    per_epoch = steps_per_epoch(run)
     last = per_epoch * cfg.epochs
     if first <= last:
         return None

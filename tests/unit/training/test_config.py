@@ -115,3 +115,18 @@ def test_input_shapes_that_are_read(text, shape):
 
     assert parse_input_shape(text) == shape
     assert resolve_config({"input_shape": text}, environ={}).input_shape == text
+
+
+def test_the_fields_resolve_config_sets_are_no_api_keyword(tmp_path):
+    """`given` is set by resolve_config: app.train(given=...) was taken for a setting and
+    ended in TypeError ("got multiple values for keyword argument 'given'")."""
+    import app
+    from app.core.errors import UsageError
+
+    for name in ("given", "tuning"):
+        with pytest.raises(UsageError) as caught:
+            app.train("mlp", "synthetic", epochs=1, output=str(tmp_path / name),
+                      **{name: ("learning_rate",)})
+        assert caught.value.line().startswith(f"error: unknown setting(s) {name}; allowed: "), \
+            caught.value.line()
+    assert not list(tmp_path.iterdir())
