@@ -8,6 +8,7 @@ from typing import Optional
 import numpy as np
 
 from app.task import array_file
+from app.task.data_rows import listed
 from app.core.errors import UsageError
 
 EXPECTED = ("((x_train, y_train), (x_val, y_val)) NumPy arrays, (train, val) unbatched "
@@ -137,8 +138,7 @@ def finite_validation(spec: str, bad: list, total: int, where: str) -> None:
     rows or elements of).  Training samples are the sentinel's to name, at their step."""
     if not total:
         return
-    listed = ", ".join(str(int(i)) for i in bad) + (", ..." if total > len(bad) else "")
     raise UsageError(f"dataset {spec!r}: {total} validation sample(s) hold NaN or infinite "
-                     f"values ({where} {listed})",
+                     f"values ({where} {listed(bad, total)})",
                      "finite features: fix or drop those samples (the loss and the metrics "
                      "of a sample with NaN are NaN)")

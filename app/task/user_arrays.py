@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 
 from app.task.data import DataBundle, make_dataset
-from app.task.data_rows import MOST_LISTED, DataRows, unread_rows
+from app.task.data_rows import DataRows, unread_rows
 from app.task.data_rules import (MOST_CLASSES, WEIGHTS_ALLOWED, check_class_count,
                                  finite_labels, finite_validation, given_classes,
                                  label_kind_of, weight_values, wrong_form)
@@ -171,8 +171,8 @@ def from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input_
     unread = unread_rows(xtr, ytr, max_train)
     xtr, xva = _rows(xtr, max_train), _rows(xva, max_val)
     ytr, yva = ytr[:max_train], yva[:max_val]
-    bad = _nonfinite_rows(xva)
-    finite_validation(spec, list(bad[:MOST_LISTED]), bad.size, "rows")
+    bad = DataRows(xva, yva, names=("x_val", "y_val")).nonfinite()
+    finite_validation(spec, bad, len(bad), "rows")
     wtr, wva = (None if w is None else w[:n] for w, n in ((wtr, max_train), (wva, max_val)))
     if several:   # several inputs go as they are (integer ids stay integers), floats float32
         xtr, xva = ({k: _input(v) for k, v in x.items()} for x in (xtr, xva))
@@ -208,16 +208,6 @@ def from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input_
                           () if wtr is None else (wtr[:8],)),
                       weighted=wtr is not None,
                       train_rows=DataRows(xtr, ytr, unread=unread), notes=notes)
-
-
-def _nonfinite_rows(x) -> np.ndarray:
-    """The rows of ``x`` (an array or a dict of them) with NaN or inf in a floating part."""
-    parts = list(x.values()) if isinstance(x, dict) else [x]
-    bad = np.zeros(len(parts[0]), dtype=bool)
-    for part in parts:
-        if part.dtype.kind == "f" and part.size:
-            bad |= ~np.isfinite(part.reshape(len(part), -1)).all(axis=1)
-    return np.flatnonzero(bad)
 
 
 def _largest_id_at(ytr: np.ndarray, yva: np.ndarray) -> str:
