@@ -97,7 +97,7 @@ def run(args) -> int:
         from app.core.launch import log_traceback
 
         # The child's traceback first (the user's code that raised, and the line), as train
-        # shows it: the log itself is in a temporary folder a container's --rm removes.
+        # shows it; the logs are kept in the output folder's trials/.
         sys.stderr.write(log_traceback(exc.log) + exc.line() + "\n")
         return EXIT_FAILED
     if doc.get("choice") is None:

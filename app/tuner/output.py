@@ -47,9 +47,8 @@ def check_output(path: str) -> None:
     folders.check_writable(path)
 
 
-def write_outputs(output: str, doc: dict, workdir: str) -> None:
-    from app.core.files import write_atomic, write_json_atomic
-
+def _move_trials(output: str, workdir: str) -> str:
+    """The trials' logs moved from their temporary folder to ``output``/trials; its path."""
     folders.make_folder(output)
     trials_dir = os.path.join(output, "trials")
     # check_output found no trials/ under the lock; never delete or merge into one.
@@ -57,6 +56,27 @@ def write_outputs(output: str, doc: dict, workdir: str) -> None:
         raise UsageError(f"{trials_dir!r} appeared while the tune ran; the trials' logs stay "
                          f"in {workdir!r}", "a new --output")
     shutil.move(workdir, trials_dir)
+    return trials_dir
+
+
+def keep_failed_logs(output: str, workdir: str, log: str) -> str:
+    """A tune that a trial's failure ends keeps its trials' logs in ``output``/trials, where a
+    container's --rm does not take them as it takes /tmp; the failed log's path there (its
+    old path when they cannot be moved: the error still names a log that exists)."""
+    if os.path.commonpath([os.path.abspath(log), os.path.abspath(workdir)]) != \
+            os.path.abspath(workdir):
+        return log
+    try:
+        trials_dir = _move_trials(output, workdir)
+    except (OSError, UsageError):
+        return log
+    return os.path.join(trials_dir, os.path.relpath(log, workdir))
+
+
+def write_outputs(output: str, doc: dict, workdir: str) -> None:
+    from app.core.files import write_atomic, write_json_atomic
+
+    _move_trials(output, workdir)
     try:
         write_atomic(os.path.join(output, "tune.png"), report.render_png(doc))
     except ImportError:

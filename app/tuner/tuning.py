@@ -39,7 +39,7 @@ from app.tuner import plan as plan_mod
 from app.tuner import report, search
 from app.tuner.progress import Progress
 from app.core.launch import sigterm_as_exit
-from app.tuner.runner import PolicyLeftOut, TrialRunner, collect_environment
+from app.tuner.runner import PolicyLeftOut, TrialFailed, TrialRunner, collect_environment
 
 DEFAULT_MARGIN = 0.1
 DEFAULT_STEPS, DEFAULT_WARMUP, DEFAULT_MIN_SECONDS = 4, 2, 1.5
@@ -188,6 +188,9 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
                                          left_out, global_batch)
     except (UsageError, KeyboardInterrupt, SystemExit):
         shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    except TrialFailed as exc:
+        exc.log = output_folder.keep_failed_logs(output, workdir, exc.log)
         raise
     finally:
         bar.close()

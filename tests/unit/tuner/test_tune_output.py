@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -238,7 +239,7 @@ def test_the_verification_trains_the_trials_settings_and_inherits_none(tmp_path)
 def _ended(tmp_path, rc, log_lines, metrics=None, **kw):
     from app.tuner import runner
 
-    log = tmp_path / "v.log"
+    log = tmp_path / kw.get("name", "v.log")
     log.write_text("\n".join(log_lines) + "\n")
     return runner.ChildEnd(rc, metrics, kw.get("killed", False), 0, 1.0, str(log),
                            kw.get("timed_out", False))
@@ -246,28 +247,34 @@ def _ended(tmp_path, rc, log_lines, metrics=None, **kw):
 
 def test_a_trial_whose_code_raised_shows_its_traceback_above_the_line(tmp_path, fake, capsys,
                                                                        monkeypatch):
-    """The trial's log lives in a temporary folder (which a container's --rm removes): the
-    user's traceback is shown from it, as train shows it, then the one line."""
+    """The user's traceback is shown from the trial's log, as train shows it, then the one
+    line, which names the log where it is kept: in the output folder's trials/, with the other
+    trials' logs, not in the temporary folder a container's --rm removes."""
     from app.tuner import runner
 
     trace = ["Traceback (most recent call last):",
              '  File "/w/syn.py", line 2', "    return None", "    ^",
              "SyntaxError: invalid syntax"]
-    end = _ended(tmp_path, 1, ["$ python3 -m app.tuner.trial --request {...}", *trace],
-                 {"status": "error", "reason": "error: your code raised SyntaxError while "
-                                               "importing ./syn.py (the traceback above points "
-                                               "at the line)"})
 
     def failing_verify(self, policy, batch_size, steps):
+        end = _ended(Path(self.workdir), 1, ["$ python3 -m app.tuner.trial --request {...}", *trace],
+                     {"status": "error", "reason": "error: your code raised SyntaxError while "
+                                                   "importing ./syn.py (the traceback above "
+                                                   "points at the line)"}, name="verify.log")
         return runner.outcome_of(end, None, any_fit=False)
     monkeypatch.setattr(fake, "verify", failing_verify)
+    out = tmp_path / "X"
     rc = cli.main(["tune", "--model", "mlp", "--dataset", "synthetic", "--precision", "float32",
-                   "--memory-budget", "1GiB", "--max-batch", "64", "--output",
-                   str(tmp_path / "X"), "--quiet"])
+                   "--memory-budget", "1GiB", "--max-batch", "64", "--output", str(out),
+                   "--quiet"])
     err_lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert rc == 1 and err_lines[:-1] == trace, err_lines
     assert err_lines[-1].startswith("error: a trial failed: your code raised SyntaxError"), \
         err_lines
+    kept = out / "trials" / "verify.log"
+    assert err_lines[-1].endswith(f"(log: {kept})") and "SyntaxError" in kept.read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["trials"]
+    assert len(list((out / "trials").glob("*-float32-b*.log"))) >= 2
 
 
 def test_a_verification_that_fails_for_another_reason_is_reported_as_that(tmp_path, fake,
