@@ -272,12 +272,21 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
 
     limit = search.memory_limit(budget_bytes, margin)
     results: Dict[str, search.SearchResult] = {}
+    # The header said the sizes up to --max-batch; the training set's size is known only once
+    # a trial has loaded it, and when it allows less, that is said then, once.
+    data_told = {"said": False}
     for policy in policies:
         fitted = {"any": False}
 
         def run_trial(batch, policy=policy, fitted=fitted):
             bar.start(policy, batch)
-            return runner(policy, batch, any_fit=fitted["any"])
+            outcome = runner(policy, batch, any_fit=fitted["any"])
+            if outcome.data_limit is not None and not data_told["said"]:
+                allowed = search.updates_limit(outcome.data_limit)
+                if allowed < search.round_down(cap):
+                    data_told["said"] = True
+                    bar.say(f"[tune] {data_limit_line(outcome.data_limit, allowed)}")
+            return outcome
 
         def seen(trial, policy=policy, fitted=fitted):
             fitted["any"] = fitted["any"] or trial.fits
@@ -337,8 +346,11 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
 def data_note(policy: str, train_samples: int, cap: int) -> str:
     """What a search the training set stopped says: the batch it allows, and, where even the
     smallest size tried leaves an epoch fewer updates than wanted, that too."""
-    said = (f"{policy}: the training set ({train_samples:,} samples) limits the batch to "
-            f"{cap}")
+    return f"{policy}: {data_limit_line(train_samples, cap)}"
+
+
+def data_limit_line(train_samples: int, cap: int) -> str:
+    said = f"the training set ({train_samples:,} samples) limits the batch to {cap}"
     updates = train_samples // cap if cap else 0
     if updates >= search.MIN_UPDATES_PER_EPOCH:
         return f"{said}, so that an epoch is at least {search.MIN_UPDATES_PER_EPOCH} updates"

@@ -26,6 +26,7 @@ class FakeRunner:
     working folder, as the real one does; ``during`` runs inside the first trial."""
     instances: list = []
     fits_up_to = 16          # the fake memory boundary: 8 and 16 fit, 24 and up do not
+    data_limit = None        # the training set's size a trial reports (None: generated data)
     during = None
     verify_outcome = None
 
@@ -43,8 +44,10 @@ class FakeRunner:
             during, FakeRunner.during = FakeRunner.during, None
             during()
         if batch_size <= FakeRunner.fits_up_to:
-            return Outcome(True, 100 * MIB + batch_size * MIB, 100.0 * batch_size, "", 0.1)
-        return Outcome(False, None, None, "resident memory passed the budget", 0.1)
+            return Outcome(True, 100 * MIB + batch_size * MIB, 100.0 * batch_size, "", 0.1,
+                           FakeRunner.data_limit)
+        return Outcome(False, None, None, "resident memory passed the budget", 0.1,
+                       FakeRunner.data_limit)
 
     def verify(self, policy, batch_size, steps):
         self.calls.append((policy, batch_size, "verify"))
@@ -56,7 +59,7 @@ class FakeRunner:
 @pytest.fixture
 def fake(monkeypatch):
     FakeRunner.instances, FakeRunner.during, FakeRunner.verify_outcome = [], None, None
-    FakeRunner.fits_up_to = 16
+    FakeRunner.fits_up_to, FakeRunner.data_limit = 16, None
     monkeypatch.setattr(api, "TrialRunner", FakeRunner)
     monkeypatch.setattr(api, "collect_environment",
                         lambda: {"hardware": {"gpus": []},
@@ -307,6 +310,22 @@ def test_a_verification_that_fails_for_another_reason_is_reported_as_that(tmp_pa
     assert rc == 1 and len(err_lines) == 1, err_lines
     assert err_lines[0].startswith("error: the verification run (tfmp train) failed")
     assert "budget" not in err_lines[0] and not out.exists()
+
+
+def test_a_training_set_that_limits_the_batch_is_said_when_a_trial_finds_it(tmp_path, fake,
+                                                                              capsys):
+    """The header names the sizes up to --max-batch before the data is loaded; the first trial
+    that learns the training set allows less says so then, once, not only in the final notes."""
+    fake.fits_up_to, fake.data_limit = 4096, 400
+    doc = run_tune(tmp_path / "X", precision="float32,auto", max_batch=256, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    header = next(i for i, ln in enumerate(lines) if "batch sizes 8..256" in ln)
+    said = [i for i, ln in enumerate(lines) if ln.startswith("[tune] the training set")]
+    first_trial = next(i for i, ln in enumerate(lines) if ln.startswith("[tune] float32 "))
+    assert len(said) == 1 and header < said[0] < first_trial, lines
+    assert lines[said[0]] == ("[tune] the training set (400 samples) limits the batch to 40, so "
+                              "that an epoch is at least 10 updates"), lines
+    assert doc["precisions"]["float32"]["max_batch"] == 40
 
 
 # ---- synthetic data in a trial (item 6) -----------------------------------------------------
