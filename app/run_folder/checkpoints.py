@@ -153,7 +153,9 @@ def has_checkpoint(output: str) -> bool:
     return newest_complete(os.path.join(output, CHECKPOINT_DIR)) is not None
 
 
-PARTIAL_MODELS = (".model.tmp", ".model.tmp.keras")   # save_final_model's names before the rename
+# save_final_model's names before the rename: Keras 2's SavedModel folder, Keras 3's file.
+PARTIAL_SAVEDMODEL, PARTIAL_KERAS_FILE = ".model.tmp", ".model.tmp.keras"
+PARTIAL_MODELS = (PARTIAL_SAVEDMODEL, PARTIAL_KERAS_FILE)
 
 
 def remove_partial_model(output: str) -> None:
@@ -173,12 +175,12 @@ def save_final_model(model, output: str) -> str:
     folder ``model/`` on Keras 2.  Written under a temporary name, then renamed."""
     if IS_KERAS3:
         final = os.path.join(output, "model.keras")
-        tmp = os.path.join(output, PARTIAL_MODELS[1])
+        tmp = os.path.join(output, PARTIAL_KERAS_FILE)
         model.save(tmp)
         os.replace(tmp, final)
         return final
     final = os.path.join(output, "model")
-    tmp = os.path.join(output, PARTIAL_MODELS[0])
+    tmp = os.path.join(output, PARTIAL_SAVEDMODEL)
     shutil.rmtree(tmp, ignore_errors=True)
     # The optimizer is in the checkpoints; the final model is for inference.
     with _without_uncompiled_notice():
