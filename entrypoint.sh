@@ -199,6 +199,7 @@ remap_user() {
   cur_uid=$(id -u "$NB_USER")
   cur_gid=$(id -g "$NB_USER")
   if [[ $NB_GID != "$cur_gid" ]]; then
+    refuse_privileged_gid
     groupmod -o -g "$NB_GID" "$NB_USER"
     info "group $NB_USER now has GID $NB_GID"
   fi
@@ -224,6 +225,29 @@ remap_user() {
       warn "$WORKSPACE is not writable by UID $NB_UID and cannot be made so (${why##*: }): what is saved there fails; mount it read-write, or give --output (TFMP_OUTPUT) another folder"
     fi
   fi
+}
+
+# NB_GID makes the user a member of that GID, and `groupmod -o` shares it with whatever
+# group of the image has it: sudo (27) with an SSH_PASSWORD would give root, shadow (42)
+# /etc/shadow, adm and utmp the logs, 0 root's files.  Refused is a GID whose members may
+# do with a system file what others may not (read, write or run it: find's test below), or
+# that a sudo rule names (%name, %#GID); none of the image's other groups (users, 100, as
+# docker-stacks' NB_GID; dialout, 20, as a Mac's staff) gives anything.  Looked for at
+# start, not listed at build: an image built FROM this one adds files and rules of its own.
+refuse_privileged_gid() {
+  local name file rule
+  name=$(getent group "$NB_GID" | cut -d: -f1) || true
+  file=$(find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path "$USER_HOME" \
+    -o -path "$WORKSPACE" \) -prune -o -group "$NB_GID" ! -type l \( \
+    \( -perm -g+r ! -perm -o+r \) -o \( -perm -g+w ! -perm -o+w \) -o \
+    \( -perm -g+x ! -perm -o+x \) \) -print -quit 2>/dev/null) || true
+  rule=$(grep -shE "^[[:space:]]*%(#$NB_GID${name:+|$name})[[:space:]]" /etc/sudoers \
+    /etc/sudoers.d/* | head -n 1) || true
+  [[ -z $file && -z $rule ]] && return 0
+  local what="gives rights others lack on $file"
+  [[ -z $rule ]] || what="a sudo rule names"
+  [[ -z $name ]] || name=" '$name'"
+  fatal "NB_GID=$NB_GID is the image's group$name, which $what: the user would get them; allowed: your host's \`id -g\` when it is not such a group, else another GID (e.g. 1000; files in mounted folders then take it)"
 }
 
 # The home's owner, when it is not NB_UID:NB_GID.  Everything below $USER_HOME is the

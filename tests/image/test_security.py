@@ -262,6 +262,33 @@ def test_missing_key_file_mounted_as_a_folder_stops(image, tmp_path):
     _assert_one_fatal(proc, "PUBLIC_KEY_FILE='/run/keys.pub' is not a readable file")
 
 
+@pytest.mark.parametrize("gid, group, what", [
+    ("42", "shadow", "gives rights others lack on /etc/shadow"),
+    ("0", "root", "gives rights others lack on /etc/"),
+    ("4", "adm", "gives rights others lack on /var/log/"),
+])
+def test_an_nb_gid_of_a_privileged_group_stops_the_start(image, gid, group, what):
+    """NB_GID joins the user to that GID's group: shadow would read /etc/shadow, adm the
+    logs, root's group root's files.  One FATAL line naming the group, before any change."""
+    proc = docker_run(image, "-e", f"NB_GID={gid}", "-e", "SSH_PASSWORD=pw-12345678",
+                      command=["id"], timeout=60)
+    _assert_one_fatal(proc, f"NB_GID={gid} is the image's group '{group}', which {what}")
+    assert "uid=" not in proc.stdout
+
+
+def test_no_group_gets_sudo_and_a_group_that_owns_nothing_is_taken(image):
+    """sudo's own `%sudo ALL=(ALL:ALL) ALL` is gone (with it and an SSH_PASSWORD, NB_GID=27
+    gave root), so group sudo gives nothing; it, docker-stacks' users (100) and a Mac's staff
+    GID (20, dialout here) own nothing of the system's, and start as before."""
+    rules = docker_run(image, "--entrypoint", "bash", command=[
+        "-c", "grep -hE '^[[:space:]]*%' /etc/sudoers /etc/sudoers.d/* || true"], timeout=60)
+    assert rules.returncode == 0 and rules.stdout.strip() == "", rules.stdout
+    for gid, name in (("27", "sudo"), ("100", "users"), ("20", "dialout")):
+        proc = docker_run(image, "-e", "TFMP_QUIET=1", "-e", f"NB_GID={gid}",
+                          command=["id", "-gn"], timeout=60)
+        assert proc.returncode == 0 and proc.stdout.strip() == name, (gid, proc.stderr[-1500:])
+
+
 def _assert_one_fatal(proc, message: str) -> None:
     assert proc.returncode == 64, (proc.returncode, proc.stderr[-2000:])
     fatal = [line for line in proc.stderr.splitlines() if "FATAL" in line]
