@@ -30,6 +30,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 #   libnss-wrapper  a name and home for a --user UID without a passwd entry (entrypoint.sh,
 #                   name_unknown_uid); /etc/passwd stays root's
 #   tini            PID 1: reaps zombies, forwards signals (fast `docker stop`)
+#   procps          pgrep/ps: a stop sends the user's own jobs SIGTERM before the services
+#                   (entrypoint.sh, stop_user_processes); named, not assumed of the base
 # Versions come from the base's distribution release, hence no pins.
 # hadolint ignore=DL3008
 RUN shopt -s nullglob \
@@ -46,6 +48,7 @@ RUN shopt -s nullglob \
       sudo \
       libnss-wrapper \
       tini \
+      procps \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* \
  # sudo's package lets group sudo (and admin) run anything: no group gets a rule here, and

@@ -174,6 +174,9 @@ secret_from_env() {
 # --- the user ----------------------------------------------------------------------
 
 check_ids() {
+  # Given (not empty): the home the image made may be handed to these IDs (fit_home).
+  NB_IDS_GIVEN=no
+  [[ -z ${NB_UID:-}${NB_GID:-} ]] || NB_IDS_GIVEN=yes
   NB_UID=${NB_UID:-1000}
   NB_GID=${NB_GID:-1000}
   [[ $NB_UID =~ ^[0-9]+$ ]] || fatal "NB_UID must be a number (your host's \`id -u\`). Received: NB_UID='$NB_UID'"
@@ -213,12 +216,25 @@ remap_user() {
     info "user $NB_USER now has UID $NB_UID"
   fi
   fit_home
-  # Only the top of the workspace, and only if the user could not write there
-  # (a fresh bind mount created by Docker as root, or a volume from another UID).
+  # Only the top of the workspace, and only if the user could not write there and it is
+  # root's (a fresh bind mount Docker created, or a folder of a host user who is root,
+  # whose files a container user other than root must be able to add to), the image's own
+  # (Dockerfile: tf, UID 1000, group 0; a new named volume is a copy of it), or NB_UID was
+  # given (a volume an earlier NB_UID used, as the home).  Without IDs given, a folder of
+  # another user is theirs: refused, not taken, before anything changed.
   if ! setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups test -w "$WORKSPACE"; then
-    local why
+    local why owner
+    owner=$(stat -c %u:%g "$WORKSPACE")
+    if [[ ${owner%:*} != 0 && $owner != 1000:0 && $NB_IDS_GIVEN != yes ]]; then
+      fatal "the workspace $WORKSPACE belongs to UID ${owner%:*}, not NB_UID=$NB_UID, and UID $NB_UID may not write there: set NB_UID=${owner%:*} (and NB_GID=${owner#*:}), or mount a folder of UID $NB_UID; a folder of another user is never re-owned"
+    fi
     if why=$(chown "$NB_UID:$NB_GID" "$WORKSPACE" 2>&1); then
       info "made $WORKSPACE writable for UID $NB_UID (top directory only)"
+      # What an earlier UID made there (the guide notebooks, runs) stays that UID's.
+      if [[ ${owner%:*} != 0 && ${owner%:*} != "$NB_UID" ]] &&
+        [[ -n $(find "$WORKSPACE" -mindepth 1 -maxdepth 1 -uid "${owner%:*}" -print -quit) ]]; then
+        warn "what is below $WORKSPACE keeps its owner, UID ${owner%:*} (the workspace's before): UID $NB_UID may not change it; to hand it over, as root: chown -R --from=${owner%:*} $NB_UID:$NB_GID $WORKSPACE (docs/image.md, \"Files in mounted folders belong to you\")"
+      fi
     else
       # A read-only mount (-v DIR:/workspace:ro) is a choice: commands that write elsewhere
       # (--output /tmp/run, a notebook saved outside) still run.
@@ -304,6 +320,11 @@ fit_home() {
     fi
     fatal "the home $USER_HOME belongs to UID $old_uid, not NB_UID=$NB_UID: set NB_UID=$old_uid (and NB_GID=$old_gid) or mount a folder of UID $NB_UID; a folder you mounted is never re-owned"
   fi
+  # Re-owned only for IDs given: a job started without them (UID 1000) that mounts the home
+  # volume of a stack running as another UID would take the home from under that stack.
+  if [[ $NB_IDS_GIVEN != yes ]]; then
+    fatal "the home $USER_HOME belongs to UID $old_uid (GID $old_gid) and no NB_UID was given: set NB_UID=$old_uid and NB_GID=$old_gid to use it as it is, or the IDs it should have from now on (the image's home is then re-owned for them)"
+  fi
   # Read-only mounts below the home (an authorized_keys file) stay as they are.
   chown -R --from="$old_uid" "$NB_UID" "$USER_HOME" 2>/dev/null || true
   chown -R --from=":$old_gid" ":$NB_GID" "$USER_HOME" 2>/dev/null || true
@@ -342,6 +363,18 @@ check_gpu_profiling() {
   warn "TFMP_GPU_PROFILING=1: the user tf holds CAP_SYS_ADMIN (root's power inside the container) for GPU profiling"
 }
 
+# The PATH of the user's sessions: the container's, after `pip install --user`'s scripts
+# (~/.local/bin), as Debian's ~/.profile puts them for login shells; so `ssh host cmd`, a
+# kernel's `!cmd` and a job find them too.  Given to the services and the job (and SSH
+# sessions), not to USER_CMD itself: the start-up's own commands as the user, whose results
+# root reads, and root's own PATH never look in a folder the user can write.
+user_path() {
+  case ":$PATH:" in
+    *":$USER_HOME/.local/bin:"*) printf '%s' "$PATH" ;;
+    *) printf '%s' "$USER_HOME/.local/bin:$PATH" ;;
+  esac
+}
+
 # Prints USER_CMD, NUL-separated: the prefix that runs a command as the unprivileged
 # user with a clean identity (setpriv from util-linux: no extra package, no setuid binary).
 user_cmd() {
@@ -369,6 +402,41 @@ service() {
 
 announce() { ANNOUNCEMENTS+=("$*"); }
 
+# A `docker stop` reaches PID 1 alone, and when it exits every process left is killed: a
+# `tfmp train` started over SSH, in a terminal or a kernel would lose its epoch and leave
+# metrics.json "running".  So the user's own processes (a terminal's job too, not the shell
+# itself) get the SIGTERM first (train saves a checkpoint on it) and up to STOP_WAIT seconds
+# to end, before the services stop; Docker's
+# stop timeout (compose: stop_grace_period) still bounds the whole.  $@ = the services' PIDs,
+# stopped after (the Jupyter server ends its kernels itself).
+readonly STOP_WAIT=50
+stop_user_processes() {
+  local services=" $* " mine=() pid parent waited=0
+  user_processes() {
+    mine=()
+    for pid in $(pgrep -u "$NB_UID" 2>/dev/null); do
+      # Not the entrypoint and its parents (a --user start runs them as this UID too), the
+      # services, nor what a service runs itself (kernels, terminals' shells: Jupyter's own
+      # shutdown ends them, and would restart a kernel that died before it).
+      [[ $pid != "$$" && $pid != 1 && $pid != "$PPID" && $services != *" $pid "* ]] || continue
+      parent=$(ps -o ppid= -p "$pid" 2>/dev/null | tr -d ' ') || continue
+      [[ -n $parent && $services != *" $parent "* ]] || continue
+      mine+=("$pid")
+    done
+  }
+  user_processes
+  ((${#mine[@]})) || return 0
+  info "sending SIGTERM to ${#mine[@]} process(es) of UID $NB_UID (jobs started over SSH, in terminals or kernels save their checkpoints); waiting up to ${STOP_WAIT} s"
+  kill -TERM "${mine[@]}" 2>/dev/null || true
+  while ((waited < STOP_WAIT * 4)); do
+    user_processes
+    ((${#mine[@]})) || return 0
+    sleep 0.25
+    waited=$((waited + 1))
+  done
+  warn "${#mine[@]} process(es) of UID $NB_UID still running after ${STOP_WAIT} s: stopping anyway"
+}
+
 # Starts the registered services; the first to exit stops the container (non-zero, so
 # a restart policy acts), a TERM/INT stops them all with status 0.
 supervise() {
@@ -387,6 +455,7 @@ supervise() {
   wait -n || status=$?
   if [[ $stopping == 1 ]]; then
     info "stopping (signal received)"
+    stop_user_processes "${pids[@]}"
     kill -TERM "${pids[@]}" 2>/dev/null || true
     wait || true
     exit 0
@@ -582,7 +651,7 @@ main() {
       ;;
     *)
       batch_command "$@"
-      exec "${USER_CMD[@]}" "${BATCH_CMD[@]}"
+      exec "${USER_CMD[@]}" PATH="$(user_path)" "${BATCH_CMD[@]}"
       ;;
   esac
 }

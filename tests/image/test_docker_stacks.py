@@ -292,6 +292,8 @@ def test_arbitrary_uid_gets_a_name_and_the_home(image, container, tmp_path):
     (["-e", "CHOWN_EXTRA=/mnt,/usr/local/lib"], ["true"], "'/usr/local/lib' is a system folder or holds one (/usr)"),
     (["-e", "CHOWN_EXTRA=/opt"], ["true"], "'/opt' is a system folder or holds one (/opt/tfmp)"),
     (["-e", "CHOWN_EXTRA=/home"], ["true"], "CHOWN_EXTRA: '/home' holds /home/tf or /workspace"),
+    (["-e", "CHOWN_EXTRA=/srv/../usr/local/bin"], ["true"],
+     "CHOWN_EXTRA: '/srv/../usr/local/bin' holds '.' or '..' (it is '/usr/local/bin')"),
     (["-e", "NB_UID=18446744073709551616"], ["true"], "NB_UID must be at most 4294967294"),
     # Only shown in the start-up lines, and shown as given: `ssh -p -1 tf@127.0.0.1`
     (["-e", "JUPYTER_HOST_PORT=abc"], ["serve"], "JUPYTER_HOST_PORT must be a port number (1-65535). Received: JUPYTER_HOST_PORT='abc'"),
@@ -311,6 +313,8 @@ def test_a_bad_docker_stacks_setting_is_one_fatal_line(image, env, command, line
     assert proc.returncode == 64, proc.stderr[-2000:]
     fatal = [x for x in proc.stderr.splitlines() if " FATAL " in x]
     assert len(fatal) == 1 and line in fatal[0], proc.stderr[-2000:]
+    # A CHOWN_EXTRA list is judged whole before any folder in it is re-owned.
+    assert "now belongs to UID" not in proc.stderr, proc.stderr[-2000:]
 
 
 def test_docker_stacks_settings_not_read_here_say_so(image):

@@ -546,3 +546,50 @@ def test_a_bind_mounted_home_of_another_uid_is_never_re_owned(image, tmp_path):
     assert {p: after[p] for p in before} == before
     # What the start added (the image's files, as the user) is the user's.
     assert {after[p] for p in set(after) - set(before)} == {(1234, 1234)}, after
+
+
+def test_a_workspace_of_another_user_is_refused_not_taken(image, tmp_path):
+    """A host folder of UID 1234 on /workspace, started without NB_UID (UID 1000, who may not
+    write there): one FATAL line naming its owner, before any change, even when another
+    setting is bad too; the folder keeps its owner.  With NB_UID=1234 it is used as it is."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ws.chmod(0o755)
+    os.chown(ws, 1234, 1234)
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", "-e", "JUPYTER_TLS=bogus",
+                      "-v", f"{ws}:/workspace", command=["true"], timeout=120)
+    fatal = [line for line in proc.stderr.splitlines() if " FATAL " in line]
+    assert proc.returncode == 64 and len(fatal) == 1, (proc.returncode, proc.stderr[-2000:])
+    assert ("the workspace /workspace belongs to UID 1234, not NB_UID=1000, and UID 1000 may "
+            "not write there: set NB_UID=1234 (and NB_GID=1234)") in fatal[0], fatal
+    assert (ws.stat().st_uid, ws.stat().st_gid) == (1234, 1234)
+
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", "-e", "NB_UID=1234", "-e", "NB_GID=1234",
+                      "-v", f"{ws}:/workspace", command=["touch", "/workspace/mine"],
+                      timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ((ws / "mine").stat().st_uid, ws.stat().st_uid) == (1234, 1234)
+
+
+def test_a_job_without_ids_does_not_take_the_home_volume_of_another_uid(image):
+    """The home volume re-owned for NB_UID=4600 (a stack of that user), then a `docker run`
+    job that mounts it and forgot NB_UID: one FATAL line naming the home's owner, and the home
+    stays 4600's (re-owning it would take it from under the running stack)."""
+    volume = f"tfmp-home-ids-{uuid.uuid4().hex[:8]}"
+    try:
+        mount = ["-e", "TFMP_QUIET=1", "-v", f"{volume}:{HOME}"]
+        given = ["-e", "NB_UID=4600", "-e", "NB_GID=4600"]
+        first = docker_run(image, *mount, *given, command=["true"], timeout=120)
+        assert first.returncode == 0 and "re-owned /home/tf for UID 4600" in first.stderr, \
+            first.stderr[-2000:]
+        proc = docker_run(image, *mount, command=["true"], timeout=120)
+        fatal = [line for line in proc.stderr.splitlines() if " FATAL " in line]
+        assert proc.returncode == 64 and len(fatal) == 1, (proc.returncode, proc.stderr[-2000:])
+        assert ("the home /home/tf belongs to UID 4600 (GID 4600) and no NB_UID was given: "
+                "set NB_UID=4600 and NB_GID=4600") in fatal[0], fatal
+        again = docker_run(image, *mount, *given, command=["stat", "-c", "%u:%g", HOME],
+                           timeout=120)
+        assert again.stdout.strip() == "4600:4600" and "re-owned" not in again.stderr, \
+            again.stderr[-2000:]
+    finally:
+        run(["docker", "volume", "rm", "-f", volume], check=False, timeout=60)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import time
 import uuid
@@ -91,6 +92,35 @@ def test_docker_stop_saves_a_checkpoint_and_a_new_container_resumes(image, conta
     # the new container went on from the checkpoint: it trained epochs 2.. only
     trained_here = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
     assert trained_here[0].startswith(f"epoch 2/{EPOCHS}:"), proc.stdout[-2000:]
+
+
+def test_docker_stop_of_the_service_lets_a_job_started_in_it_save_a_checkpoint(image, container,
+                                                                                volume):
+    """`tfmp train` started inside the running service (over SSH, in a terminal; here with
+    `docker exec` as the user, which PID 1 does not start either): `docker stop` of the service
+    sends the job SIGTERM before the services stop, and waits for it: it saves a checkpoint
+    and metrics.json says interrupted, not "running" for good."""
+    name = container("-e", "ENABLE_SSH=0", "-v", f"{volume}:/workspace")
+    wait_until(lambda: "==> " in run(["docker", "logs", name]).stderr, 120,
+               what="the service to start")
+    output = "/workspace/runs/in-service"
+    run(["docker", "exec", "-d", "-u", "tf", name, "bash", "-c",
+         " ".join(_train_args(output)) + " > /tmp/job.log 2>&1"], timeout=30)
+
+    def in_epoch_2() -> bool:
+        log = run(["docker", "exec", name, "cat", "/tmp/job.log"], check=False).stdout
+        return _inside_epoch(log, 2)
+    wait_until(in_epoch_2, 240, interval=0.5, what="a step of epoch 2 in the job's log")
+    run(["docker", "stop", "-t", "60", name], timeout=120)
+    logs = run(["docker", "logs", name]).stderr
+    assert re.search(r"sending SIGTERM to \d process\(es\) of UID 1000", logs), logs[-2000:]
+    assert "still running after" not in logs, logs[-2000:]
+    proc = docker_run(image, "--entrypoint", "bash", "-v", f"{volume}:/workspace",
+                      command=["-c", f"cat {output}/metrics.json; echo; echo FILES; "
+                               f"ls {output}/checkpoints"], timeout=60)
+    saved, files = proc.stdout.split("\nFILES\n")
+    assert json.loads(saved)["status"] == "interrupted", (saved[-500:], logs[-2000:])
+    assert "ckpt-" in files, files
 
 
 def test_sigint_to_a_training_container_exits_130(container, volume):

@@ -19,7 +19,7 @@ from test_tensorboard import DevTools  # the image tests' one DevTools client
 pytestmark = pytest.mark.docker
 
 GUIDE = "notebooks/01_policy_and_fit.ipynb"
-TOKEN_HELP = "docker compose logs tfmp | grep 'Jupyter URL'"
+TOKEN_HELP = "docker compose logs tfmp | grep 'Jupyter URL' | tail -n 1"
 LISTING = "[...document.querySelectorAll('.jp-DirListing-itemText')].map(e => e.innerText.trim())"
 NEW_MENU = "document.querySelector('[data-jp-item-name=\"new-dropdown\"] .lm-MenuBar-item')"
 

@@ -186,6 +186,8 @@ def one_line_two_keys(tmp_path_factory) -> str:
     ("token-space", ["-e", "JUPYTER_TOKEN=my token"], "JUPYTER_TOKEN: the Jupyter token may contain only"),
     ("token-quote", ["-e", "JUPYTER_TOKEN=\"quoted-token\""], "JUPYTER_TOKEN: the Jupyter token may contain only"),
     ("token-dollar", ["-e", "JUPYTER_TOKEN=pa$$word123"], "JUPYTER_TOKEN: the Jupyter token may contain only"),
+    ("token-placeholder", ["-e", "JUPYTER_TOKEN=change-me-to-a-long-random-string"],
+     "JUPYTER_TOKEN is .env.example's placeholder, which anyone can read"),
     ("password-two-lines", ["-e", "SSH_PASSWORD=first\nsecond"], "SSH_PASSWORD must be a single line"),
     ("key-file-empty-var", ["-e", "PUBLIC_KEY_FILE="], "PUBLIC_KEY_FILE is set but empty"),
     # Issue 24, item 1: root reads these files at start; in the home tf could make them links.

@@ -171,9 +171,18 @@ PARITY_VARS = ["PATH", "LD_LIBRARY_PATH", "CUDA_VERSION", "NVIDIA_VISIBLE_DEVICE
                "TFMP_WORKSPACE", "TFMP_TEST_USER_VAR", "LANG", *PARITY_VALUES]
 
 
+def _one_of_each(path: str) -> str:
+    """A PATH with each folder once: a login shell's ~/.profile adds ~/.local/bin again when
+    it exists (Debian's), which changes no lookup."""
+    return ":".join(dict.fromkeys(path.split(":")))
+
+
 @pytest.mark.parametrize("shell", ["exec", "login shell"])
 def test_ssh_environment_matches_docker_exec(stack, shell):
     expected = container_env(stack.container)
+    # `docker exec` (root's default here) has the image's PATH; the user's processes have
+    # `pip install --user`'s scripts first (entrypoint.sh, user_path).
+    expected["PATH"] = "/home/tf/.local/bin:" + expected["PATH"]
     assert expected.get("TFMP_TEST_USER_VAR") == "passed-with-dash-e"
     assert {v: expected.get(v) for v in PARITY_VALUES} == PARITY_VALUES
     command = "env -0" if shell == "exec" else "bash -lc 'env -0'"
@@ -181,6 +190,7 @@ def test_ssh_environment_matches_docker_exec(stack, shell):
         status, out, err = ssh_run(client, command)
     assert status == 0, err
     got = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    got["PATH"] = _one_of_each(got.get("PATH", ""))
     diff = {v: (expected.get(v), got.get(v)) for v in PARITY_VARS if expected.get(v) != got.get(v)}
     assert not diff, f"differs over SSH ({shell}): {diff}"
     for secret in ("JUPYTER_TOKEN", "SSH_PASSWORD", "PUBLIC_KEY"):
@@ -207,6 +217,7 @@ def test_ssh_sessions_see_the_environment_of_a_jupyter_kernel(stack):
             status, out, err = ssh_run(client, command)
             assert status == 0, err
             got = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+            got["PATH"] = _one_of_each(got.get("PATH", ""))
             diff = {v: (kernel["env"].get(v), got.get(v)) for v in PARITY_VARS
                     if kernel["env"].get(v) != got.get(v)}
             assert not diff, f"a kernel and SSH ({shell}) differ: {diff}"
@@ -214,6 +225,27 @@ def test_ssh_sessions_see_the_environment_of_a_jupyter_kernel(stack):
         status, out, err = ssh_run(client, python)
     assert status == 0, err
     assert out.strip() == kernel["python"]
+
+
+def test_a_users_own_command_in_local_bin_runs_over_ssh_and_from_a_kernel(stack):
+    """A console script `pip install --user` put in ~/.local/bin runs by its name in
+    `ssh host cmd` and in a kernel's subprocess (`!cmd`), not only in login shells."""
+    make = ("mkdir -p ~/.local/bin && printf '#!/bin/sh\\necho hello-from-local-bin\\n' "
+            ">~/.local/bin/tfmp-qa-hello && chmod +x ~/.local/bin/tfmp-qa-hello")
+    try:
+        with ssh_client(stack) as client:
+            status, _, err = ssh_run(client, make)
+            assert status == 0, err
+            status, out, err = ssh_run(client, "tfmp-qa-hello")
+        assert (status, out.strip()) == (0, "hello-from-local-bin"), err
+        code = ("import subprocess\n"
+                "print(subprocess.run('tfmp-qa-hello', shell=True, capture_output=True, "
+                "text=True).stdout)\n")
+        out, errors = kernel_execute(stack.base_url, stack.token(), code)
+        assert not errors and out.strip() == "hello-from-local-bin", (out, errors)
+    finally:
+        with ssh_client(stack) as client:
+            ssh_run(client, "rm -f ~/.local/bin/tfmp-qa-hello")
 
 
 def test_sftp_session_works_and_writes_as_the_user(stack):

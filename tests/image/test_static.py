@@ -206,6 +206,27 @@ def test_the_docs_variable_table_is_the_parts_environment_blocks():
     assert set(in_parts) == table
 
 
+# Set by others, not by a .env: a JupyterHub spawner (the hub's token), and the container's
+# port, which the compose file publishes as 8888 (JUPYTER_HOST_PORT moves the host's side).
+NOT_FROM_COMPOSE = {"JUPYTERHUB_API_TOKEN", "JUPYTER_PORT"}
+
+
+def test_compose_passes_every_documented_setting_and_every_train_variable():
+    """A setting in .env reaches the container only when the compose file names it: every
+    variable of docs/image.md's table reaches the interactive service, and every `TFMP_`
+    variable train reads (app.core.settings) reaches both services."""
+    yaml = pytest.importorskip("yaml")
+    sys.path.insert(0, str(REPO))
+    from app.core import settings
+
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    table = {n for row in DOCS_ROW.findall((REPO / "docs/image.md").read_text()) for n in row if n}
+    train_vars = {s.env for s in settings.BY_NAME.values() if s.env}
+    assert not (table - NOT_FROM_COMPOSE) - set(services["tfmp"]["environment"])
+    for name in ("tfmp", "train"):
+        assert not train_vars - set(services[name]["environment"]), name
+
+
 def test_serve_parts_carry_no_mode_guard():
     """The phase is the folder (docker/start/always, docker/start/serve), not a guard."""
     for path in (REPO / "docker/start").rglob("*.sh"):

@@ -36,6 +36,8 @@ save_environment() {
   while IFS= read -r -d '' entry; do
     name=${entry%%=*}
     value=${entry#*=}
+    # SSH sessions are the user's: their PATH is the user's (entrypoint.sh, user_path).
+    [[ $name != PATH ]] || value=$(user_path)
     case $name in
       HOME | PWD | OLDPWD | SHLVL | _ | HOSTNAME | USER | LOGNAME | SHELL | MAIL | TERM) continue ;;
     esac

@@ -77,6 +77,9 @@ chown_extra() {
     return 0
   fi
   IFS=',' read -ra list <<<"$CHOWN_EXTRA"
+  # Every folder is judged before any is re-owned: a list refused at its third entry
+  # changes nothing.
+  local reals=()
   for path in "${list[@]}"; do
     path=${path#"${path%%[![:space:]]*}"} path=${path%"${path##*[![:space:]]}"}
     [[ -n $path ]] || continue
@@ -86,11 +89,17 @@ chown_extra() {
     [[ -e $path ]] || fatal "CHOWN_EXTRA: '$path' does not exist in the container (mount it first)"
     real=$(realpath -e -- "$path")
     chown_extra_refuse_user_path "$path" "$real"
-    [[ $real == "${path%/}" || $real == "$path" ]] ||
+    if [[ $real != "${path%/}" && $real != "$path" ]]; then
+      [[ /$path/ != */../* && /$path/ != */./* ]] ||
+        fatal "CHOWN_EXTRA: '$path' holds '.' or '..' (it is '$real'): give the folder's plain path"
       fatal "CHOWN_EXTRA: '$path' goes through a symlink (to '$real'): give the real path"
+    fi
     [[ $real != / ]] || fatal "CHOWN_EXTRA: '/' is refused"
     chown_extra_refuse_above_user_path "$path" "$real"
     chown_extra_refuse_system_path "$path" "$real"
+    reals+=("$real")
+  done
+  for real in "${reals[@]}"; do
     # -h: a link is re-owned itself; -R without -L follows none below.
     chown -h "${opts[@]}" "$NB_UID:$NB_GID" "$real"
     info "CHOWN_EXTRA: $real now belongs to UID $NB_UID, GID $NB_GID${opts[*]:+ (with its contents)}"

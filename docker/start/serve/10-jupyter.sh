@@ -127,6 +127,9 @@ setup_jupyter() {
   # Only the offending characters are shown, never the token.
   [[ $token =~ ^[A-Za-z0-9._~-]+$ ]] ||
     fatal "$source: the Jupyter token may contain only letters, digits and . _ ~ - (it goes into URLs); found: $(shown_chars "${token//[A-Za-z0-9._~-]/}")"
+  # .env.example's placeholder is public: uncommented as it is, anyone could log in.
+  [[ $token != change-me-to-a-long-random-string ]] ||
+    fatal "$source is .env.example's placeholder, which anyone can read: set a token of your own (e.g. the output of \`openssl rand -hex 24\`), or leave it unset for a random one"
   ((${#token} >= 8)) || warn "the Jupyter token is shorter than 8 characters"
   local log_token=${JUPYTER_LOG_TOKEN:-}
   if [[ -z $log_token ]]; then
@@ -187,12 +190,12 @@ start_jupyter() {
     # The spawner's default_url (JUPYTERHUB_DEFAULT_URL), if it set one, wins over JUPYTER_UI.
     local landing=()
     [[ -n ${JUPYTERHUB_DEFAULT_URL:-} ]] || landing=(--ServerApp.default_url="$JUPYTER_LANDING")
-    exec "${USER_CMD[@]}" TFMP_JUPYTER_MODE=jupyterhub "${env[@]}" jupyterhub-singleuser \
+    exec "${USER_CMD[@]}" PATH="$(user_path)" TFMP_JUPYTER_MODE=jupyterhub "${env[@]}" jupyterhub-singleuser \
       "${landing[@]}" "${JUPYTER_ARGS[@]}"
   fi
   # The identity provider on the command line, which outranks every config file: a config
   # of the user's that empties the token cannot turn authentication off (tfmp_token_auth).
-  exec "${USER_CMD[@]}" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" "${env[@]}" jupyter lab --no-browser \
+  exec "${USER_CMD[@]}" PATH="$(user_path)" TFMP_JUPYTER_TOKEN_PATH="$TOKEN_FILE" "${env[@]}" jupyter lab --no-browser \
     --LabApp.default_url="$JUPYTER_LANDING" "${JUPYTER_ARGS[@]}" \
     --ServerApp.identity_provider_class=tfmp_token_auth.TokenFileIdentityProvider
 }
