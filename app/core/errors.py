@@ -19,6 +19,14 @@ class ReportedError(Exception):
     def line(self) -> str:
         return f"error: {self}"
 
+    def _render_traceback_(self) -> list:
+        """What IPython (a notebook's kernel, the ``ipython`` shell) shows for this error in
+        place of its traceback: the one line the command line prints.  The error is the
+        user's input, not a fault of the package, so a traceback through the package's
+        internals only buries the line that says what to change.  Plain Python ignores this
+        method, and ``str()`` stays the line."""
+        return self.line().splitlines()
+
 
 class UsageError(ReportedError):
     """Bad input from the user: printed as ``error: <what>; allowed: <allowed>``.
@@ -84,6 +92,14 @@ class UserCodeError(ReportedError):
     def __init__(self, spec: str, during: str, original: BaseException):
         self.spec, self.during, self.original = spec, during, original
         super().__init__(self.line())
+
+    def _render_traceback_(self) -> list:
+        # As report() prints it: the user's own traceback names their line, then ours.
+        import traceback
+
+        lines = traceback.format_exception(type(self.original), self.original,
+                                           self.original.__traceback__)
+        return "".join(lines).splitlines() + self.line().splitlines()
 
     def line(self) -> str:
         first = (str(self.original).strip().splitlines() or [""])[0][:200]

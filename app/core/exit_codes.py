@@ -9,6 +9,7 @@ EXIT_PEER_LOST = 4     # multi-worker: another worker stopped; restart them all 
 EXIT_OUTPUT_FAULT = 5  # the outputs could not be written (disk full, read-only, quota)
 EXIT_SIGINT = 130      # 128 + SIGINT: Ctrl-C; a checkpoint was saved (unless sent twice)
 EXIT_SIGTERM = 143     # 128 + SIGTERM, what a shell reports for a job killed by `docker stop`
+EXIT_SIGPIPE = 141     # 128 + SIGPIPE: stdout's reader left early (`tfmp notebooks | head -1`)
 
 MEANINGS = {
     EXIT_OK: "completed",
@@ -21,6 +22,7 @@ MEANINGS = {
                  "newest kept), --resume continues",
     EXIT_SIGTERM: "stopped by SIGTERM (docker stop); a checkpoint was saved (twice: stopped at "
                   "once, the newest kept), --resume continues",
+    EXIT_SIGPIPE: "the program reading the output stopped reading (a pipe into head)",
 }
 
 
