@@ -34,6 +34,14 @@ _TRAIN_KEYWORDS = ("model", "data", "dataset", "on_step")
 _PATHS = ("workspace", "output", "data_dir", "image_dir", "tuned")
 
 
+def _warn_of_misspelled_variables() -> None:
+    """A TFMP_ variable set in the kernel's environment that is a misspelling of one train
+    reads (TFMP_EPOCHS) is one warning line, once per process, as on the command line."""
+    from app.core import variables
+
+    variables.warn_of_misspellings()
+
+
 def _no_namesakes() -> None:
     """A notebook's folder comes first on its kernel's import path, as the current one does
     for ``python -m app``: a glob.py there, imported by TensorFlow in its module's place,
@@ -136,6 +144,7 @@ def train(model: Any = "mlp", data: Any = None, *, precision: Optional[str] = No
     from app.training.job import train as run_training
 
     _no_namesakes()
+    _warn_of_misspelled_variables()
     if on_step is not None and not callable(on_step):
         raise UsageError(f"on_step is not a function. Received: on_step={on_step!r} "
                          f"({type(on_step).__name__})",
@@ -151,6 +160,7 @@ def check(model: Any, data: Any = None, **settings) -> dict:
     from app.doctor.check import check as run_check
 
     _no_namesakes()
+    _warn_of_misspelled_variables()
     data = _data_of(data, settings, None)
     _known_keywords(run_check, dict(settings, model=model, data=data), "check")
     return run_check(model=_path_or_value(model), data=_path_or_value(data), **settings)
@@ -158,6 +168,7 @@ def check(model: Any, data: Any = None, **settings) -> dict:
 
 @functools.wraps(_tune)
 def tune(*args, **kwargs) -> dict:
+    _warn_of_misspelled_variables()
     _known_keywords(_tune, kwargs, "tune")
     return _tune(*map(_path_or_value, args),
                  **{k: _path_or_value(v) for k, v in kwargs.items()})

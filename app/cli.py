@@ -8,17 +8,21 @@ import sys
 import threading
 from typing import Sequence
 
+from app import __version__
 from app.commands import COMMANDS
-from app.core import shadowing
+from app.core import shadowing, variables
 from app.core.args import OneLineParser
 from app.core.errors import ReportedError, report
-from app.core.exit_codes import EXIT_SIGINT
+from app.core.exit_codes import EXIT_SIGINT, EXIT_SIGPIPE
 from app.core.signals import SecondSignalExits, interrupts_outside_tensorflow
 
 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="tfmp",
                            description="Mixed-precision TensorFlow training.")
+    # app.__version__, not the installed distribution's metadata: the image runs the package
+    # from /opt/tfmp/src without installing it (tests check it is pyproject.toml's).
+    parser.add_argument("--version", action="version", version=f"tfmp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     parser.commands = {}
@@ -31,6 +35,23 @@ def build_parser() -> OneLineParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """stdout's reader stopped reading (``tfmp notebooks | head -1``): end quietly, as
+    coreutils do, with a shell's status for a process SIGPIPE ended (Python ignores SIGPIPE,
+    so the write raised instead).  stdout goes to /dev/null first: Python flushes it once
+    more at exit, and that would print "Exception ignored ... BrokenPipeError"."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     # Quiet TensorFlow's C++ start-up chatter unless the user asked for it; must be set
     # before TensorFlow is imported (the commands import it lazily).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -43,7 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _second_signal_exits(), interrupts_outside_tensorflow():
             shadowing.refuse_namesakes(shadowing.user_folder())
-            return int(args._run(args))
+            variables.warn_of_misspellings()   # a misspelled setting trained the default
+            status = int(args._run(args))
+            sys.stdout.flush()   # the last output out here, where main sees a closed pipe
+            return status
     except ReportedError as exc:
         return report(exc)
     except KeyboardInterrupt:
@@ -78,6 +102,6 @@ def _command_first(parser: OneLineParser, argv: list) -> None:
     for arg in argv:
         if not arg.startswith("-"):
             return
-        if arg not in ("-h", "--help"):
+        if arg not in ("-h", "--help", "--version"):
             parser.error(f"{arg.split('=')[0]} comes before the command; allowed: "
                          f"tfmp COMMAND [FLAGS], the command one of {', '.join(parser.commands)}")

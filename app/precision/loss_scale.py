@@ -79,6 +79,19 @@ def current_loss_scale(opt):
     return tf.cast(opt.loss_scale, tf.float32)
 
 
+def set_loss_scale(opt, value: float) -> None:
+    """Set a dynamic LossScaleOptimizer's scale to ``value`` and its count of finite steps
+    to 0 (as a step that changed the scale leaves it): the sentinel puts back the scale a
+    faulty step ran with, which the poisoned steps after it halved
+    (``app.training.sentinel``).  Between steps, outside any tf.function."""
+    if IS_KERAS3:
+        scale, counter = opt.dynamic_scale, opt.step_counter
+    else:   # Keras 2: the scale's variable lives in its dynamic loss-scale state
+        scale, counter = opt._loss_scale.current_loss_scale, opt.dynamic_counter
+    scale.assign(tf.cast(value, scale.dtype))
+    counter.assign(tf.zeros_like(tf.convert_to_tensor(counter)))
+
+
 def multi_replica_context():
     """The replica context when several replicas train in sync, else None."""
     ctx = tf.distribute.get_replica_context()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -59,6 +60,18 @@ class StopFlag:
     def check(self):
         if self.signum is not None:
             raise TrainingInterrupted(self.signum)
+
+
+def resume_advice(output: str, output_given: bool, command_line: bool) -> str:
+    """How to continue an interrupted run, in the words of what started it: ``tfmp train``
+    takes ``--resume``, ``app.train`` (a notebook, a script) the keyword ``resume=True``.
+    A run folder the user did not name (its time is in it) is named: ``--resume`` without
+    ``--output`` has no run to continue."""
+    if command_line:
+        folder = "" if output_given else f" --output {shlex.quote(output)}"
+        return f"run the same command with --resume{folder} to finish"
+    folder = "" if output_given else f", output={output!r}"
+    return f"call app.train again with the same arguments and resume=True{folder} to finish"
 
 
 def forced_stop_line(signum: int, output: str | None) -> str:

@@ -42,7 +42,7 @@ from app.core.catalog import MIN_UPDATES_PER_EPOCH
 from app.core.errors import (MixedPrecisionClash, NumericsFault, PrecisionUnsupported,
                              TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
                              unprefixed)
-from app.training.interrupts import StopFlag, signal_handlers
+from app.training.interrupts import StopFlag, resume_advice, signal_handlers
 from app.training.monitor import StepMonitor
 from app.training import accumulate
 from app.training.accumulate import Accumulator
@@ -428,7 +428,10 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                     # Another run may have finished here since prepare() looked.
                     check_holds_no_run(run.output)
             recorder.open()
-            _train_and_save(run, parts, recorder, monitor, loop, start, skip)
+            # Only the command line has a second signal end the process: its runs are told
+            # to rerun with --resume, app.train's with resume=True.
+            _train_and_save(run, parts, recorder, monitor, loop, start, skip,
+                            command_line=repeat_signal_exits)
     return metrics
 
 
@@ -501,7 +504,7 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     previous_steps = continue_metrics(metrics, run.previous, start, step)
     skip = 0 if run.dist.multi_worker else accumulate.trained_in_epoch(run, start, step)
     if not skip and not run.dist.multi_worker:
-        _say_a_cut_epoch_starts_over(metrics["epochs"], start, step)
+        _say_a_cut_epoch_starts_over(metrics["epochs"], start, step, _resized(run))
     if parts.accumulator is not None:
         parts.accumulator.start_at(skip)
     cfg = run.config
@@ -527,16 +530,39 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     return start, skip, previous_steps
 
 
-def _say_a_cut_epoch_starts_over(epochs: list, start: int, step: int) -> None:
-    """A checkpoint saved inside epoch ``start + 1`` whose batches this run cannot count
-    (another --batch-size or --accumulate): that epoch trains from its first batch again.
-    Said, where it was silent; the weights keep what those batches taught them."""
+def _resized(run: Prepared) -> bool:
+    """Does this run count an epoch's batches otherwise than the run it continues (another
+    --batch-size or --accumulate)?  Unknown (an older metrics.json): assumed so."""
+    previous = run.previous or {}
+    then = previous.get("accumulation")
+    if isinstance(then, dict):
+        return (then.get("micro_batch"), then.get("accumulate")) != (
+            run.dist.global_batch, run.config.accumulate or 1)
+    batch = (previous.get("config") or {}).get("batch_size")
+    return batch is None or batch != run.config.batch_size
+
+
+def _say_a_cut_epoch_starts_over(epochs: list, start: int, step: int,
+                                 resized: bool = True) -> None:
+    """A checkpoint saved inside epoch ``start + 1`` whose batches this run cannot count:
+    that epoch trains from its first batch again.  Said, where it was silent; the weights
+    keep what those batches taught them.  ``resized``: another --batch-size or
+    --accumulate is why; else the checkpoint came after the epoch's last batch and before
+    its end was recorded (a signal then), and that is what is said (a sentinel fault's
+    checkpoint is never one: it holds the step before the fault)."""
     ended = epochs[start - 1].get("steps") if 0 < start <= len(epochs) else 0
-    if isinstance(ended, int) and step > ended:
+    if not (isinstance(ended, int) and step > ended):
+        return
+    if resized:
         print(f"note: the checkpoint was saved {step - ended} step(s) into epoch {start + 1}, "
               "at the batch size the run had then; at this run's batch size that epoch "
               "starts over from its first batch (the weights keep what those steps "
               "taught them)", file=sys.stderr, flush=True)
+    else:
+        print(f"note: the checkpoint was saved after the last of epoch {start + 1}'s "
+              f"{step - ended} step(s), before the epoch was recorded; it trains again from "
+              "its first batch (the weights keep what those steps taught them)",
+              file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -553,7 +579,8 @@ def _output_faults_described(recorder: Recorder):
 
 
 def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
-                    monitor: StepMonitor, loop: str, start: int, skip: int = 0):
+                    monitor: StepMonitor, loop: str, start: int, skip: int = 0, *,
+                    command_line: bool):
     """The loop and the final model; the run's end goes into metrics.json."""
     cfg = run.config
     try:
@@ -577,13 +604,21 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
     except TrainingInterrupted as exc:
         done = len(recorder.metrics["epochs"])
         path = parts.checkpointer.save(done, int(parts.stats.steps.numpy()))
-        recorder.metrics.update(status="interrupted", signal=exc.signum)
-        print(f"interrupted: checkpoint {path} saved after {done} completed epoch(s); run "
-              "the same command with --resume to finish", file=sys.stderr, flush=True)
+        # metrics.json says so before the line announcing the checkpoint: a second
+        # signal right after the first ends the process at once, and left "running"
+        # beside a saved checkpoint.
+        recorder.finish("interrupted", signal=exc.signum)
+        advice = resume_advice(run.output, "output" in cfg.given, command_line)
+        print(f"interrupted: checkpoint {path} saved after {done} completed epoch(s); "
+              f"{advice}", file=sys.stderr, flush=True)
     except NumericsFault as exc:
         # The state that failed is kept (no faulty update landed): --resume after the fix.
-        path = parts.checkpointer.save(len(recorder.metrics["epochs"]),
-                                       int(parts.stats.steps.numpy()))
+        # The steps after the fault, until the loop noticed it, trained nothing but counted
+        # and (loss scaling) lowered the scale: rewound to the state the faulty step began
+        # from, so the resume trains again from its batch at the scale it had.
+        step = (parts.sentinel.rewind(parts.optimizer) if parts.sentinel is not None
+                else int(parts.stats.steps.numpy()))
+        path = parts.checkpointer.save(len(recorder.metrics["epochs"]), step)
         monitor.watch.report(exc.fault, recorder.metrics, epoch=monitor.epoch + 1,
                              loss_spec=str(run.task.describe().get("loss")), checkpoint=path,
                              fallback=DIAGNOSIS)

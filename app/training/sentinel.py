@@ -10,17 +10,23 @@ behind one pivot that is dead unless the test passed (``_gated``; in ``Model.fit
 a ``tf.cond``, which measured faster there), and a ``tf.cond`` for the fault's branch.
 Nothing else runs on an ordinary step:
 on a CPU each scalar op costs microseconds, and what the fault was is worked out in its
-branch.  Under loss scaling: a scalar test of the loss, and nothing more than the
-optimizer's own check (a faulty step is handed to it poisoned, so it skips it).  Several
+branch.  Under loss scaling: a scalar test of the loss, a read of the optimizer's step
+count (for ``rewind``), and nothing more than the optimizer's own check (a faulty step is handed to it poisoned, so it skips it).  Several
 replicas agree in one all-reduce a step (the gradients and the loss together).  No
 ``check_numerics`` ops: they break XLA.
 
-The latch (``fault``: the step, the code of ``app.numerics.rules`` and the loss scale, one
-variable written by one assign) is set at the step:
+The latch (``fault``: the step, the code of ``app.numerics.rules``, the loss scale and the
+optimizer's step count before the step, one variable written by one assign) is set at the
+step:
 * the loss is not finite (forward);
 * without loss scaling, a gradient is not finite;
 * under loss scaling, ``rules.FLOOR_PATIENCE`` steps in a row skipped at the floor.
-From then on every update is skipped; the monitor reads the latch between steps.
+From then on every update is skipped; the monitor reads the latch between steps.  The
+steps that run before it does (up to ``--log-every`` in the custom loop, a poll's worth in
+fit) still count, and under loss scaling each is handed to the optimizer poisoned, which
+lowers the scale: ``rewind`` puts the step count, the scale and the optimizer's iterations
+back to what they were before the faulty step, so the checkpoint saved at the fault holds
+the state that failed and a ``--resume`` after the fix trains from it.
 
 The batch is stashed at the fault only, in a branch an ordinary step does not take (a
 cond taken when the update is not, without loss scaling; under loss scaling a cond at the
@@ -55,10 +61,11 @@ class SentinelState:
 
     def __init__(self, stats, element_spec, local_replicas: int = 1, batch_size: int = 0):
         self.stats = stats
-        # (step, code, the loss scale's float32 bits, and under --accumulate the faulty
-        # micro-batch's place in its epoch, else -1): one variable, so a reader in another
+        # (step, code, the loss scale's float32 bits, under --accumulate the faulty
+        # micro-batch's place in its epoch, else -1, and under loss scaling the optimizer's
+        # iterations before the step, else -1): one variable, so a reader in another
         # thread (fit's poll) never sees a code without the rest.
-        self.fault = tf.Variable(tf.constant([-1, 0, _scale_bits(1.0), -1], tf.int64),
+        self.fault = tf.Variable(tf.constant([-1, 0, _scale_bits(1.0), -1, -1], tf.int64),
                                  trainable=False, name="sentinel_fault")
         # 0, or NaN once a fault is latched: the unscaled guard adds it to its sum of the
         # gradients, so after a fault no update is applied, for no op of its own.
@@ -71,7 +78,7 @@ class SentinelState:
     # ---- read from Python, between steps ------------------------------------------------
     def counters(self) -> rules.Counters:
         st = self.stats
-        fault_step, code, scale, _ = (int(v) for v in self.fault.numpy())
+        fault_step, code, scale, _, _ = (int(v) for v in self.fault.numpy())
         return rules.Counters(
             step=int(st.steps.numpy()), fault_step=fault_step, fault_code=code,
             fault_scale=_scale_of(scale), run_start=int(self.run_start.numpy()),
@@ -83,6 +90,26 @@ class SentinelState:
     def fault_micro_batch(self) -> int:
         """Under --accumulate, the faulty micro-batch's place in its epoch; else -1."""
         return int(self.fault.numpy()[3])
+
+    def rewind(self, opt) -> int:
+        """After a latched fault, before the checkpoint is saved: undo what the steps
+        that ran from the faulty one on did to the counters, and return the step count to
+        save.  Their updates never landed (``halt``, or under loss scaling the poisoned
+        gradients), but each counted a step, and under loss scaling each lowered the scale
+        (Keras 2's also counted an optimizer iteration).  Back to the state the faulty
+        step started from: the step count before it, the loss scale it ran with (latched:
+        ``before``) and the optimizer's iterations then; a ``--resume`` after the fix
+        trains the failing batch again, at a scale that can train.  No latch (a rule's
+        fault, a weight): the counters as they are."""
+        step, code, scale, _, iterations = (int(v) for v in self.fault.numpy())
+        if code <= 0 or step < 1:
+            return int(self.stats.steps.numpy())
+        self.stats.steps.assign(step - 1)
+        if loss_scale.is_loss_scaled(opt):
+            loss_scale.set_loss_scale(opt, _scale_of(scale))
+        if iterations >= 0:
+            opt.iterations.assign(iterations)
+        return step - 1
 
     def batches(self) -> list:
         """The stashed batch of each local replica, as the dataset's structure."""
@@ -108,12 +135,14 @@ class SentinelState:
         return _guard_unscaled(self, grads, loss, batch, apply, accumulated, position,
                                pivot=pivot and getattr(opt, "built", True))
 
-    def _latch(self, code, step, scale, position):
+    def _latch(self, code, step, scale, position, iterations=None):
         """The latch's write for the stash's branch: the first replica's, after its stash.
-        ``code`` and ``step``: functions giving them, called inside the branch."""
+        ``code`` and ``step``: functions giving them, called inside the branch;
+        ``iterations``: the optimizer's before the step (under loss scaling), or None."""
         if _replica_index() != 0:
             return None
-        return lambda: _write_fault(self.fault, self.halt, code(), step(), scale, position)
+        return lambda: _write_fault(self.fault, self.halt, code(), step(), scale, position,
+                                    iterations)
 
     def _floor_run(self, at_floor, update=None):
         """Updates in a row skipped at the floor, this one counted (a micro-batch that did
@@ -139,6 +168,8 @@ def _guard_scaled(state: SentinelState, opt, grads, loss, batch, apply, accumula
     loss_ok = tf.constant(True) if loss is None else loss_scale.agreed(_finite(loss))
     step = state.stats.steps + 1
     before = loss_scale.current_loss_scale(opt)
+    # Read before the update, as ``before`` is (the latch keeps both for ``rewind``).
+    iterations = tf.identity(opt.iterations)
     grads = loss_scale.poisoned(grads, tf.logical_or(latched, tf.logical_not(loss_ok)))
     skipped, update = apply(grads, None) if accumulated else (apply(grads), None)
     at_floor = tf.logical_and(skipped, before <= rules.FLOOR)
@@ -151,7 +182,7 @@ def _guard_scaled(state: SentinelState, opt, grads, loss, batch, apply, accumula
         suspect = tf.logical_or(tf.logical_not(loss_ok), skipped)
         _cond(tf.logical_and(tf.logical_not(latched), suspect), state.stash.writer(
             _replica_index(), batch,
-            then=state._latch(lambda: code, lambda: step, before, position)))
+            then=state._latch(lambda: code, lambda: step, before, position, iterations)))
     return grads, skipped, update
 
 
@@ -199,14 +230,16 @@ def _guard_unscaled(state: SentinelState, grads, loss, batch, apply, accumulated
     return grads, None, update
 
 
-def _write_fault(fault, halt, code, step, scale, position=None) -> None:
-    """A new fault (``code`` > 0) into the latch ``fault``: its step, code, scale and
-    micro-batch position, in one assign (one variable: a reader in another thread never
+def _write_fault(fault, halt, code, step, scale, position=None, iterations=None) -> None:
+    """A new fault (``code`` > 0) into the latch ``fault``: its step, code, scale,
+    micro-batch position and the optimizer's iterations before it, in one assign (one variable: a reader in another thread never
     sees a code without the rest); ``halt`` becomes NaN, which stops every update after
     it.  Run by the first replica, after its stash, in the branch only a suspect step
     takes."""
     micro = tf.constant(-1, tf.int64) if position is None else tf.cast(position, tf.int64)
-    value = tf.stack([step, code, _scale_bits(scale), micro])
+    iters = (tf.constant(-1, tf.int64) if iterations is None
+             else tf.cast(iterations, tf.int64))
+    value = tf.stack([step, code, _scale_bits(scale), micro, iters])
     new = code > 0
     with tf.control_dependencies([fault.assign(tf.where(new, value, fault), read_value=False)]):
         halt.assign(tf.where(new, float("nan"), halt), read_value=False)

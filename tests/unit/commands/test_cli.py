@@ -1,11 +1,13 @@
 """The command line as a user meets it: subprocesses, exit statuses, one-line errors."""
 import json
 import os
+import re
 import subprocess
+import sys
 
 import pytest
 
-from tests.paths import USER_MODELS
+from tests.paths import ROOT, USER_MODELS
 from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app, start_app
 
 DATASETS = os.path.join(USER_MODELS, "datasets.py")
@@ -387,3 +389,30 @@ def test_tune_refuses_a_bad_variable_as_train_does(tmp_path, variable, value, wo
                                         if line.strip()][-1:]
     assert error_lines(proc.stderr)[0].startswith(words), proc.stderr[-2000:]
     assert not (tmp_path / "t").exists()
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """``tfmp notebooks | head -1`` printed a BrokenPipeError traceback (a QA pass): the
+    reader here has gone before the first line, as head has once it read its lines."""
+    from tests.unit.helpers import app_env
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "app", "notebooks"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120, env=app_env())
+    finally:
+        os.close(write_end)
+    assert proc.returncode in (0, 141), proc.stderr
+    assert proc.stderr == ""
+
+
+def test_version_prints_the_packages_version():
+    """It said "error: --version comes before the command" (a QA pass)."""
+    import app
+
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    [version] = re.findall(r'(?m)^version = "([^"]+)"', pyproject)
+    assert app.__version__ == version   # the version tfmp reports is the package's
+    proc = run_app("--version")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"tfmp {version}\n", "")

@@ -161,3 +161,57 @@ def test_a_stuck_check_step_is_ended_by_a_second_ctrl_c(tmp_path):
     assert lines == ["received signal 2: stopping (send it again to stop at once)",
                      "received signal 2 again: stopping now"], err[-3000:]
     assert "Traceback" not in err
+
+
+SMALL_RUN = dict(model="mlp", precision="float32", epochs=2, batch_size=32,
+                 max_train_samples=512, max_val_samples=128, log_every=4, progress="lines",
+                 offline=True, save_model=False)
+
+
+def _interrupt_at_step_4(row):
+    """A notebook's Interrupt (SIGINT to the kernel), or Ctrl-C, inside epoch 1."""
+    if row["step"] == 4:
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def _interrupted_line(stderr: str) -> str:
+    [line] = [ln for ln in stderr.splitlines() if ln.startswith("interrupted: checkpoint")]
+    return line
+
+
+@pytest.mark.parametrize("output_given", [True, False], ids=["output", "default folder"])
+def test_app_train_interrupted_says_resume_true_not_the_flag(tmp_path, capsys, output_given):
+    """From Python the advice was "run the same command with --resume" (a QA pass): the
+    API's form is resume=True in the same call, with the output when the run chose it."""
+    import app
+
+    settings = dict(SMALL_RUN, workspace=str(tmp_path / "ws"))
+    if output_given:
+        settings["output"] = str(tmp_path / "run")
+    metrics = app.train(data="synthetic", on_step=_interrupt_at_step_4, **settings)
+    assert metrics["status"] == "interrupted"
+    line = _interrupted_line(capsys.readouterr().err)
+    folder = "" if output_given else f", output={metrics['config']['output']!r}"
+    assert line.split("; ", 1)[1] == ("call app.train again with the same arguments and "
+                                      f"resume=True{folder} to finish"), line
+    if not output_given:   # the advice works: the same call with it finishes the run
+        settings.update(output=metrics["config"]["output"], resume=True)
+        assert app.train(data="synthetic", **settings)["status"] == "completed"
+
+
+@pytest.mark.parametrize("output_given", [True, False], ids=["output", "default folder"])
+def test_tfmp_train_interrupted_says_the_flag(tmp_path, capsys, output_given):
+    """``tfmp train``'s own call into training (app/commands/train.py), signalled inside
+    epoch 1: the advice is the flag, and the folder when the run named it itself."""
+    from app.training.config import resolve_config
+    from app.training.job import train
+
+    flags = dict(SMALL_RUN, dataset="synthetic", workspace=str(tmp_path / "ws"))
+    if output_given:
+        flags["output"] = str(tmp_path / "run")
+    metrics = train(resolve_config(flags, {}), on_step=_interrupt_at_step_4,
+                    repeat_signal_exits=True)
+    assert metrics["status"] == "interrupted"
+    line = _interrupted_line(capsys.readouterr().err)
+    folder = "" if output_given else f" --output {metrics['config']['output']}"
+    assert line.split("; ", 1)[1] == f"run the same command with --resume{folder} to finish", line

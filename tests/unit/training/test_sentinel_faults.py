@@ -504,3 +504,116 @@ def test_resume_with_the_flag_the_sentinel_printed_finishes_the_run(tmp_path):
     assert again["status"] == "completed", again.get("diagnosis")
     assert again["numerics"]["fault"] is None
     assert again["numerics"]["headroom"]["amplify"]["dtype"] == "float32"
+
+
+# ---- the checkpoint at a fault, and the resume from it -----------------------------------
+
+class Spike(tf.keras.layers.Layer):
+    """``x * f / f`` with ``f = exp(c)``, ``c`` growing by 0.5 a training call up to 11.5:
+    the identity in float32, but in float16 ``f`` passes 65504 at the 23rd call (and the
+    product sooner, where |x| > 1), so the forward pass goes non-finite a score of steps in.
+    In float32 (``--float32-layers spike``) the model is a plain MLP that learns."""
+
+    def build(self, shape):
+        self.c = self.add_weight(name="c", shape=(), trainable=False,
+                                 initializer=tf.keras.initializers.Constant(0.0))
+
+    def call(self, x, training=None):
+        if training:
+            self.c.assign(tf.minimum(tf.cast(self.c, tf.float32) + 0.5, 11.5))
+        f = tf.cast(tf.exp(tf.cast(self.c, tf.float32)), x.dtype)
+        return (x * f) / f
+
+
+def _classes(n, seed):
+    """Three Gaussian classes in 8 features, scaled by 5: easy to learn."""
+    centers = np.random.default_rng(0).normal(size=(3, FEATURES)).astype("float32")
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n).astype("int32")
+    x = (centers[y] + 0.3 * rng.normal(size=(n, FEATURES))).astype("float32") * 5
+    return x, y
+
+
+def _checkpoint_state(path) -> dict:
+    """The step, loss scale and optimizer iterations a checkpoint holds (Keras 2 and 3 name
+    them differently: Keras 2 ``loss_scale/current_loss_scale`` and ``iter``, Keras 3
+    ``dynamic_scale`` and ``inner_optimizer/_iterations``)."""
+    names = [name for name, _ in tf.train.list_variables(path)]
+
+    def value(name):
+        return tf.train.load_variable(path, name)
+    scale = [value(n) for n in names if n.startswith("optimizer/") and
+             ("current_loss_scale" in n or "dynamic_scale" in n)]
+    iterations = [int(value(n)) for n in names if n.startswith("optimizer/") and
+                  (n.endswith("/iter/.ATTRIBUTES/VARIABLE_VALUE") or
+                   n.endswith("/_iterations/.ATTRIBUTES/VARIABLE_VALUE"))]
+    assert len(scale) == 1 and iterations, names
+    return {"step": int(value("step/.ATTRIBUTES/VARIABLE_VALUE")), "scale": float(scale[0]),
+            "iterations": max(iterations)}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_checkpoint_at_a_fault_holds_the_state_before_it_and_the_resume_trains(
+        tmp_path, loop, capsys):
+    """The monitor notices the latch a while after the fault (the custom loop at its next
+    check, here the epoch's end; fit at its next poll); the steps in between counted and,
+    handed to the LossScaleOptimizer poisoned, halved its scale each time (Keras 3 took it
+    to 1e-26 in a longer run, and the resume then trained nothing).  The checkpoint holds
+    the state the faulty step began from: the step count before it, the scale it ran with,
+    the optimizer's iterations then; the resume with the report's flag trains from the
+    failing batch on, at that scale, and says nothing of an epoch starting over."""
+    build = _model(_dense(name="d1"), _dense(name="d2"), lambda: Spike(name="spike"))
+    data = (_classes(768, 1), _classes(192, 2))   # 48 steps an epoch
+    # log_every 1000: the custom loop checks at the epoch's end only; fit logs every step
+    # (its poll notices the latch within 0.25 s, a few steps after the fault at most in
+    # the image, dozens on the host).
+    m = _train(tmp_path, build, data, loop, log_every=1 if loop == "fit" else 1000)
+    f = _fault(m)
+    step = f["step"]
+    assert f["kind"] == "forward" and f["flag"] == "--float32-layers spike" and step < 48, f
+    if loop == "custom":
+        assert m["steps"] == [], m["steps"]   # nothing logged: the steps ran on to step 48
+    state = _checkpoint_state(m["numerics"]["checkpoint"])
+    assert state["step"] == step - 1, (step, state)
+    # The scale the failing step ran with: fit's log row of the step before it says which
+    # (Keras 2 skips a few of the first steps, 32768 -> 8192; Keras 3 none); the ~30
+    # poisoned steps after it took Keras 2's to its floor, 1, and Keras 3's to 1e-5.
+    before = [r["loss_scale"] for r in m["steps"] if r["step"] == step - 1]
+    assert before in ([], [state["scale"]]) and 2.0 ** 10 <= state["scale"] <= 2.0 ** 15, \
+        (m["steps"], state)
+    # Keras 2 counts a skipped step as an iteration, Keras 3 does not.
+    assert 0 < state["iterations"] <= step - 1, (step, state)
+    capsys.readouterr()
+
+    again = _train(tmp_path, build, data, loop, resume=True, float32_layers=f["layers"])
+    err = capsys.readouterr().err
+    assert again["status"] == "completed", again.get("diagnosis")
+    assert f"after {step - 1} batch(es) of epoch 1" in err, err
+    assert "starts over" not in err, err
+    assert again["numerics"]["fault"] is None and again["numerics"]["skipped_steps"] == 0
+    # It trains: every step applied at the scale the fault had, the loss falls, and the
+    # three classes are told apart.
+    rows = [r for r in again["steps"] if r["step"] >= step]   # the resume's own
+    assert rows[0]["step"] < step + 4 and rows[-1]["step"] == 96, rows
+    assert {r["loss_scale"] for r in rows} == {state["scale"]}, rows
+    assert all(r["grad_norm"] > 0 for r in rows), rows
+    assert rows[-1]["loss"] < rows[0]["loss"] / 2, rows
+    assert again["epochs"][-1]["val_accuracy"] >= 0.95, again["epochs"]
+
+
+def test_the_epoch_starts_over_note_blames_the_batch_size_only_when_it_changed(capsys):
+    """``_say_a_cut_epoch_starts_over``: a checkpoint past the batches this run can count.
+    The note said "at the batch size the run had then" after a fault whose checkpoint held
+    a later step (the QA pass), though the batch size had not changed; with the same batch
+    size such a checkpoint is one saved after an epoch's last batch, before its record."""
+    from app.training.job import _say_a_cut_epoch_starts_over
+
+    epochs = [{"epoch": 1, "steps": 48}]
+    _say_a_cut_epoch_starts_over(epochs, 1, 96, resized=False)
+    same = capsys.readouterr().err
+    assert "batch size" not in same and "after the last of epoch 2's 48 step(s)" in same, same
+    _say_a_cut_epoch_starts_over(epochs, 1, 64, resized=True)
+    assert "16 step(s) into epoch 2, at the batch size the run had then" in \
+        capsys.readouterr().err
+    _say_a_cut_epoch_starts_over(epochs, 1, 48, resized=False)   # at the epoch's end: nothing
+    assert capsys.readouterr().err == ""
