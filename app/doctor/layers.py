@@ -111,7 +111,7 @@ def dtype_findings(model, entries, rows, policy: str, model_outputs,
                 f"(dtype='{policy if mixed else 'mixed_float16'}' or no dtype at all): float32 "
                 "variables, 16-bit math"))
     if mixed:
-        findings += _float32_layers(entries, computing, by_path, policy, chosen)
+        findings += _float32_layers(entries, computing, by_path, policy, chosen, model)
         upcasting = [p for p, l, _ in computing if by_path[p]["compute_dtype"] in SIXTEEN_BIT
                      and by_path[p]["output_dtype"] == "float32" and not _is_cast(l)]
         for path in upcasting:
@@ -170,7 +170,8 @@ def _with_flag(findings: List[Finding], paths) -> List[Finding]:
     return findings
 
 
-def _float32_layers(entries, computing, by_path, policy, chosen=()) -> List[Finding]:
+def _float32_layers(entries, computing, by_path, policy, chosen=(),
+                    model=None) -> List[Finding]:
     findings: List[Finding] = []
     asked = [p for p, _l, _par in computing
              if any(p == c or p.startswith(c + "/") for c in chosen)]
@@ -182,7 +183,9 @@ def _float32_layers(entries, computing, by_path, policy, chosen=()) -> List[Find
     f32 = [(p, l, parent) for p, l, parent in computing if by_path[p]["compute_dtype"] == "float32"]
     if not f32:
         return findings
-    if len(f32) == len(computing):
+    # Made under the policy (the model's own policy is the mixed one), its float32 layers
+    # were given float32 on purpose: each is named below, not "built before the policy".
+    if len(f32) == len(computing) and _policy_name(model) != policy:
         findings.append(Finding(
             WARNING, "float32_layer", None,
             f"every layer computes in float32 although the policy is {policy}: the model "

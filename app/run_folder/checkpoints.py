@@ -153,9 +153,12 @@ def has_checkpoint(output: str) -> bool:
     return newest_complete(os.path.join(output, CHECKPOINT_DIR)) is not None
 
 
-# save_final_model's names before the rename: Keras 2's SavedModel folder, Keras 3's file.
+# save_final_model's names before the rename: Keras 2's SavedModel folder, Keras 3's file,
+# and Keras 3's weights file for a model it cannot save whole.
 PARTIAL_SAVEDMODEL, PARTIAL_KERAS_FILE = ".model.tmp", ".model.tmp.keras"
-PARTIAL_MODELS = (PARTIAL_SAVEDMODEL, PARTIAL_KERAS_FILE)
+PARTIAL_WEIGHTS_FILE = ".model.tmp.weights.h5"
+PARTIAL_MODELS = (PARTIAL_SAVEDMODEL, PARTIAL_KERAS_FILE, PARTIAL_WEIGHTS_FILE)
+FINAL_WEIGHTS = "model.weights.h5"
 
 
 def remove_partial_model(output: str) -> None:
@@ -172,11 +175,20 @@ def remove_partial_model(output: str) -> None:
 
 def save_final_model(model, output: str) -> str:
     """Save in the running Keras' native format: ``model.keras`` on Keras 3, a SavedModel
-    folder ``model/`` on Keras 2.  Written under a temporary name, then renamed."""
+    folder ``model/`` on Keras 2.  Written under a temporary name, then renamed.  Keras 3
+    saves a subclassed model whose ``__init__`` takes arguments only with a ``get_config()``:
+    without one, the weights (``model.weights.h5``) and one line saying so."""
     if IS_KERAS3:
         final = os.path.join(output, "model.keras")
         tmp = os.path.join(output, PARTIAL_KERAS_FILE)
-        model.save(tmp)
+        try:
+            model.save(tmp)
+        except NotImplementedError as exc:
+            if "get_config" not in str(exc):
+                raise
+            with contextlib.suppress(OSError):
+                os.remove(tmp)   # ours: the archive Keras began
+            return _save_final_weights(model, output)
         os.replace(tmp, final)
         return final
     final = os.path.join(output, "model")
@@ -188,6 +200,23 @@ def save_final_model(model, output: str) -> str:
     if os.path.exists(final):
         shutil.rmtree(final)
     os.replace(tmp, final)
+    return final
+
+
+def _save_final_weights(model, output: str) -> str:
+    """The final model's weights, for a model Keras 3 cannot save whole (a subclassed model
+    whose ``__init__`` takes arguments and that has no ``get_config()``)."""
+    # Replaced when there, as model.keras is: a folder that held it before the run's first
+    # write was refused (job._RUN_NAMES), so it is this run's own, from an earlier save.
+    final = os.path.join(output, FINAL_WEIGHTS)
+    tmp = os.path.join(output, PARTIAL_WEIGHTS_FILE)
+    model.save_weights(tmp)
+    os.replace(tmp, final)
+    print(f"note: model {type(model).__name__!r} cannot be saved whole as model.keras: its "
+          "__init__ takes arguments and it has no get_config(), so its weights are saved in "
+          f"{os.path.basename(final)} (build the model, then model.load_weights(...)); give "
+          "the class a get_config() that returns those arguments for a full model.keras",
+          file=sys.stderr, flush=True)
     return final
 
 

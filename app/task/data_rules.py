@@ -47,6 +47,25 @@ def finite_labels(spec: str, which: str, y) -> None:
                          f"(rows {rows})", "finite labels: fix or drop those rows")
 
 
+def validation_class_id(spec: str, value, where: str, classes: int, past: bool) -> None:
+    """Validation labels read by the training labels' rule: with class ids 0..N-1 there, a
+    validation label that is no class id (negative, a fraction) crashed the first validation
+    pass or was rounded down without a word, and one past the training labels' classes got
+    the model outputs no training label reaches.  ``value``: the first such label, ``where``
+    it is; ``past``: it is a class id, past the training labels' ``classes``."""
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    ids = f"0..{classes - 1}"
+    if past:
+        raise UsageError(f"dataset {spec!r}: validation label {shown} ({where}) is a class no "
+                         f"training label has (they are class ids {ids})",
+                         f"validation labels among the training labels' classes {ids}, or "
+                         f"--num-classes {value + 1} or more when the training part lacks "
+                         "some classes")
+    raise UsageError(f"dataset {spec!r}: validation label {shown} ({where}) is not a class id, "
+                     f"as the training labels ({ids}) are",
+                     f"class ids in the validation labels too: whole numbers {ids}")
+
+
 def given_classes(spec: str, num_classes: Optional[int], kind: str, counted: int) -> int:
     """The class count: ``num_classes`` when given, else the one the labels show.  A count
     given that the labels do not fit (a class id past it, one-hot rows of another width)

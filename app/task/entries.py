@@ -22,6 +22,7 @@ class ModelEntry:
     function: Callable          # (input_shape, num_classes) -> keras.Model
     source: Optional[str] = None
     built_shape: Optional[tuple] = None   # a model passed already built: its input's shape
+    built_classes: Optional[int] = None   # ... and its output units (2 or more), the classes
 
     def preferred_input_shape(self, image_size: int = 32) -> Optional[tuple]:
         """Built-ins have the shape the guide trains them on, a model passed built its own;
@@ -97,7 +98,8 @@ def model_entry(model) -> ModelEntry:
 
     if isinstance(model, tf.keras.Model):
         return ModelEntry(f"python:keras.Model {model.name!r}", False,
-                          lambda: _already_built(model), None, _input_shape(model))
+                          lambda: _already_built(model), None, _input_shape(model),
+                          _output_units(model))
     if callable(model):
         return ModelEntry(object_spec(model), False, model, specs.source_file(model))
     raise UsageError(f"model is a {type(model).__name__}", MODEL_FORMS)
@@ -127,6 +129,18 @@ def _input_shape(model) -> Optional[tuple]:
     if not isinstance(shape, tuple) or not shape or any(d is None for d in shape[1:]):
         return None
     return tuple(int(d) for d in shape[1:])
+
+
+def _output_units(model) -> Optional[int]:
+    """A built model's output units, when it has one output of a row of 2 or more scores a
+    sample (the class count synthetic data takes for it); else None."""
+    try:
+        shape = model.output_shape
+    except (AttributeError, ValueError, RuntimeError):
+        return None
+    if not isinstance(shape, tuple) or len(shape) != 2 or not isinstance(shape[-1], int):
+        return None
+    return shape[-1] if shape[-1] >= 2 else None
 
 
 def dataset_entry(data) -> DatasetEntry:

@@ -101,8 +101,9 @@ def policy_mismatch(model, policy: str, float32_paths=()) -> Optional[str]:
 
     wanted = tf.keras.mixed_precision.Policy(policy).compute_dtype
     dtypes = [(path, dtype_name(getattr(layer, "compute_dtype", None)))
-              for path, layer, _ in walk(model) if not is_model(layer)
-              and not any(path == p or path.startswith(p + "/") for p in float32_paths)]
+              for path, layer, parent in walk(model) if not is_model(layer)
+              and not any(path == p or path.startswith(p + "/") for p in float32_paths)
+              and not _float32_on_purpose(layer, parent or model, wanted)]
     dtypes = [(path, d) for path, d in dtypes if d is not None]
     if not dtypes:
         return None
@@ -121,3 +122,13 @@ def policy_mismatch(model, policy: str, float32_paths=()) -> Optional[str]:
                 f"{policy}: the model was made before the policy was set, so it gets no "
                 f"speed-up; {fix}")
     return None
+
+
+def _float32_on_purpose(layer, container, wanted: str) -> bool:
+    """A float32 layer in a model made under the run's 16-bit policy (the model's own policy
+    is that one) had float32 given to it (``dtype="float32"``): made before the policy was
+    set, its model would be float32 too.  No layer's record says whether its dtype was given."""
+    if wanted == "float32" or dtype_name(getattr(layer, "compute_dtype", None)) != "float32":
+        return False
+    own = getattr(container, "dtype_policy", None) or getattr(container, "_dtype_policy", None)
+    return dtype_name(getattr(own, "compute_dtype", None)) == wanted

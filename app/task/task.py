@@ -110,7 +110,9 @@ class Task:
                                    image_dir=image_dir, max_train_samples=max_train_samples,
                                    max_val_samples=max_val_samples, seed=seed, offline=offline,
                                    data_dir_explicit=data_dir_explicit,
-                                   num_classes=self.num_classes or 10)
+                                   num_classes=self.num_classes or (
+                                       self.model.built_classes
+                                       if self.dataset.spec == "synthetic" else None) or 10)
         else:
             returned = specs.call_user(self.dataset.function, self.dataset.spec, "dataset",
                                        {"data_dir": data_dir, "seed": seed})
@@ -155,6 +157,7 @@ class Task:
         model, provisional = _call_model(self.model, bundle, self.float32_layers)
         model, _ = _before_first_call(model, self.float32_layers, self.model.spec, provisional)
         if bundle.sample_batch is not None:   # ops of custom layers: their kernels run
+            _check_inputs_fit(model, bundle.sample_batch[0], self.model.spec, self.dataset.spec)
             _forward(model, bundle.sample_batch[0], self.model.spec)
             _trial_step(model, bundle.sample_batch[0], self.model.spec)
 
@@ -326,14 +329,19 @@ def _check_output_is_a_row(prediction, bundle, model_spec: str, dataset_spec: st
                      "Flatten() or GlobalAveragePooling2D() before its last Dense")
 
 
-def _input_keys(model) -> list:
-    """The keys of a model built on a dict of inputs (``Model({"num": a, ...}, ...)``), which
-    its data is matched by whatever the Input layers are named; [] for any other model."""
+def _input_struct(model) -> dict:
+    """The inputs of a model built on a dict of them (``Model({"num": a, ...}, ...)``), by
+    the keys its data is matched by whatever the Input layers are named; {} for any other."""
     for attribute in ("_inputs_struct", "_nested_inputs"):   # Keras 3, Keras 2
         struct = getattr(model, attribute, None)
         if isinstance(struct, dict):
-            return list(struct)
-    return []
+            return dict(struct)
+    return {}
+
+
+def _input_keys(model) -> list:
+    """The keys of a model built on a dict of inputs; [] for any other model."""
+    return list(_input_struct(model))
 
 
 def _check_inputs_fit(model, x, model_spec: str, dataset_spec: str):
@@ -357,6 +365,14 @@ def _check_inputs_fit(model, x, model_spec: str, dataset_spec: str):
                              f"gives {', '.join(map(repr, sorted(x)))}",
                              "the features keyed by the model's input names "
                              "(tf.keras.Input(..., name=...)), docs/your-model.md")
+        if isinstance(x, dict):   # each Input by its key, or by its name
+            by_key = _input_struct(model) or dict(zip(names, inputs))
+            pairs = [(k, by_key[k], x[k]) for k in keys if k in by_key]
+        else:
+            pairs = list(zip(names, inputs, given))
+        for name, tensor, data in pairs:
+            _check_input_shape_fits(tensor, data, name if len(inputs) > 1 else None,
+                                    model_spec, dataset_spec)
         return
     data = (f"a dict of {len(given)} ({', '.join(map(repr, sorted(x)))})" if isinstance(x, dict)
             else "one tensor" if len(given) == 1 else f"{len(given)} tensors")
@@ -365,6 +381,36 @@ def _check_inputs_fit(model, x, model_spec: str, dataset_spec: str):
                      f"features as {data}",
                      "features as one tensor for a model of one input, or a dict of tensors "
                      "keyed by the model's input names (docs/your-model.md)")
+
+
+def _sample_shape_text(shape) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + (
+        ",)" if len(shape) == 1 else ")")
+
+
+def _check_input_shape_fits(tensor, data, name, model_spec: str, dataset_spec: str) -> None:
+    """A sample's shape against the model's Input's: one line naming both, where Keras'
+    "expected shape=(None, 7), found shape=(None, 8)" came from inside the model as "your
+    code raised".  An axis the Input leaves open (None) takes any size; a trailing axis of 1
+    more or less is Keras' to add or drop, as it does."""
+    try:
+        wanted = tuple(None if d is None else int(d) for d in tuple(tensor.shape)[1:])
+    except (TypeError, ValueError):   # a shape of unknown rank
+        return
+    got = tuple(int(d) for d in getattr(data, "shape", ())[1:])
+    if len(wanted) == len(got) + 1 and wanted[-1] == 1:
+        wanted = wanted[:-1]
+    elif len(got) == len(wanted) + 1 and got[-1] == 1:
+        got = got[:-1]
+    if len(wanted) == len(got) and all(w is None or w == g for w, g in zip(wanted, got)):
+        return
+    which = f" input {name!r}" if name else ""
+    raise UsageError(f"model {model_spec!r} takes samples of shape {_sample_shape_text(wanted)}"
+                     f"{' at' + which if which else ''}; dataset {dataset_spec!r} gives samples "
+                     f"of shape {_sample_shape_text(got)}",
+                     f"data of shape {_sample_shape_text(wanted)}, or a model whose Input takes "
+                     f"{_sample_shape_text(got)} (tf.keras.Input(shape=input_shape) in the "
+                     "model function takes the data's)")
 
 
 def _check_one_output(prediction, spec: str) -> None:

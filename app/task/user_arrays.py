@@ -13,7 +13,8 @@ from app.task.data import DataBundle, make_dataset
 from app.task.data_rows import DataRows, unread_rows
 from app.task.data_rules import (MOST_CLASSES, WEIGHTS_ALLOWED, check_class_count,
                                  finite_labels, finite_validation, given_classes,
-                                 label_kind_of, weight_values, wrong_form)
+                                 label_kind_of, validation_class_id, weight_values,
+                                 wrong_form)
 from app.core.errors import UsageError
 
 def _part(part, spec, returned, which):
@@ -163,6 +164,7 @@ def from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input_
     kind, classes = label_kind_of(ytr)
     notes = []
     if kind in ("sparse", "binary"):
+        _validation_ids(spec, yva, classes, num_classes)
         val_kind, val_classes = label_kind_of(yva)
         classes = max(classes, val_classes if val_kind in ("sparse", "binary") else 0)
         if classes > MOST_CLASSES:
@@ -208,6 +210,23 @@ def from_arrays(train, val, spec, global_batch, seed, max_train, max_val, input_
                           () if wtr is None else (wtr[:8],)),
                       weighted=wtr is not None,
                       train_rows=DataRows(xtr, ytr, unread=unread), notes=notes)
+
+
+def _validation_ids(spec: str, yva: np.ndarray, classes: int, num_classes) -> None:
+    """The validation labels are class ids when the training labels are (data_rules), and
+    within theirs unless ``num_classes`` says more (which ``given_classes`` checks)."""
+    flat = yva.reshape(len(yva), -1)
+    if flat.shape[1] != 1:
+        return
+    flat = flat[:, 0]
+    bad = np.flatnonzero((flat < 0) | (np.mod(flat, 1) != 0))
+    past = not bad.size and not num_classes
+    if past:
+        bad = np.flatnonzero(flat >= classes)
+    if bad.size:
+        value = flat[bad[0]].item()
+        validation_class_id(spec, int(value) if past else value, f"row {int(bad[0])} of y_val",
+                            classes, past)
 
 
 def _largest_id_at(ytr: np.ndarray, yva: np.ndarray) -> str:

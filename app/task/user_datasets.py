@@ -10,7 +10,8 @@ from typing import NamedTuple, Optional
 from app.task.data import DataBundle
 from app.task.data_rows import MOST_LISTED, DatasetElements
 from app.task.data_rules import (WEIGHTS_ALLOWED, check_class_count, finite_validation,
-                                 given_classes, weight_values, wrong_form)
+                                 given_classes, validation_class_id, weight_values,
+                                 wrong_form)
 from app.core.errors import UsageError
 
 SHUFFLE_BUFFER = 10_000
@@ -83,6 +84,7 @@ class Scan(NamedTuple):
     bad: list             # the places of the first MOST_LISTED elements with NaN or inf
     bad_total: int        # how many hold NaN or inf
     weights: tuple = ()   # with sample weights: (NaN or inf, below zero, above zero) counts
+    whole: bool = True    # for integer ids: every label a whole number (floating labels)
 
 
 def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
@@ -101,7 +103,7 @@ def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
     watch = bool(watch_finite and floating)
 
     def step(state, element):
-        n, top, low, rows_ok, multihot, bad_total, bad, weights = state
+        n, top, low, rows_ok, multihot, bad_total, bad, weights, whole = state
         y = element[1]
         if weighted:
             w = tf.cast(tf.reshape(element[2], []), tf.float32)
@@ -111,6 +113,8 @@ def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
         if labels == "ids":
             top = tf.maximum(top, tf.cast(tf.reduce_max(y), tf.int64))
             low = tf.minimum(low, tf.cast(tf.reduce_min(y), tf.int64))
+            if y.dtype.is_floating:   # a validation set's labels may be of another dtype
+                whole = tf.logical_and(whole, tf.reduce_all(tf.equal(y, tf.math.floor(y))))
         elif labels == "rows":
             y = tf.cast(y, tf.float32)
             rows_ok = tf.logical_and(rows_ok, tf.logical_and(
@@ -126,17 +130,46 @@ def _scan(ds, labels: Optional[str] = None, watch_finite: bool = False) -> Scan:
                           lambda: tf.tensor_scatter_nd_update(bad, [[slot]], [n]),
                           lambda: bad)
             bad_total += tf.cast(tf.logical_not(finite), tf.int64)
-        return n + 1, top, low, rows_ok, multihot, bad_total, bad, weights
+        return n + 1, top, low, rows_ok, multihot, bad_total, bad, weights, whole
     start = (tf.constant(0, tf.int64), tf.constant(-1, tf.int64), tf.constant(0, tf.int64),
              tf.constant(True), tf.constant(True),
              tf.constant(0, tf.int64),
              tf.fill([MOST_LISTED if watch else 1], tf.constant(-1, tf.int64)),
-             tf.zeros([3], tf.int64))
-    n, top, low, rows_ok, multihot, bad_total, bad, weights = ds.reduce(start, step)
+             tf.zeros([3], tf.int64), tf.constant(True))
+    n, top, low, rows_ok, multihot, bad_total, bad, weights, whole = ds.reduce(start, step)
     bad_total = int(bad_total.numpy())
     return Scan(int(n.numpy()), int(top.numpy()), int(low.numpy()), bool(rows_ok.numpy()),
                 bool(multihot.numpy()), [int(i) for i in bad.numpy()[:bad_total]], bad_total,
-                tuple(int(c) for c in weights.numpy()) if weighted else ())
+                tuple(int(c) for c in weights.numpy()) if weighted else (),
+                bool(whole.numpy()))
+
+
+def _validation_ids(val, vscan: Scan, classes: int, spec: str, past_allowed: bool) -> None:
+    """The validation labels are class ids when the training labels are, as for arrays
+    (``data_rules.validation_class_id``): none negative, none a fraction, and none past the
+    training labels' classes unless ``num_classes`` says more (``given_classes`` checks it)
+    or only some training elements were counted (--max-train-samples).  The element is
+    found in a second pass, only when there is one."""
+    import tensorflow as tf
+
+    not_ids = vscan.low < 0 or not vscan.whole
+    if not not_ids and (past_allowed or vscan.top < classes):
+        return
+
+    def bad(i, element):
+        y = tf.cast(element[1], tf.float64)
+        wrong = tf.logical_or(tf.reduce_any(y < 0), tf.reduce_any(tf.not_equal(y, tf.floor(y))))
+        return wrong if not_ids else tf.reduce_any(y >= classes)
+    for i, element in val.enumerate().filter(bad).take(1):
+        y = tf.reshape(element[1], [-1]).numpy()
+        if not_ids:
+            y = y[(y < 0) | (y != y.astype("int64"))]
+        else:
+            y = y[y >= classes]
+        value = y[0].item()
+        validation_class_id(spec, int(value) if not not_ids else value,
+                            f"element {int(i)} of the validation dataset", classes,
+                            past=not not_ids)
 
 
 def from_datasets(train, val, spec, global_batch, seed, max_train, max_val, input_shape,
@@ -179,7 +212,9 @@ def from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inpu
             and (fy.shape[0] or 0) > 1)
     labels = "ids" if integer_labels else "rows" if rows else None
     scan = _scan(train, labels, watch_finite=True)
-    vscan = _scan(val, labels, watch_finite=True)
+    vlabel = val.element_spec[1]
+    vscan = _scan(val, labels if vlabel.dtype.is_floating or vlabel.dtype.is_integer
+                  else None, watch_finite=True)
     finite_validation(spec, vscan.bad, vscan.bad_total, "elements")
     n_train, n_val, bad, bad_total = scan.count, vscan.count, scan.bad, scan.bad_total
     if n_train == 0:
@@ -191,7 +226,9 @@ def from_datasets(train, val, spec, global_batch, seed, max_train, max_val, inpu
             nonfinite, negative, positive = counted.weights
             weight_values(spec, which, (nonfinite, ()), (negative, ()),
                           all_zero=positive == 0)
-    if integer_labels and min(scan.low, vscan.low) >= 0:
+    if integer_labels and scan.low >= 0:
+        _validation_ids(val, vscan, scan.top + 1, spec,
+                        past_allowed=bool(num_classes or max_train))
         top = max(scan.top, vscan.top)
         kind, classes = ("binary" if top <= 1 else "sparse"), top + 1
         check_class_count(spec, classes)

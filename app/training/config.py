@@ -372,7 +372,8 @@ def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
         lower, upper = total // micro * micro, (total // micro + 1) * micro
         what = f"--batch-size {cfg.batch_size}" + (f" x {replicas} replicas" if replicas else "")
         raise UsageError(f"global_batch {total} is not a multiple of the micro-batch {micro} "
-                         f"({what})", f"--global-batch {lower or upper} or {upper}, or a "
+                         f"({what})", "--global-batch " + " or ".join(
+                             str(b) for b in (lower, upper) if b) + ", or a "
                          f"--batch-size that divides {total}")
     if n is not None and total != micro * n:
         raise UsageError(f"global_batch {total} does not match --accumulate {n} x the "

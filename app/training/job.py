@@ -209,8 +209,8 @@ def check_holds_no_run(output: str) -> None:
 # What a run writes in its folder besides metrics.json: a folder that already holds one of
 # them, with no run's metrics.json, is someone's project (a Python package named `model`, a
 # `checkpoints` folder of their own), and saving the model replaces `model/` whole.
-_RUN_NAMES = ("model", "model.keras", checkpointing.CHECKPOINT_DIR, "tensorboard",
-              early_stop.BEST_DIR, "backup")
+_RUN_NAMES = ("model", "model.keras", checkpointing.FINAL_WEIGHTS, checkpointing.CHECKPOINT_DIR,
+              "tensorboard", early_stop.BEST_DIR, "backup")
 
 
 def _check_holds_none_of_a_runs_names(output: str) -> None:

@@ -38,3 +38,46 @@ def test_an_uncompiled_model_saves_without_a_compile_notice_and_loads_back(tmp_p
     assert again(x).numpy() == pytest.approx(model(x).numpy())
     # The filter is gone with the save: other warnings of TensorFlow's logger still reach it.
     assert not [f for f in tf.get_logger().filters if type(f).__name__ == "_UncompiledNotice"]
+
+
+class _Sub(tf.keras.Model):
+    """A subclassed model whose __init__ takes an argument, without get_config()."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.hidden = tf.keras.layers.Dense(8, activation="relu")
+        self.out = tf.keras.layers.Dense(n)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+def test_a_subclassed_model_without_get_config_keeps_its_weights(tmp_path, capsys):
+    """Keras 3 trained every epoch, then died in the final save with "Object Sub was created
+    by passing non-serializable argument values in __init__()" (a QA pass): no model, exit 1.
+    Its weights are saved instead, with one line naming get_config(); Keras 2 saves a
+    SavedModel as ever.  The run's own weights from an earlier save are replaced, as
+    model.keras is (a folder holding that name before a run is refused: job._RUN_NAMES)."""
+    from app.precision.keras_version import IS_KERAS3
+    from app.run_folder.checkpoints import save_final_model
+
+    model = _Sub(3)
+    x = tf.ones((2, 4))
+    expected = model(x).numpy()
+    (tmp_path / "model.weights.h5").write_text("an earlier save of this run")
+    path = save_final_model(model, str(tmp_path))
+    if not IS_KERAS3:
+        assert os.path.basename(path) == "model" and os.path.isdir(path)
+        return
+    assert os.path.basename(path) == "model.weights.h5"
+    assert sorted(os.listdir(tmp_path)) == ["model.weights.h5"]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "note: model '_Sub' cannot be saved whole as model.keras: its __init__ takes arguments "
+        "and it has no get_config(), so its weights are saved in model.weights.h5 (build the "
+        "model, then model.load_weights(...)); give the class a get_config() that returns those "
+        "arguments for a full model.keras"]
+    again = _Sub(3)
+    again(x)
+    again.load_weights(path)
+    assert again(x).numpy() == pytest.approx(expected)

@@ -31,7 +31,8 @@ def test_a_folder_holding_a_model_package_is_refused_and_kept(tmp_path):
         f"error: output directory {str(project)!r} already holds model, checkpoints and no run "
         "(no metrics.json): a run writes its model, checkpoints and TensorBoard logs under "
         "those names and would replace them; allowed: a new --output (a run's own folder, "
-        "e.g. runs/NAME), or a folder without model, model.keras, checkpoints, tensorboard, "
+        "e.g. runs/NAME), or a folder without model, model.keras, model.weights.h5, checkpoints, "
+        "tensorboard, "
         "best, backup"], proc.stderr
     assert _tree(project) == before
     assert (project / "model" / "__init__.py").read_text() == "precious = True\n"

@@ -466,3 +466,59 @@ def test_nan_in_the_validation_features_is_one_line_naming_them(form):
     x[[33, 38]] = 0.0   # and clean ones pass
     bundle = from_user(((x[:30], y[:30]), (x[30:], y[30:])), "d.py:load", 8)
     assert bundle.val_samples == 10
+
+
+@pytest.mark.parametrize("form", ["arrays", "tf.data"])
+@pytest.mark.parametrize("change, line", [
+    (lambda y: np.where(np.arange(len(y)) == 5, -1, y),
+     "validation label -1 ({where} 5{of}) is not a class id, as the training labels (0..2) "
+     "are; allowed: class ids in the validation labels too: whole numbers 0..2"),
+    (lambda y: y + 0.5,
+     "validation label 1.5 ({where} 0{of}) is not a class id, as the training labels (0..2) "
+     "are; allowed: class ids in the validation labels too: whole numbers 0..2"),
+    (lambda y: np.where(np.arange(len(y)) == 5, 7, y),
+     "validation label 7 ({where} 5{of}) is a class no training label has (they are class "
+     "ids 0..2); allowed: validation labels among the training labels' classes 0..2, or "
+     "--num-classes 8 or more when the training part lacks some classes"),
+])
+def test_validation_labels_are_read_by_the_training_labels_rule(form, change, line, tmp_path):
+    """Validation labels went unchecked (a QA pass): -1 trained a whole epoch and died in
+    the validation pass with TensorFlow's "Received a label value of -1" (exit 1), a 7
+    among classes 0..2 gave the model 8 outputs, and labels + 0.5 were rounded down, both
+    without a word.  One line before anything is written, as for training labels."""
+    import tensorflow as tf
+
+    import app
+
+    x = np.random.default_rng(0).normal(size=(60, 4)).astype("float32")
+    y = np.arange(60) % 3
+    parts = ((x[:40], y[:40]), (x[40:], change(y[40:])))
+    if form == "tf.data":
+        parts = tuple(tf.data.Dataset.from_tensor_slices(p) for p in parts)
+    with pytest.raises(UsageError) as caught:
+        app.train(model=_dense([]), data=parts, epochs=1, precision="float32",
+                  output=str(tmp_path / "run"))
+    where, of = (("row", " of y_val") if form == "arrays"
+                 else ("element", " of the validation dataset"))
+    assert caught.value.line() == (f"error: dataset 'python:{form}': "
+                                   + line.format(where=where, of=of))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("form", ["arrays", "tf.data"])
+def test_a_validation_class_past_the_training_ones_is_fine_with_num_classes(form):
+    import tensorflow as tf
+
+    from app.task.user_data import from_user
+
+    x = np.zeros((60, 4), np.float32)
+    y = np.arange(60) % 3
+    yv = y[40:].copy()
+    yv[5] = 7
+    parts = ((x[:40], y[:40]), (x[40:], yv))
+    if form == "tf.data":
+        parts = tuple(tf.data.Dataset.from_tensor_slices(p) for p in parts)
+    assert from_user(parts, "d.py:f", 8, num_classes=8).num_classes == 8
+    with pytest.raises(UsageError, match="num_classes 5 is too few for dataset 'd.py:f': its "
+                                         "labels go up to class id 7"):
+        from_user(parts, "d.py:f", 8, num_classes=5)

@@ -95,6 +95,43 @@ def test_a_model_whose_inputs_differ_from_the_data_is_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_model_whose_input_shape_differs_from_the_data_is_one_line(tmp_path):
+    """Input((7,)) on data of 8 features came as "your code raised ValueError while running
+    the model on one batch", a traceback, exit 1 (a QA pass)."""
+    flat = os.path.join(str(USER_MODELS), "datasets.py") + ":flat"
+    model = os.path.join(str(USER_MODELS), "bad_models.py") + ":seven_features"
+    proc = run_app("train", "--model", model, "--dataset", flat, "--epochs", "1", *QUICK,
+                   "--output", str(tmp_path / "run"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert error_lines(proc.stderr) == [
+        f"error: model '{model}' takes samples of shape (7,); dataset '{flat}' gives samples "
+        "of shape (8,); allowed: data of shape (7,), or a model whose Input takes (8,) "
+        "(tf.keras.Input(shape=input_shape) in the model function takes the data's)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_input_of_several_that_differs_from_its_data_is_named(tmp_path):
+    import tensorflow as tf
+
+    import app
+    (xtr, ytr), (xva, yva) = _several().arrays()
+
+    def build(num_classes):
+        num = tf.keras.Input((5,), name="num")
+        ids = tf.keras.Input((3,), name="ids", dtype="int64")
+        joined = tf.keras.layers.Concatenate()([num, tf.keras.layers.Flatten()(
+            tf.keras.layers.Embedding(50, 4)(ids))])
+        return tf.keras.Model({"num": num, "ids": ids},
+                              tf.keras.layers.Dense(num_classes)(joined))
+    with pytest.raises(UsageError) as caught:
+        app.check(model=build, data=((xtr, ytr), (xva, yva)), precision="float32")
+    assert caught.value.line().startswith(
+        "error: model 'tests.unit.task.test_several_inputs:test_an_input_of_several_that_"
+        "differs_from_its_data_is_named.<locals>.build' takes samples of shape (5,) at input "
+        "'num'; dataset 'python:arrays' gives samples of shape (8,)"), caught.value.line()
+
+
 def test_nan_in_one_input_names_its_rows(tmp_path):
     out = tmp_path / "run"
     proc = run_app("train", "--model", f"{SEVERAL}:build", "--dataset",

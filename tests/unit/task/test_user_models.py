@@ -184,6 +184,35 @@ def test_a_model_made_before_the_policy_is_one_warning(tiny_config, capsys):
         "sets the policy (to app.train pass the function, not a model already built)"]
 
 
+def test_a_model_passed_built_gives_synthetic_data_its_class_count_too():
+    """``app.check(model=<3 output units>)`` said "has 3 output unit(s) but the labels of
+    dataset 'synthetic' have 10 classes" (a QA pass): the model gives the shape, and the
+    classes, unless num_classes says otherwise."""
+    import tensorflow as tf
+
+    import app
+    from app.core.errors import UsageError
+    model = tf.keras.Sequential([tf.keras.Input(shape=(6,)), tf.keras.layers.Dense(3)],
+                                name="three")
+    report = app.check(model=model, precision="float32", steps=2)
+    assert report["counts"]["blocker"] == 0, report
+    with pytest.raises(UsageError, match="has 3 output unit.s. but the labels of dataset "
+                                         "'synthetic' have 5 classes"):
+        app.check(model=model, precision="float32", steps=2, num_classes=5)
+
+
+def test_every_layer_float32_on_purpose_trains_without_that_warning(tiny_config, capsys):
+    """--float32-layers d1 on a model whose other layer has dtype="float32" warned "the model
+    was made before the policy was set" (a QA pass)."""
+    from app.training.job import train
+
+    m = train(tiny_config(model=MISC + ":float32_on_purpose", precision="mixed_bfloat16",
+                          float32_layers="d1", input_shape="8", epochs=1, max_train_samples=64,
+                          max_val_samples=32))
+    assert m["status"] == "completed"
+    assert "the policy was set" not in capsys.readouterr().err
+
+
 def test_policy_mismatch_names_layers_made_under_another_policy():
     import tensorflow as tf
 
@@ -213,6 +242,32 @@ def test_policy_mismatch_names_layers_made_under_another_policy():
     assert policy_mismatch(bf16, "mixed_float16").startswith(
         "1 layer(s) of the model compute in bfloat16 (first: 'hidden') although the policy is "
         "mixed_float16: they were made under another policy; build")
+
+
+def test_layers_float32_on_purpose_are_no_model_made_before_the_policy():
+    """Every layer float32 because the user said so (dtype="float32" on the only Dense, or
+    --float32-layers naming the others) warned "the model was made before the policy was
+    set" (a QA pass)."""
+    import tensorflow as tf
+
+    from app.task.model_layers import policy_mismatch
+
+    tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        only = tf.keras.Sequential([tf.keras.Input(shape=(4,)),
+                                    tf.keras.layers.Dense(3, name="out", dtype="float32")])
+        inputs = tf.keras.Input(shape=(4,))
+        hidden = tf.keras.layers.Dense(8, name="d1")(inputs)
+        outputs = tf.keras.layers.Dense(3, name="out", dtype="float32")(hidden)
+        two = tf.keras.Model(inputs, outputs)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    assert policy_mismatch(only, "mixed_bfloat16") is None
+    assert policy_mismatch(two, "mixed_bfloat16", ["d1"]) is None   # --float32-layers d1
+    made_before = tf.keras.Sequential([tf.keras.Input(shape=(4,)),
+                                       tf.keras.layers.Dense(3, name="out", dtype="float32")])
+    assert policy_mismatch(made_before, "mixed_bfloat16").startswith(
+        "every layer of the model computes in float32 although the policy is mixed_bfloat16")
 
 
 def test_a_model_passed_built_is_refused_by_several_replicas(tmp_path):

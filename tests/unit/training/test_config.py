@@ -104,6 +104,12 @@ def test_accumulation_from_either_flag_and_the_replicas():
                            replicas=2)
     assert "not a multiple of the micro-batch 64 (--batch-size 32 x 2 replicas)" in str(info.value)
     assert "--global-batch 64 or 128" in str(info.value)
+    # Below one micro-batch there is one multiple to suggest, not "128 or 128" (a QA pass).
+    with pytest.raises(UsageError) as info:
+        check_accumulation(resolve_config({"global_batch": 100}, environ={}))
+    assert str(info.value).endswith(
+        "global_batch 100 is not a multiple of the micro-batch 128 (--batch-size 128); "
+        "allowed: --global-batch 128, or a --batch-size that divides 100"), str(info.value)
     with pytest.raises(UsageError):
         resolve_config({"global_batch": 0}, environ={})
 

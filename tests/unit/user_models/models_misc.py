@@ -63,3 +63,12 @@ tf.keras.mixed_precision.set_global_policy(_POLICY_THEN)
 def made_at_import(input_shape, num_classes):
     """Returns the model made at import: under a mixed policy it computes in float32."""
     return MADE_AT_IMPORT
+
+
+def float32_on_purpose(input_shape, num_classes):
+    """Its one matrix layer made float32 (``dtype="float32"``); with ``--float32-layers d1``
+    the other one too: every layer float32, as the user asked."""
+    return tf.keras.Sequential([tf.keras.Input(shape=input_shape),
+                                tf.keras.layers.Dense(16, activation="relu", name="d1"),
+                                tf.keras.layers.Dense(num_classes, name="out",
+                                                      dtype="float32")])
