@@ -121,8 +121,12 @@ class Diagnosis:
                 "not a precision problem"))
         out.append(f"  verdict: {self.verdict}")
         out.append(f"  fix: {self.fix}")
-        out.append("  then: the same command with --resume continues from the checkpoint "
-                   "saved at the fault (docs/numerics.md)")
+        # The data is fixed outside the command (the rows in the file); any other fix is a
+        # flag or an edit of the model, given with the resume.
+        first = ("once those samples are fixed or removed in the data, the same command"
+                 if self.where.kind == "input samples" else "the same command, with the fix,")
+        out.append(f"  then: {first} with --resume continues from the checkpoint saved at the "
+                   "fault (docs/numerics.md)")
         return out
 
     def summary(self) -> str:

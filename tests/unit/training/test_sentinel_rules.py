@@ -114,6 +114,12 @@ def test_the_report_names_replica_and_worker():
     assert "(worker 0)" in dx.Diagnosis("h", "forward", 3, 1, "float32", dx.Where("none"),
                                         "not reproduced", "fix", worker=0).lines()[0]
     assert "the input batch: the sample at position 5 of the epoch is not finite" in d.lines()[1]
+    # A data fault's resume needs the data fixed first; a model's, its fix with the resume.
+    assert d.lines()[-1].startswith("  then: once those samples are fixed or removed in the "
+                                    "data, the same command with --resume continues")
+    layer = dx.Diagnosis("h", "forward", 3, 1, "mixed_float16", dx.Where("layer", "grow"),
+                         "precision", "fix")
+    assert layer.lines()[-1].startswith("  then: the same command, with the fix, with --resume")
 
 
 def test_the_input_samples_are_named_in_the_singular_or_the_plural():
