@@ -421,7 +421,8 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         # The chief holds the folder from its first write until it ends (app/run_folder/lock.py);
         # workers of a multi-worker job write only their own temporary folders.
         lock = RunLock(run.output)
-        with _output_faults_described(recorder), contextlib.ExitStack() as held:
+        with _output_faults_described(recorder, repeat_signal_exits), \
+                contextlib.ExitStack() as held:
             if run.dist.is_chief:
                 held.enter_context(lock)
                 if not run.config.resume:
@@ -566,7 +567,7 @@ def _say_a_cut_epoch_starts_over(epochs: list, start: int, step: int,
 
 
 @contextlib.contextmanager
-def _output_faults_described(recorder: Recorder):
+def _output_faults_described(recorder: Recorder, command_line: bool):
     """Every write of the run happens in here; one that fails (disk full) becomes an
     OutputFault, with the last complete checkpoint left to resume from."""
     try:
@@ -575,7 +576,7 @@ def _output_faults_described(recorder: Recorder):
         code = output_faults.classify(exc)
         if code is None:
             raise
-        raise _output_fault(recorder, exc, code) from None
+        raise _output_fault(recorder, exc, code, command_line) from None
 
 
 def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
@@ -653,15 +654,17 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
     recorder.close()
 
 
-def _output_fault(recorder: Recorder, exc: BaseException, code: int):
+def _output_fault(recorder: Recorder, exc: BaseException, code: int, command_line: bool):
     """Clean up after a failed write and describe it (see app/run_folder/write_faults.py)."""
     output = recorder.output
     ckpt_dir = os.path.join(output, checkpointing.CHECKPOINT_DIR)
     output_faults.remove_partial_checkpoints(ckpt_dir)
     checkpointing.remove_partial_model(output)   # frees its space for metrics.json's "failed"
     latest = checkpointing.newest_complete(ckpt_dir)
-    hint = (f"run the same command with --resume to continue from {os.path.basename(latest)}"
-            if latest else "run the command again with a new --output, or after removing "
+    # In the words of what started the run (tfmp train's flag, app.train's keyword).
+    resume = "--resume" if command_line else "resume=True"
+    hint = (f"run the same {'command' if command_line else 'app.train call'} with {resume} to "
+            f"continue from {os.path.basename(latest)}" if latest else "run the command again with a new --output, or after removing "
             f"that folder (rm -r {shlex.quote(output)}): no checkpoint was completed, so "
             "there is nothing to resume")
     fault = output_faults.OutputFault(output_faults.path_of(exc, output), code,

@@ -241,3 +241,18 @@ def test_checkpoint_of_another_model_is_one_line(tmp_path, capsys):
     assert code == 2, err
     [line] = error_lines(err)
     assert "does not match this model" in line
+
+
+def test_disk_full_under_app_train_says_resume_true(tmp_path, monkeypatch):
+    """The same fault from app.train (a notebook): the hint is the keyword, not the flag."""
+    import app
+    from app.run_folder.write_faults import OutputFault
+
+    _full_on_save(monkeypatch, fail_at=2)
+    with pytest.raises(OutputFault) as err:
+        app.train(model="mlp", data="synthetic", max_train_samples=256, max_val_samples=64,
+                  batch_size=32, precision="float32", progress="lines", offline=True,
+                  save_model=False, epochs=3, output=str(tmp_path / "run"))
+    line = err.value.line()
+    assert "run the same app.train call with resume=True to continue from ckpt-1" in line, line
+    assert "--resume" not in line
