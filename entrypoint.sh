@@ -369,9 +369,10 @@ check_gpu_profiling() {
 # sessions), not to USER_CMD itself: the start-up's own commands as the user, whose results
 # root reads, and root's own PATH never look in a folder the user can write.
 user_path() {
+  local bin=$USER_HOME/.local/bin   # text only: root never looks in it
   case ":$PATH:" in
-    *":$USER_HOME/.local/bin:"*) printf '%s' "$PATH" ;;
-    *) printf '%s' "$USER_HOME/.local/bin:$PATH" ;;
+    *":$bin:"*) printf '%s' "$PATH" ;;
+    *) printf '%s' "$bin:$PATH" ;;
   esac
 }
 

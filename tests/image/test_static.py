@@ -225,6 +225,13 @@ def test_compose_passes_every_documented_setting_and_every_train_variable():
     assert not (table - NOT_FROM_COMPOSE) - set(services["tfmp"]["environment"])
     for name in ("tfmp", "train"):
         assert not train_vars - set(services[name]["environment"]), name
+    # A bare key (no value) that neither .env nor the shell sets is sent as a name alone,
+    # which unsets the variable in the container: the image's own ENV ones need a default.
+    image_env = set(re.findall(r"^(?:ENV |    )([A-Z][A-Z0-9_]*)=", (REPO / "Dockerfile").read_text(),
+                               re.M))
+    for name in ("tfmp", "train"):
+        bare = {k for k, v in services[name]["environment"].items() if v is None}
+        assert not bare & image_env, (name, bare & image_env)
 
 
 def test_serve_parts_carry_no_mode_guard():
