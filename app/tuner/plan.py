@@ -72,8 +72,8 @@ def entry(global_batch: int, measured: List[Trial]) -> dict:
 def measure(results, runner, bar, limit: int, global_batch: int, plans: dict, notes: list):
     """Each precision's candidates measured with accumulation (``runner``: the tune's trial
     runner, phase "plan"); fills ``plans`` (``entry`` by policy).  Returns (the fastest
-    precision, its plans as (micro-batch, N, samples/s), the chosen first, then the smaller
-    ones that fitted: the verification's step-downs)."""
+    precision, each precision's plans as (micro-batch, N, samples/s): its best first, then
+    the smaller ones that fitted: the verification's step-downs)."""
     measured_by = {}
     for policy, r in results.items():
         measured = []
@@ -94,7 +94,13 @@ def measure(results, runner, bar, limit: int, global_batch: int, plans: dict, no
     policy, top = picked
     notes.append(f"global batch {global_batch}: {policy} at micro-batch {top.batch_size} x "
                  f"{global_batch // top.batch_size} measured fastest")
-    rest = sorted((t for t in measured_by[policy] if t.fits and t.batch_size < top.batch_size),
-                  key=lambda t: -t.batch_size)
-    return policy, [(t.batch_size, global_batch // t.batch_size, t.samples_per_second)
-                    for t in [top] + rest]
+
+    def plans_of(p: str) -> list:
+        first = best(measured_by[p])
+        if first is None:
+            return []
+        rest = sorted((t for t in measured_by[p] if t.fits and t.batch_size < first.batch_size),
+                      key=lambda t: -t.batch_size)
+        return [(t.batch_size, global_batch // t.batch_size, t.samples_per_second)
+                for t in [first] + rest]
+    return policy, {p: plans_of(p) for p in measured_by}

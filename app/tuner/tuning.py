@@ -330,17 +330,33 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
     best = {p: r.best() for p, r in results.items()}
     out = _Outcome(results)
     if global_batch is not None:
-        policy, chosen = plan_mod.measure(results, runner, bar, limit, global_batch,
-                                          out.plans, notes)
+        policy, by_policy = plan_mod.measure(results, runner, bar, limit, global_batch,
+                                             out.plans, notes)
     else:
-        policy, trial = search.choose(best)
-        # The chosen size first, then the smaller sizes that fitted, largest first.
-        speed = {t.batch_size: t.samples_per_second for t in reversed(results[policy].trials)
-                 if t.fits and t.batch_size <= trial.batch_size}
-        chosen = [(b, 1, speed[b]) for b in sorted(speed, reverse=True)]
-    _verify(policy, chosen, runner, bar, limit, verify_steps_for(steps), out, notes,
-            planned=global_batch is not None)
+        policy, _ = search.choose(best)
+        by_policy = {p: _sizes_that_fit(results[p], t) for p, t in best.items() if t}
+    _verify(_step_downs(policy, by_policy), runner, bar, limit, verify_steps_for(steps), out,
+            notes, planned=global_batch is not None)
     return out
+
+
+def _sizes_that_fit(result: search.SearchResult, top: search.Trial) -> list:
+    """(batch, 1, samples/s): ``top`` first, then the smaller sizes that fitted, largest
+    first."""
+    speed = {t.batch_size: t.samples_per_second for t in reversed(result.trials)
+             if t.fits and t.batch_size <= top.batch_size}
+    return [(b, 1, speed[b]) for b in sorted(speed, reverse=True)]
+
+
+def _step_downs(chosen: str, by_policy: dict) -> list:
+    """What the verification tries, in turn, as (policy, batch, N, samples/s): the chosen
+    precision's sizes, then each other precision's, the faster first.  A choice whose
+    verification went over the budget at every size of its precision falls to another that
+    fitted (a float32 search at the budget's edge, where mixed_bfloat16 had room), not to
+    "no size held"."""
+    others = sorted((p for p in by_policy if p != chosen and by_policy[p]),
+                    key=lambda p: -by_policy[p][0][2])
+    return [(p, *size) for p in [chosen, *others] for size in by_policy.get(p, [])]
 
 
 def data_note(policy: str, train_samples: int, cap: int) -> str:
@@ -359,13 +375,15 @@ def data_limit_line(train_samples: int, cap: int) -> str:
             "search room")
 
 
-def _verify(policy, chosen, runner, bar, limit, verify_steps, out, notes,
+def _verify(candidates, runner, bar, limit, verify_steps, out, notes,
             planned: bool = False) -> None:
-    """Verify ``chosen`` ((batch, accumulate, searched samples/s), the choice first) in a
-    real ``tfmp train``; step down to the next on a misfit."""
+    """Verify the candidates ((policy, batch, accumulate, searched samples/s), the choice
+    first) in a real ``tfmp train``, one after another until one holds (at most
+    MAX_STEP_DOWNS after the first)."""
     why = ("the fastest precision and micro-batch for the global batch" if planned
            else "the fastest precision at its own fastest batch size")
-    for batch, n, searched_sps in chosen[:MAX_STEP_DOWNS + 1]:
+    first_policy, first_batch = candidates[0][0], candidates[0][1]
+    for policy, batch, n, searched_sps in candidates[:MAX_STEP_DOWNS + 1]:
         bar.start(policy, batch, phase="verify")
         kw = {"accumulate": n} if n > 1 else {}
         v = search.judge(batch, runner.verify(policy, batch, steps=verify_steps, **kw), limit)
@@ -377,19 +395,23 @@ def _verify(policy, chosen, runner, bar, limit, verify_steps, out, notes,
             out.verified = {"fits": True, "precision": policy, "batch_size": batch,
                             "steps": verify_steps, "peak_memory_bytes": v.peak_memory_bytes,
                             "samples_per_second": v.samples_per_second,
-                            "stepped_down_from": chosen[0][0] if out.stepped_down else None,
+                            "stepped_down_from": first_batch if out.stepped_down else None,
+                            **({"stepped_down_from_precision": first_policy}
+                               if out.stepped_down and policy != first_policy else {}),
                             **extra}
             out.choice = {"precision": policy, "batch_size": batch,
                           "samples_per_second": searched_sps, **extra, "reason": why + (
                               " (stepped down in verification)" if out.stepped_down else "")}
             if out.stepped_down:
                 bar.say(f"[tune] stepped down to {policy} at batch {batch}: the larger size "
-                        "went over the budget in the longer verification run")
+                        "went over the budget in the longer verification run"
+                        + (f" (every {first_policy} size that fitted did)"
+                           if policy != first_policy else ""))
             return
         out.stepped_down = True
         notes.append(f"verification: {policy} at batch {batch} did not hold over "
                      f"{verify_steps} steps ({v.reason}); stepping down")
-    out.verified = {"fits": False, "precision": policy, "batch_size": None,
+    out.verified = {"fits": False, "precision": first_policy, "batch_size": None,
                     "reason": "no size passed verification"}
 
 

@@ -384,3 +384,24 @@ def test_auto_budget_on_a_gpu_is_what_is_free_and_names_who_holds_the_rest(tmp_p
     assert doc["budget_bytes"] == reading.gpus[0].memory_free
     assert "free on GPU 0" in doc["budget_source"]
     assert any("held by pid 4242" in n for n in doc["notes"]), doc["notes"]
+
+
+def test_a_choice_no_size_of_which_holds_in_verification_falls_to_another_precision(
+        tmp_path, fake, monkeypatch):
+    """float32 chosen at the budget's edge: every float32 size went over the budget in the
+    longer verification run (CI, in the image, under a container limit); mixed_float16 had
+    room.  The tune verifies that one instead of ending with "no size held its budget"."""
+    def verify(self, policy, batch_size, steps):
+        self.calls.append((policy, batch_size, "verify"))
+        if policy == "float32":
+            return Outcome(False, None, None, "resident memory passed the budget", 0.1)
+        return Outcome(True, 100 * MIB + batch_size * MIB, 100.0 * batch_size, "", 0.1)
+    monkeypatch.setattr(fake, "verify", verify)
+    doc = run_tune(tmp_path / "X", precision="float32,mixed_float16")
+    verified = [c for r in fake.instances for c in r.calls if c[-1] == "verify"]
+    # float32's only fitting size (the search starts at 16), then mixed_float16's best
+    assert verified == [("float32", 16, "verify"), ("mixed_float16", 16, "verify")], verified
+    assert doc["choice"]["precision"] == "mixed_float16" and doc["choice"]["batch_size"] == 16
+    assert doc["verified"]["fits"] and doc["verified"]["stepped_down_from"] == 16
+    assert doc["verified"]["stepped_down_from_precision"] == "float32"
+    assert sum("did not hold" in n for n in doc["notes"]) == 1, doc["notes"]
