@@ -196,8 +196,12 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
         bar.close()
     precisions = {p: report.precision_entry(outcome.results[p], outcome.verify_trials.get(p, []))
                   for p in policies if p in outcome.results}
-    if outcome.stepped_down and outcome.verified.get("fits"):
+    final = outcome.verified
+    if final.get("fits") and any(not t.fits for t in
+                                 outcome.verify_trials.get(final["precision"], [])):
         # The larger sizes did not hold in the longer run: the verified size is the largest.
+        # (Only where a size of that precision failed: a fall to another precision verified
+        # none of that one's larger sizes.)
         entry, final = precisions[outcome.choice["precision"]], outcome.verified
         entry.update(max_batch=final["batch_size"], best_batch=final["batch_size"],
                      best_samples_per_second=outcome.choice["samples_per_second"])

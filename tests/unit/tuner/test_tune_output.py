@@ -397,6 +397,15 @@ def test_a_choice_no_size_of_which_holds_in_verification_falls_to_another_precis
             return Outcome(False, None, None, "resident memory passed the budget", 0.1)
         return Outcome(True, 100 * MIB + batch_size * MIB, 100.0 * batch_size, "", 0.1)
     monkeypatch.setattr(fake, "verify", verify)
+    searched = fake.__call__
+
+    def flat_speed(self, policy, batch_size, any_fit, phase="search", **overrides):
+        # every size equally fast: the best batch is the smallest (16), below max_batch (24)
+        o = searched(self, policy, batch_size, any_fit, phase, **overrides)
+        return Outcome(o.completed, o.peak_memory_bytes, o.completed and 1000.0, o.reason,
+                       o.seconds, o.data_limit)
+    monkeypatch.setattr(fake, "__call__", flat_speed)
+    fake.fits_up_to = 24
     doc = run_tune(tmp_path / "X", precision="float32,mixed_float16")
     verified = [c for r in fake.instances for c in r.calls if c[-1] == "verify"]
     # float32's only fitting size (the search starts at 16), then mixed_float16's best
@@ -404,4 +413,6 @@ def test_a_choice_no_size_of_which_holds_in_verification_falls_to_another_precis
     assert doc["choice"]["precision"] == "mixed_float16" and doc["choice"]["batch_size"] == 16
     assert doc["verified"]["fits"] and doc["verified"]["stepped_down_from"] == 16
     assert doc["verified"]["stepped_down_from_precision"] == "float32"
+    # mixed_float16's larger sizes were not what failed: its search's max_batch stands
+    assert doc["precisions"]["mixed_float16"]["max_batch"] == 24, doc["precisions"]
     assert sum("did not hold" in n for n in doc["notes"]) == 1, doc["notes"]
