@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 from app.core.errors import UsageError
-from app.tuner.search import SPEED_TIE, STEP, Trial, best_batch, choose, judge
+from app.tuner.search import (SPEED_TIE, STEP, Trial, best_batch, choose, judge,
+                               step_down_order)
 
 MAX_PLAN_TRIALS = 3   # candidates measured with accumulation, per precision
 
@@ -97,10 +98,7 @@ def measure(results, runner, bar, limit: int, global_batch: int, plans: dict, no
 
     def plans_of(p: str) -> list:
         first = best(measured_by[p])
-        if first is None:
-            return []
-        rest = sorted((t for t in measured_by[p] if t.fits and t.batch_size < first.batch_size),
-                      key=lambda t: -t.batch_size)
-        return [(t.batch_size, global_batch // t.batch_size, t.samples_per_second)
-                for t in [first] + rest]
+        return [] if first is None else [
+            (t.batch_size, global_batch // t.batch_size, t.samples_per_second)
+            for t in step_down_order(measured_by[p], first)]
     return policy, {p: plans_of(p) for p in measured_by}

@@ -228,6 +228,16 @@ def find_max_batch(run_trial: Callable[[int], Outcome], *, budget_bytes: int, ma
     return result
 
 
+def step_down_order(trials: List[Trial], top: Trial) -> List[Trial]:
+    """The verification's order within one precision: ``top``'s size first, then the smaller
+    sizes that fitted, largest first; one trial a size, the first run of it."""
+    first: Dict[int, Trial] = {}
+    for t in trials:
+        if t.fits and t.batch_size <= top.batch_size:
+            first.setdefault(t.batch_size, t)
+    return [first[b] for b in sorted(first, reverse=True)]
+
+
 def best_batch(trials: List[Trial], tie: float = SPEED_TIE,
                largest: bool = False) -> Optional[Trial]:
     """The fastest fitting trial; among those within ``tie`` of it, the smallest batch (the

@@ -345,11 +345,9 @@ def _search_and_verify(policies, runner, bar, budget_bytes, margin, cap, start, 
 
 
 def _sizes_that_fit(result: search.SearchResult, top: search.Trial) -> list:
-    """(batch, 1, samples/s): ``top`` first, then the smaller sizes that fitted, largest
-    first."""
-    speed = {t.batch_size: t.samples_per_second for t in reversed(result.trials)
-             if t.fits and t.batch_size <= top.batch_size}
-    return [(b, 1, speed[b]) for b in sorted(speed, reverse=True)]
+    """(batch, 1, samples/s) in search.step_down_order."""
+    return [(t.batch_size, 1, t.samples_per_second)
+            for t in search.step_down_order(result.trials, top)]
 
 
 def _step_downs(chosen: str, by_policy: dict) -> list:
