@@ -107,7 +107,7 @@ def run_check(task, precision: str = DEFAULT_PRECISION, batch_size: int = DEFAUL
         with interrupts_outside_tensorflow():
             bundle = load_bundle(task, batch_size, steps, seed, data_dir)
             if decision.requested == "auto":   # what train would pick for this model
-                from app.training.job import auto_runnable
+                from app.training.runnable import auto_runnable
 
                 decision = auto_runnable(decision, task, bundle, hw)
             report = _check(task, bundle, decision, hw, batch_size, steps, seed)

@@ -78,7 +78,7 @@ def format_text(r: dict) -> str:
     auto = r["auto_precision"]
     line = f"auto precision: {auto['policy']} ({auto['reason']})"
     if (r.get("precision_support") or {}).get(auto["policy"], {}).get("causes"):
-        # As train decides (app.training.job._runnable): the mlp keeps it, a convolution not.
+        # As train decides (app.training.runnable.runnable_by_kinds): the mlp keeps it, a convolution not.
         line += ("; a model with a layer it cannot run here (below) trains in float32, as "
                  "does a model of your own while oneDNN is off")
     lines.append(line)

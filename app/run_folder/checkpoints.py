@@ -207,7 +207,7 @@ def _save_final_weights(model, output: str) -> str:
     """The final model's weights, for a model Keras 3 cannot save whole (a subclassed model
     whose ``__init__`` takes arguments and that has no ``get_config()``)."""
     # Replaced when there, as model.keras is: a folder that held it before the run's first
-    # write was refused (job._RUN_NAMES), so it is this run's own, from an earlier save.
+    # write was refused (resuming._RUN_NAMES), so it is this run's own, from an earlier save.
     final = os.path.join(output, FINAL_WEIGHTS)
     tmp = os.path.join(output, PARTIAL_WEIGHTS_FILE)
     model.save_weights(tmp)

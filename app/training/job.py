@@ -39,7 +39,7 @@ from app.training.config import (TrainConfig, data_dir_chosen,
                                  default_data_dir, default_output, validate)
 from app.core import folders
 from app.core.catalog import MIN_UPDATES_PER_EPOCH
-from app.core.errors import (MixedPrecisionClash, NumericsFault, PrecisionUnsupported,
+from app.core.errors import (MixedPrecisionClash, NumericsFault,
                              TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
                              unprefixed)
 from app.training.interrupts import StopFlag, resume_advice, signal_handlers
@@ -51,10 +51,11 @@ from app.training.sentinel_watch import SentinelWatch
 from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
                                    plain_lines)
 from app.run_folder.lock import RunLock
-from app.training.resuming import (check_same_task, counted_class_weights, read_previous_metrics,
-                                   resumed_class_weight, resumed_float32_layers,
-                                   resumed_learning_rate, resumed_precision,
-                                   set_learning_rate)
+from app.training.resuming import (check_holds_no_run, check_same_task, counted_class_weights,
+                                   read_previous_metrics, resumed_class_weight,
+                                   resumed_float32_layers, resumed_learning_rate,
+                                   resumed_precision, set_learning_rate)
+from app.training.runnable import runnable_by_kinds, runnable_when_built
 from app.task import class_weights, model_layers
 from app.task.float32_layers import flag as f32_flag
 from app.task.task import BuiltModel, Task
@@ -103,7 +104,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     # Before the data: the strategy must exist before TensorFlow's first tensor.
     dist = distribute.setup(cfg.strategy, cfg.batch_size, len(hw.gpus))
     cfg = accumulate.resolve(cfg, dist)
-    decision = _runnable(decision, cfg.model if task is None else task.model.spec, hw)
+    decision = runnable_by_kinds(decision, cfg.model if task is None else task.model.spec, hw)
     xla_toolchain.check_jit(cfg.jit, hw.gpus)
     # TF32 for float32 (compute capability 8.0+): before the first op, recorded by envreport.
     tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32 == "on")
@@ -129,7 +130,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     if resume:
         previous = read_previous_metrics(output, required=dist.is_chief)
         check_same_task(previous, task, output)
-        decision = resumed_precision(decision, previous, output, lambda policy: _runnable(
+        decision = resumed_precision(decision, previous, output, lambda policy: runnable_by_kinds(
             dataclasses.replace(prec.resolve(policy, hw), reason="the run's own, kept by "
                                 "--resume"), task.model.spec, hw))
         cfg, task = resumed_float32_layers(cfg, task, previous)
@@ -141,132 +142,12 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                             max_val_samples=cfg.max_val_samples, seed=cfg.seed,
                             offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
     bundle = class_weights.weigh(bundle, class_weights.parse(cfg.class_weight), counted)
-    chosen = _runnable_model(decision, task, bundle)
+    chosen = runnable_when_built(decision, task, bundle)
     if chosen is not decision:
         decision = chosen
         output = cfg.output or default_output(cfg, decision.policy)   # named for the policy
     return Prepared(dataclasses.replace(cfg, output=output, resume=resume), hw, decision, task,
                     bundle, dist, previous)
-
-
-def _runnable_model(decision: prec.PrecisionDecision, task: Task, bundle
-                    ) -> prec.PrecisionDecision:
-    """``auto`` never picks a policy it would refuse: a user's model, whose layers it cannot
-    know before it is built (``_runnable`` checks the built-ins'), is built once under
-    mixed_bfloat16, its layers checked, run on two samples (a custom layer's op may have no
-    bfloat16 kernel) and thrown away; refused, auto falls back to float32 and says why.
-    Keras' state is cleared after, so the model built for training gets the layer names
-    ``check`` and ``--float32-layers`` use."""
-    from app.machine import kernels
-
-    if decision.requested != "auto" or decision.policy != kernels.PROBED_POLICY or \
-            task.model.builtin:
-        return decision
-    before = prec.global_policy_name()
-    prec.apply_policy(decision.policy)
-    try:
-        task.check_runnable(bundle)
-    except PrecisionUnsupported as exc:
-        return _fall_back(decision, exc.what)
-    except (UsageError, UserCodeError):
-        pass   # the build for training reports it, under the policy it runs
-    finally:
-        prec.apply_policy(before)
-        tf.keras.backend.clear_session()
-    return decision
-
-
-def auto_runnable(decision: prec.PrecisionDecision, task: Task, bundle, hw
-                  ) -> prec.PrecisionDecision:
-    """What ``auto`` trains this model in here, as ``train`` decides it: the policy it
-    picked, or float32 with the reason when the model has a layer that policy cannot run
-    (a built-in's by its layer kinds, a user's by building it).  ``tfmp check`` asks the
-    same, so that its auto is train's."""
-    return _runnable_model(_runnable(decision, task.model.spec, hw), task, bundle)
-
-
-def check_holds_no_run(output: str) -> None:
-    """A new run never writes over a finished (or failed) one: checked in ``prepare`` to
-    refuse early, and again under the folder's lock, where no other run can finish in
-    between."""
-    if not os.path.exists(os.path.join(output, "metrics.json")):
-        _check_holds_none_of_a_runs_names(output)
-        return
-    try:
-        status = read_previous_metrics(output).get("status")
-    except UsageError:   # unreadable: not known to have failed
-        status = None
-    if status == "failed" and not checkpointing.has_checkpoint(output):
-        # nothing --resume would find: say what is left to do
-        raise UsageError(f"output directory {output!r} holds a run that failed before its "
-                         "first checkpoint (metrics.json says why): nothing to resume",
-                         f"a new --output, or remove that folder (rm -r {shlex.quote(output)}) "
-                         "to start the run again there")
-    raise UsageError(f"output directory {output!r} already holds a run",
-                     "--resume to continue it, or a new --output")
-
-
-# What a run writes in its folder besides metrics.json: a folder that already holds one of
-# them, with no run's metrics.json, is someone's project (a Python package named `model`, a
-# `checkpoints` folder of their own), and saving the model replaces `model/` whole.
-_RUN_NAMES = ("model", "model.keras", checkpointing.FINAL_WEIGHTS, checkpointing.CHECKPOINT_DIR,
-              "tensorboard", early_stop.BEST_DIR, "backup")
-
-
-def _check_holds_none_of_a_runs_names(output: str) -> None:
-    """Refused when a name a run writes is there and the folder is no run's: it has neither
-    metrics.json nor the lock file a run makes at its first write (a run ended at once by a
-    second Ctrl-C before its first epoch leaves its tensorboard/ and that file)."""
-    from app.run_folder.lock import LOCK_NAME
-
-    if os.path.exists(os.path.join(output, LOCK_NAME)):
-        return
-    taken = [name for name in _RUN_NAMES if os.path.lexists(os.path.join(output, name))]
-    if taken:
-        raise UsageError(f"output directory {output!r} already holds {', '.join(taken)} and no "
-                         "run (no metrics.json): a run writes its model, checkpoints and "
-                         "TensorBoard logs under those names and would replace them",
-                         "a new --output (a run's own folder, e.g. runs/NAME), or a folder "
-                         "without " + ", ".join(_RUN_NAMES))
-
-
-def _runnable(decision: prec.PrecisionDecision, model: str, hw) -> prec.PrecisionDecision:
-    """A built-in model's layer kinds are known (``app.core.catalog``): a policy this TensorFlow
-    cannot run here for one of them is one line before any data loads (``app.machine.kernels``;
-    a user's model is checked in ``Task.build``, once built).  ``auto`` falls back to
-    float32 and says why: for a built-in model when one of its kinds cannot run (the mlp's
-    Dense layers still run in bfloat16 with oneDNN off), and for a user's model, whose kinds
-    are not known yet, where oneDNN is off on TF 2.9 (no bfloat16 convolutions at all)."""
-    from app.machine import kernels
-    from app.core import catalog as registry
-
-    if decision.policy != kernels.PROBED_POLICY:
-        return decision
-    auto = decision.requested == "auto"
-    kinds = registry.layer_kinds(model)
-    if kinds is None:
-        if auto:
-            sup = kernels.support(decision.policy, hw)
-            if sup.failing and (sup.everything or (sup.onednn is not None
-                                                   and not sup.onednn[0])):
-                cause = next(iter(sup.failing.values())).text("convolutions")
-                return _fall_back(decision, cause)
-        return decision
-    try:
-        kernels.check_kinds(decision.policy, kinds, model, hw)
-    except PrecisionUnsupported as exc:
-        if not auto:
-            raise
-        return _fall_back(decision, exc.what)
-    return decision
-
-
-def _fall_back(decision: prec.PrecisionDecision, why: str) -> prec.PrecisionDecision:
-    """``auto``'s choice given up for float32, with the reason it could not be kept."""
-    from app.core import catalog as registry
-
-    return prec.PrecisionDecision(registry.BASELINE_POLICY, f"{decision.reason}, but {why}",
-                                  requested="auto")
 
 
 # ---- 2. build: model, optimizer, step statistics, checkpointer -------------------------------

@@ -1,17 +1,21 @@
 """What ``--resume`` may continue: the previous run's metrics.json, the same task, and the
 float32 layers it was trained with (kept, or replaced by the ones given: a fix after a
-numerics fault)."""
+numerics fault); and the other side of it, the folder a new run may not write in (one that
+holds a run, or a run's names)."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
 import os
+import shlex
 import sys
 from typing import List, Optional
 
 from app.core.errors import UsageError
+from app.run_folder import checkpoints as checkpointing
 from app.task.task import Task
+from app.training import early_stop
 from app.training.config import TrainConfig
 
 # What a metrics.json that cannot be trusted leaves the user to do.
@@ -42,6 +46,51 @@ def read_previous_metrics(output: str, required: bool = True) -> Optional[dict]:
         raise UsageError(f"{path!r} is not the metrics of a run ({wrong}, not a mapping); the run "
                          "cannot be resumed safely", _RESTORE)
     return previous
+
+
+def check_holds_no_run(output: str) -> None:
+    """A new run never writes over a finished (or failed) one: checked in ``prepare`` to
+    refuse early, and again under the folder's lock, where no other run can finish in
+    between."""
+    if not os.path.exists(os.path.join(output, "metrics.json")):
+        _check_holds_none_of_a_runs_names(output)
+        return
+    try:
+        status = read_previous_metrics(output).get("status")
+    except UsageError:   # unreadable: not known to have failed
+        status = None
+    if status == "failed" and not checkpointing.has_checkpoint(output):
+        # nothing --resume would find: say what is left to do
+        raise UsageError(f"output directory {output!r} holds a run that failed before its "
+                         "first checkpoint (metrics.json says why): nothing to resume",
+                         f"a new --output, or remove that folder (rm -r {shlex.quote(output)}) "
+                         "to start the run again there")
+    raise UsageError(f"output directory {output!r} already holds a run",
+                     "--resume to continue it, or a new --output")
+
+
+# What a run writes in its folder besides metrics.json: a folder that already holds one of
+# them, with no run's metrics.json, is someone's project (a Python package named `model`, a
+# `checkpoints` folder of their own), and saving the model replaces `model/` whole.
+_RUN_NAMES = ("model", "model.keras", checkpointing.FINAL_WEIGHTS, checkpointing.CHECKPOINT_DIR,
+              "tensorboard", early_stop.BEST_DIR, "backup")
+
+
+def _check_holds_none_of_a_runs_names(output: str) -> None:
+    """Refused when a name a run writes is there and the folder is no run's: it has neither
+    metrics.json nor the lock file a run makes at its first write (a run ended at once by a
+    second Ctrl-C before its first epoch leaves its tensorboard/ and that file)."""
+    from app.run_folder.lock import LOCK_NAME
+
+    if os.path.exists(os.path.join(output, LOCK_NAME)):
+        return
+    taken = [name for name in _RUN_NAMES if os.path.lexists(os.path.join(output, name))]
+    if taken:
+        raise UsageError(f"output directory {output!r} already holds {', '.join(taken)} and no "
+                         "run (no metrics.json): a run writes its model, checkpoints and "
+                         "TensorBoard logs under those names and would replace them",
+                         "a new --output (a run's own folder, e.g. runs/NAME), or a folder "
+                         "without " + ", ".join(_RUN_NAMES))
 
 
 def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:

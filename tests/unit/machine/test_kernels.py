@@ -628,12 +628,12 @@ def test_auto_with_onednn_off_keeps_bfloat16_for_dense_layers_only(monkeypatch, 
     from app.machine import envreport
     from app.machine.hardware import HardwareInfo
     from app.precision.policy import resolve
-    from app.training.job import _runnable
+    from app.training.runnable import runnable_by_kinds
 
     support = kernels.reconcile(BF16, Machine("2.9.3", INTEL_SPR, "0"), {"Conv2D": "E: 1"})
     monkeypatch.setitem(kernels._CACHE, BF16, support)
     hw = HardwareInfo(cpu_flags=INTEL_SPR)
-    decision = _runnable(resolve("auto", hw), model, hw)
+    decision = runnable_by_kinds(resolve("auto", hw), model, hw)
     assert decision.policy == chosen, decision.reason
     if chosen == "float32":
         assert "oneDNN" in decision.reason, decision.reason

@@ -57,7 +57,7 @@ def test_a_subclassed_model_without_get_config_keeps_its_weights(tmp_path, capsy
     by passing non-serializable argument values in __init__()" (a QA pass): no model, exit 1.
     Its weights are saved instead, with one line naming get_config(); Keras 2 saves a
     SavedModel as ever.  The run's own weights from an earlier save are replaced, as
-    model.keras is (a folder holding that name before a run is refused: job._RUN_NAMES)."""
+    model.keras is (a folder holding that name before a run is refused: resuming._RUN_NAMES)."""
     from app.precision.keras_version import IS_KERAS3
     from app.run_folder.checkpoints import save_final_model
 

@@ -339,7 +339,7 @@ def test_a_run_that_failed_before_its_first_checkpoint_says_what_is_left_to_do(t
     """A run that failed at its first step (a metric that did not fit the labels) left its
     folder; the retry said "already holds a run", and --resume "found no checkpoint"."""
     from app.core.errors import UsageError
-    from app.training.job import check_holds_no_run
+    from app.training.resuming import check_holds_no_run
 
     out = tmp_path / "run"
     out.mkdir()
