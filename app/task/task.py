@@ -383,7 +383,9 @@ def _check_inputs_fit(model, x, model_spec: str, dataset_spec: str):
                      "keyed by the model's input names (docs/your-model.md)")
 
 
-def _sample_shape_text(shape) -> str:
+def _as_input_shape(shape) -> str:
+    """``(7,)``, ``(None, 3)``: as the user writes ``tf.keras.Input(shape=...)``, open axes
+    included, where ``data.shape_text``'s ``28x28x1`` names a dataset's fixed shape."""
     return "(" + ", ".join("None" if d is None else str(d) for d in shape) + (
         ",)" if len(shape) == 1 else ")")
 
@@ -405,11 +407,11 @@ def _check_input_shape_fits(tensor, data, name, model_spec: str, dataset_spec: s
     if len(wanted) == len(got) and all(w is None or w == g for w, g in zip(wanted, got)):
         return
     which = f" input {name!r}" if name else ""
-    raise UsageError(f"model {model_spec!r} takes samples of shape {_sample_shape_text(wanted)}"
+    raise UsageError(f"model {model_spec!r} takes samples of shape {_as_input_shape(wanted)}"
                      f"{' at' + which if which else ''}; dataset {dataset_spec!r} gives samples "
-                     f"of shape {_sample_shape_text(got)}",
-                     f"data of shape {_sample_shape_text(wanted)}, or a model whose Input takes "
-                     f"{_sample_shape_text(got)} (tf.keras.Input(shape=input_shape) in the "
+                     f"of shape {_as_input_shape(got)}",
+                     f"data of shape {_as_input_shape(wanted)}, or a model whose Input takes "
+                     f"{_as_input_shape(got)} (tf.keras.Input(shape=input_shape) in the "
                      "model function takes the data's)")
 
 
