@@ -136,10 +136,13 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
         raise
     lock.release()
     if progress:
-        print(report.table(doc), file=stream, flush=True)
+        # The result on stdout, the progress above on stderr, as benchmark's report:
+        # `tfmp tune ... > tune.txt` keeps the table.
+        out = sys.stdout if stream is sys.stderr else stream
+        print(report.table(doc), file=out, flush=True)
         print(f"[tune] wrote {os.path.join(output, 'tune.json')} and tune.png; train with "
               f"`tfmp train --tuned {os.path.join(output, 'tune.json')} ...`",
-              file=stream, flush=True)
+              file=out, flush=True)
     return doc
 
 

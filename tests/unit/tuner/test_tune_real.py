@@ -77,7 +77,9 @@ def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_pa
     assert (t.precision, t.batch_size, t.accumulate) == (choice["precision"],
                                                          choice["batch_size"],
                                                          choice["accumulate"])
-    assert "largest batch" in proc.stderr and "choice:" in proc.stderr
+    # the progress on stderr, the result (the table and where it went) on stdout
+    assert "largest batch" in proc.stdout and "choice:" in proc.stdout, proc.stdout
+    assert "tune.json" in proc.stdout.splitlines()[-1] and "choice:" not in proc.stderr
 
     # ...and `train --tuned` trains the choice, records the tune and stays within the budget.
     run = tmp_path / "run"
