@@ -12,10 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import json
 import re
-import ssl
-import urllib.request
 import uuid
 import zipfile
 from pathlib import Path
@@ -294,6 +291,7 @@ def test_arbitrary_uid_gets_a_name_and_the_home(image, container, tmp_path):
     (["-e", "CHOWN_EXTRA=/home"], ["true"], "CHOWN_EXTRA: '/home' holds /home/tf or /workspace"),
     (["-e", "CHOWN_EXTRA=/srv/../usr/local/bin"], ["true"],
      "CHOWN_EXTRA: '/srv/../usr/local/bin' holds '.' or '..' (it is '/usr/local/bin')"),
+    (["-e", "CHOWN_EXTRA=/.dockerenv"], ["true"], "CHOWN_EXTRA: '/.dockerenv' is not a folder"),
     (["-e", "NB_UID=18446744073709551616"], ["true"], "NB_UID must be at most 4294967294"),
     # Only shown in the start-up lines, and shown as given: `ssh -p -1 tf@127.0.0.1`
     (["-e", "JUPYTER_HOST_PORT=abc"], ["serve"], "JUPYTER_HOST_PORT must be a port number (1-65535). Received: JUPYTER_HOST_PORT='abc'"),
@@ -315,6 +313,52 @@ def test_a_bad_docker_stacks_setting_is_one_fatal_line(image, env, command, line
     assert len(fatal) == 1 and line in fatal[0], proc.stderr[-2000:]
     # A CHOWN_EXTRA list is judged whole before any folder in it is re-owned.
     assert "now belongs to UID" not in proc.stderr, proc.stderr[-2000:]
+
+
+# 09-rights.sh's functions alone, as root, with the start's helpers stubbed: a folder the user
+# may write (/data, given earlier) holds the one CHOWN_EXTRA names now, and the user swaps its
+# parent for a symlink to /usr/local (renameat2 in a loop, in the QA report).  The swap is made
+# here by a hook at one moment, so the race is lost every time, not 1 start in 9.
+CHOWN_EXTRA_RACE = r"""
+set -euo pipefail
+log() { printf '%s %s\n' "$1" "$2" >&2; }
+info() { log INFO "$*"; }
+warn() { log WARN "$*"; }
+fatal() { log FATAL "$*"; exit 64; }
+is_root() { true; }
+NB_USER=tf NB_UID=1000 NB_GID=1000 USER_HOME=/home/tf WORKSPACE=/workspace
+source /usr/local/lib/tfmp/start/always/09-rights.sh   # no CHOWN_EXTRA yet: defines only
+mkdir -p /data/project/bin
+swap() { mv -T /data/project /data/project_real; ln -s /usr/local /data/project; }
+case $1 in
+  # just after the path was checked (resolved with no symlink in it)
+  realpath) realpath() { command realpath "$@"; swap; } ;;
+  # just before the change itself, after every look at the path
+  chown) chown() { swap; command chown "$@"; } ;;
+esac
+status=0
+(CHOWN_EXTRA=/data/project/bin chown_extra) || status=$?
+echo "status=$status usr_local_bin=$(stat -c %u /usr/local/bin) real=$(stat -c %u /data/project_real/bin)"
+"""
+
+
+@pytest.mark.parametrize("swapped_at, status, real_owner", [
+    # Then the folder the path leads to is not the one checked: refused, nothing re-owned.
+    ("realpath", "64", "0"),
+    # The folder already held is the one re-owned, wherever its path now leads.
+    ("chown", "0", "1000"),
+])
+def test_chown_extra_re_owns_the_folder_it_checked_even_if_a_parent_is_swapped(
+        image, swapped_at, status, real_owner):
+    proc = docker_run(image, "--entrypoint", "bash",
+                      command=["-c", CHOWN_EXTRA_RACE, "race", swapped_at], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [f"status={status}", "usr_local_bin=0", f"real={real_owner}"], \
+        proc.stdout + proc.stderr[-2000:]
+    if status == "64":
+        fatal = [x for x in proc.stderr.splitlines() if "FATAL" in x]
+        assert len(fatal) == 1 and "CHOWN_EXTRA: '/data/project/bin' changed after it was " \
+            "checked (it now leads to '/usr/local/bin'" in fatal[0], proc.stderr
 
 
 def test_docker_stacks_settings_not_read_here_say_so(image):

@@ -9,7 +9,8 @@
 #                     a risk, off by default); no, 0 or unset: none
 #   CHOWN_EXTRA       folders (separated by commas) given to NB_UID:NB_GID at start, e.g.
 #                     a mounted /data; outside the home and the workspace (the user's
-#                     already) and above neither, absolute, with no symlink in the path;
+#                     already) and above neither, absolute, with no symlink in the path
+#                     (checked again on the folder itself when it is re-owned);
 #                     no system folder (/etc, /usr, ...) unless GRANT_SUDO gives root anyway
 #   CHOWN_EXTRA_OPTS  -R: their contents too (links are changed, never followed)
 
@@ -64,6 +65,27 @@ chown_extra_refuse_system_path() { # $1 = the path as given, $2 = the real path
   done
 }
 
+# Re-owns one judged folder, $1 (its real path), and only that folder: the path is
+# walked once, by `cd -P`, and the folder then held as the working directory is the one
+# changed (`chown .`), after the kernel's path of it (`pwd -P`) is checked to be $1.  A
+# parent the user may write (a /data given earlier) could be swapped for a symlink to
+# /usr/local between the judging and a chown by path, even with -h (which protects only
+# the last component): root would re-own /usr/local/bin.  In a subshell, so root's own
+# working directory stays.  $2... = chown's options (-R: links are re-owned themselves,
+# none followed below).
+chown_extra_folder() {
+  local real=$1 held
+  shift
+  (
+    cd -P -- "$real" 2>/dev/null ||
+      fatal "CHOWN_EXTRA: '$real' is no longer a folder (it changed after it was checked): nothing was re-owned there"
+    held=$(pwd -P)
+    [[ $held == "$real" ]] ||
+      fatal "CHOWN_EXTRA: '$real' changed after it was checked (it now leads to '$held', through a symlink in its path): nothing was re-owned there; allowed: a folder whose parents only root may change"
+    chown -h "$@" -- "$NB_UID:$NB_GID" .
+  )
+}
+
 chown_extra() {
   local opts=() path real list=()
   [[ -n ${CHOWN_EXTRA:-} ]] || return 0
@@ -95,13 +117,14 @@ chown_extra() {
       fatal "CHOWN_EXTRA: '$path' goes through a symlink (to '$real'): give the real path"
     fi
     [[ $real != / ]] || fatal "CHOWN_EXTRA: '/' is refused"
+    # Folders only: a file cannot be held open without following it, as a folder is by cd.
+    [[ -d $real ]] || fatal "CHOWN_EXTRA: '$path' is not a folder; allowed: folders, e.g. a mounted /data"
     chown_extra_refuse_above_user_path "$path" "$real"
     chown_extra_refuse_system_path "$path" "$real"
     reals+=("$real")
   done
   for real in "${reals[@]}"; do
-    # -h: a link is re-owned itself; -R without -L follows none below.
-    chown -h "${opts[@]}" "$NB_UID:$NB_GID" "$real"
+    chown_extra_folder "$real" "${opts[@]}" || exit
     info "CHOWN_EXTRA: $real now belongs to UID $NB_UID, GID $NB_GID${opts[*]:+ (with its contents)}"
   done
 }
