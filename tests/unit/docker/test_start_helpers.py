@@ -140,6 +140,52 @@ def test_jupyter_args_refusals_are_one_line_and_status_2(args, env, words):
     assert words in proc.stderr, proc.stderr
 
 
+# Every spelling traitlets reads as the same setting (one dash or two, `=` or the next
+# argument, any class: a base class's setting reaches the server too), and the web
+# application's settings, which tornado_settings (or an extension's settings) override:
+# each one turned the XSRF check or the token off (QA: a cookie-only POST /api/kernels got
+# 201 with -ServerApp.disable_check_xsrf=True).
+XSRF = "the server never runs without its XSRF check"
+
+
+@pytest.mark.parametrize("args, env, words", [
+    (["-ServerApp.disable_check_xsrf=True"], {}, f"the Jupyter option -ServerApp.disable_check_xsrf is refused: {XSRF}"),
+    ([], {"NOTEBOOK_ARGS": "-ServerApp.disable_check_xsrf=True"}, "-ServerApp.disable_check_xsrf is refused"),
+    (["-ServerApp.disable_check_xsrf", "True"], {}, "-ServerApp.disable_check_xsrf is refused"),
+    (["--NotebookApp.disable_check_xsrf", "True"], {}, "--NotebookApp.disable_check_xsrf is refused"),
+    (["-Configurable.disable_check_xsrf=True"], {}, "-Configurable.disable_check_xsrf is refused"),
+    (["-ServerApp.token="], {}, "the Jupyter option -ServerApp.token is refused: set JUPYTER_TOKEN"),
+    (["-IdentityProvider.token", "abc"], {}, "-IdentityProvider.token is refused"),
+    (["-PasswordIdentityProvider.password_required=False"], {}, "is refused"),
+    (["-JupyterApp.config_file=/tmp/x.py"], {}, "-JupyterApp.config_file is refused: it replaces"),
+    (["--ServerApp.cookie_secret=abc"], {}, "a known secret lets anyone sign a login cookie"),
+    (['--ServerApp.tornado_settings={"disable_check_xsrf": True}'], {},
+     f"the Jupyter option --ServerApp.tornado_settings is refused: it sets disable_check_xsrf, and {XSRF}"),
+    ([], {"NOTEBOOK_ARGS": "--ServerApp.tornado_settings='{\"xsrf_cookies\": False}'"},
+     f"it sets xsrf_cookies, and {XSRF}"),
+    (["--ServerApp.tornado_settings", "disable_check_xsrf=True"], {}, "it sets disable_check_xsrf"),
+    (["-ServerApp.tornado_settings=allow_unauthenticated_access=True"], {},
+     "-ServerApp.tornado_settings is refused: it sets allow_unauthenticated_access"),
+    (["--ServerApp.tornado_settings=headers={}", "--ServerApp.tornado_settings=token="], {},
+     "it sets token, and set JUPYTER_TOKEN"),
+    (["--NotebookApp.tornado_settings={'cookie_secret': b'x'}"], {}, "it sets cookie_secret"),
+    (["--LabApp.settings=disable_check_xsrf=True"], {}, "--LabApp.settings is refused: it sets disable_check_xsrf"),
+    (["--ServerApp.tornado_settings.disable_check_xsrf=True"], {}, "is refused"),
+])
+def test_jupyter_args_refuse_a_weakening_setting_however_it_is_spelled(args, env, words):
+    proc = jupyter_args(*args, **env)
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert words in proc.stderr, proc.stderr
+
+
+def test_jupyter_args_read_single_dash_options_and_harmless_web_settings():
+    out = parsed(jupyter_args("-ServerApp.port", "7002", "-ServerApp.base_url=/b/",
+                              '--ServerApp.tornado_settings={"headers": {"X-Frame-Options": "DENY"}}',
+                              "--ServerApp.tornado_settings=websocket_max_message_size=1e9"))
+    assert out[:2] == ["7002", "/b/"]
+
+
 # --- run-hooks.sh: docker-stacks' hook rules, sourced by entrypoint.sh -------------------------
 
 def test_run_hooks_runs_each_kind_and_gives_the_callers_options_back(tmp_path):
