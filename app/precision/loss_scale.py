@@ -222,8 +222,17 @@ def apply_path(opt, variables):
     """How the custom step hands ``opt`` one update of gradients it accumulated
     (``app.training.accumulate``): (``apply(grads)``, ``scale_in``, ``scale_out``), the
     gradients of the scaled loss being the true ones times ``scale_in()`` and ``apply``
-    taking them times ``scale_out()`` (None: 1).  Keras 2's LossScaleOptimizer takes
-    unscaled gradients (and checks them), Keras 3's the scaled ones (it unscales them)."""
+    taking them times ``scale_out()`` (None: 1).
+
+    A LossScaleOptimizer takes the group's mean scaled, and unscales it by its own path, as
+    it would a plain step's gradients: Keras 3's ``apply`` unscales inside; Keras 2's
+    ``apply_gradients`` takes unscaled gradients, made by its ``get_unscaled_gradients``.
+    Keras 2 records that call, and an ``apply_gradients`` traced after ``get_scaled_loss``
+    without it logs "You forgot to call LossScaleOptimizer.get_unscaled_gradients()" (the
+    accumulation's own division by the scale misled it so).  A scale that is a power of two
+    (the default initial scale, 2**15, halved or doubled) scales the mean up and down again
+    without changing a bit; another initial scale may move its last bit, as Keras' own
+    unscaling of a plain step does."""
     variables = list(variables)
     if not is_loss_scaled(opt):
         return (lambda g: opt.apply_gradients(zip(g, variables))), None, None
@@ -232,4 +241,7 @@ def apply_path(opt, variables):
         return current_loss_scale(opt)
     if IS_KERAS3:
         return (lambda g: opt.apply(agree_on_nonfinite(g), variables)), scale, scale
-    return (lambda g: opt.apply_gradients(zip(g, variables))), scale, None
+
+    def apply_unscaled(scaled_grads):
+        opt.apply_gradients(zip(opt.get_unscaled_gradients(scaled_grads), variables))
+    return apply_unscaled, scale, scale

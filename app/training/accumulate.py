@@ -4,9 +4,10 @@ Every micro-batch's gradients, unscaled (a loss-scaled path divides by the scale
 computed with) and weighted by the micro-batch's sample count, are added in float32
 variables, one per trainable variable.  The N-th micro-batch of a group, or the epoch's
 last one (a short group), hands their mean (sum / samples) to the optimizer's own apply
-path, once, in the form that path takes.  A LossScaleOptimizer so sees one update: when
-any micro-batch was non-finite the sum is too, and it skips the whole update and lowers
-the scale once; its growth counts updates.  Off the update the optimizer is not called at
+path, once, in the form that path takes (a LossScaleOptimizer's: scaled, for it to unscale
+as it unscales a plain step's; ``loss_scale.apply_path``).  A LossScaleOptimizer so sees
+one update: when any micro-batch was non-finite the sum is too, and it skips the whole
+update and lowers the scale once; its growth counts updates.  Off the update the optimizer is not called at
 all, so its iterations (learning-rate schedules), the step statistics, the sentinel's step
 and the checkpoints count updates.  No pass over the gradients of ours beyond the add.
 
