@@ -51,6 +51,25 @@ def make_folder(path: str, what: str = "output directory") -> None:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        why = os.strerror(exc.errno) if exc.errno else str(exc)
-        where = f" ({exc.filename!r})" if exc.filename and exc.filename != path else ""
-        raise UsageError(f"{what} {path!r} cannot be created: {why}{where}", ALLOWED) from None
+        raise _cannot_create(path, what, exc) from None
+
+
+def make_new_folder(path: str, what: str = "output directory") -> bool:
+    """Create ``path`` as this process's own: True when it was made here, False when it
+    exists already.  ``os.mkdir`` is the claim: of two processes making one folder at
+    once, exactly one succeeds (``os.makedirs(exist_ok=True)`` lets both think they made
+    it).  Its parents are made as ``make_folder`` makes them; a refusal is one line."""
+    make_folder(os.path.dirname(os.path.abspath(path)), what)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise _cannot_create(path, what, exc) from None
+    return True
+
+
+def _cannot_create(path: str, what: str, exc: OSError) -> UsageError:
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    where = f" ({exc.filename!r})" if exc.filename and exc.filename != path else ""
+    return UsageError(f"{what} {path!r} cannot be created: {why}{where}", ALLOWED)

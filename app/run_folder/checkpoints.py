@@ -32,6 +32,12 @@ class Checkpointer:
         self.manager = tf.train.CheckpointManager(self.ckpt, write_dir or self.read_dir,
                                                   max_to_keep=3)
 
+    def move_to(self, output: str) -> None:
+        """Save into and restore from ``<output>/checkpoints`` instead: a run folder claimed
+        under another name than the one first chosen, before any save (the chief's only)."""
+        self.read_dir = os.path.join(output, CHECKPOINT_DIR)
+        self.manager = tf.train.CheckpointManager(self.ckpt, self.read_dir, max_to_keep=3)
+
     @property
     def latest_checkpoint(self):
         return newest_complete(self.read_dir)

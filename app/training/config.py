@@ -9,9 +9,10 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from app.core import catalog as registry
+from app.core import folders
 from app.core import settings
 from app.core.errors import UsageError
 from app.training.distribute import STRATEGIES  # noqa: F401  (re-exported for the flags)
@@ -228,20 +229,40 @@ def run_name(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
     return f"{utc_stamp(now)}-{short_name(cfg.model)}-{short_name(cfg.dataset)}-{policy}"
 
 
+def default_base(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
+    """``<workspace>/runs/<run name>``: the default run folder before its ``-2``, ``-3``, ..."""
+    return os.path.join(cfg.workspace, "runs", run_name(cfg, policy, now))
+
+
 def default_output(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
     """``<workspace>/runs/<run name>``, with ``-2``, ``-3``, ... when that folder exists: two
     runs of the same model, data and policy started in the same second (quick runs from a
-    notebook or a script) would otherwise collide in a folder neither user chose."""
-    return unused(os.path.join(cfg.workspace, "runs", run_name(cfg, policy, now)))
+    notebook or a script) would otherwise collide in a folder neither user chose.  Only a
+    look: ``claim_unused`` makes the folder the run's own."""
+    return unused(default_base(cfg, policy, now))
+
+
+def _numbered(base: str) -> Iterator[str]:
+    yield base
+    n = 2
+    while True:
+        yield f"{base}-{n}"
+        n += 1
 
 
 def unused(base: str) -> str:
     """``base``, or ``base-2``, ``base-3``, ... : the first that does not exist yet."""
-    path, n = base, 1
-    while os.path.exists(path):
-        n += 1
-        path = f"{base}-{n}"
-    return path
+    return next(path for path in _numbered(base) if not os.path.exists(path))
+
+
+def claim_unused(base: str) -> str:
+    """The first of ``base``, ``base-2``, ... that this process creates: ``unused`` only
+    looks, so two runs started in the same second both pick ``base``; the claim is the
+    folder's creation (``folders.make_new_folder``), which only one of them wins, and the
+    other moves on to the next name.  A name taken in any way (a folder, locked or holding
+    a run, a file, a dangling link) is passed by."""
+    return next(path for path in _numbered(base)
+                if not os.path.lexists(path) and folders.make_new_folder(path))
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:

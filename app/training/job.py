@@ -7,7 +7,9 @@ Order of work (nothing is written before every input has been checked):
   2. ``build_parts``: inside ``get_strategy().scope()``, set the policy, build the model
      and the optimizer (wrapped in a LossScaleOptimizer for mixed_float16), the step
      statistics and the checkpointer; with --resume, restore the checkpoint;
-  3. the chief takes the output folder's lock (``app.run_folder.lock``: one run per folder) and
+  3. the chief takes the output folder's lock (``app.run_folder.lock``: one run per folder),
+     a folder the run named itself (no --output) first made its own (another run started
+     in the same second may have taken the name since step 1: this one moves on to -2), and
      a ``Recorder`` opens the folder; ``--loop fit`` (Keras fit) or ``--loop
      custom`` (GradientTape step, ``app.training.loops``) train, recording metrics.json and a
      checkpoint after every epoch;
@@ -35,8 +37,8 @@ from app.precision import keras_version, loss_scale
 from app.training import profiling, step_stats
 from app.run_folder import write_faults as output_faults
 from app.precision import policy as prec
-from app.training.config import (TrainConfig, data_dir_chosen,
-                                 default_data_dir, default_output, validate)
+from app.training.config import (TrainConfig, claim_unused, data_dir_chosen, default_base,
+                                 default_data_dir, unused, validate)
 from app.core import folders
 from app.core.catalog import MIN_UPDATES_PER_EPOCH
 from app.core.errors import (MixedPrecisionClash, NumericsFault,
@@ -87,6 +89,9 @@ class Prepared:
     bundle: Any               # app.task.data.DataBundle
     dist: distribute.Distribution
     previous: Optional[dict] = None   # --resume: the metrics.json of the run continued
+    # No --output: the run folder's name before its -2, -3, ... (``output`` is the first
+    # free one when prepare() looked; ``train`` claims it, or the next one free then).
+    default_base: Optional[str] = None
 
     @property
     def output(self) -> str:
@@ -111,7 +116,8 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     if cfg.resume and not cfg.output:
         raise UsageError("--resume needs --output (or TFMP_OUTPUT) naming the run to continue",
                          "--resume --output <folder of the interrupted run>")
-    output = cfg.output or default_output(cfg, decision.policy)
+    base = None if cfg.output else default_base(cfg, decision.policy)
+    output = cfg.output or unused(base)
     folders.check_writable(output)
     if dist.is_chief:
         # A live run in this folder is named before anything else is said about it (a
@@ -145,9 +151,11 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
     chosen = runnable_when_built(decision, task, bundle)
     if chosen is not decision:
         decision = chosen
-        output = cfg.output or default_output(cfg, decision.policy)   # named for the policy
+        if not cfg.output:   # named for the policy
+            base = default_base(cfg, decision.policy)
+            output = unused(base)
     return Prepared(dataclasses.replace(cfg, output=output, resume=resume), hw, decision, task,
-                    bundle, dist, previous)
+                    bundle, dist, previous, base)
 
 
 # ---- 2. build: model, optimizer, step statistics, checkpointer -------------------------------
@@ -297,6 +305,8 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
             early_stop.check_monitor(run.config.early_stop_on, parts.built.metric_names)
         _warn_of_the_amx_hang(run, parts.model, metrics["environment"]["cpu_threads"])
         start, skip, previous_steps = _resume(run, parts, metrics)
+        if run.dist.is_chief and run.default_base:
+            run = _claim_default_folder(run, parts, metrics, stop)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
         monitor = make_monitor(run, parts, recorder, stop)
         # The chief holds the folder from its first write until it ends (app/run_folder/lock.py);
@@ -315,6 +325,22 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
             _train_and_save(run, parts, recorder, monitor, loop, start, skip,
                             command_line=repeat_signal_exits)
     return metrics
+
+
+def _claim_default_folder(run: Prepared, parts: TrainingParts, metrics: dict,
+                          stop: StopFlag) -> Prepared:
+    """The folder the run chose (no --output) made its own, after every check and just before
+    its lock is taken: prepare() only looked, so another run started in the same second may
+    have made it since (and would hold its lock).  Then this run moves on to the next free
+    name, ``-2``, ``-3``, ..., and what names the folder follows.  An --output the user gave
+    is theirs: its lock refuses a second run (``RunLock``)."""
+    output = claim_unused(run.default_base)
+    if output == run.output:
+        return run
+    parts.checkpointer.move_to(output)   # nothing saved yet, nothing restored (no --resume)
+    metrics["config"]["output"] = output
+    stop.output = output
+    return dataclasses.replace(run, config=dataclasses.replace(run.config, output=output))
 
 
 def _warn_of_the_amx_hang(run: Prepared, model, threads: dict) -> None:

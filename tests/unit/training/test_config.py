@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from app.training.config import TrainConfig, default_output, resolve_config
+from app.training.config import TrainConfig, claim_unused, default_output, resolve_config
 from app.core.errors import UsageError
 
 
@@ -23,6 +23,27 @@ def test_workspace_and_data_dir_defaults():
     assert cfg.data_dir == os.path.join("/tmp/wsx", "data")
     out = default_output(cfg, "float32", now=datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc))
     assert out == os.path.join("/tmp/wsx", "runs", "20240102T030405Z-mlp-mnist-float32")
+
+
+def test_claims_of_one_default_folder_name_each_get_their_own(tmp_path):
+    """Two runs started in the same second pick the same default name (``unused`` only
+    looks); the claim is the folder's creation, which one wins: the other takes ``-2``."""
+    import threading
+
+    base = str(tmp_path / "runs" / "20261207T162250Z-nets-data-float32")
+    assert claim_unused(base) == base
+    assert claim_unused(base) == base + "-2"
+    os.symlink(tmp_path / "gone", base + "-3")   # a name taken by a dangling link too
+    assert claim_unused(base) == base + "-4"
+    # at once, from threads: every claim a folder of its own
+    start, claimed = threading.Barrier(6), []
+    threads = [threading.Thread(target=lambda: (start.wait(), claimed.append(claim_unused(base))))
+               for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(claimed) == 6 and set(claimed) == {f"{base}-{n}" for n in range(5, 11)}
 
 
 def test_bad_environment_value_names_the_variable():

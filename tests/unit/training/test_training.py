@@ -133,6 +133,30 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tiny_config, t
     assert runs[0]["config"]["output"] != runs[1]["config"]["output"]
 
 
+def test_a_default_folder_taken_before_the_claim_moves_the_run_on(tiny_config, monkeypatch):
+    """Two `tfmp train` started in the same second both pick the same default folder in
+    prepare(); the second to claim it (QA: 'is in use by another run', exit 2) takes -2."""
+    from app.run_folder.lock import RunLock
+    from app.training import job
+
+    real, twins = job.prepare, []
+
+    def prepare_then_lose_the_race(*args, **kwargs):
+        run = real(*args, **kwargs)
+        twins.append(RunLock(run.output).acquire())   # the other run: folder made, locked
+        return run
+
+    monkeypatch.setattr(job, "prepare", prepare_then_lose_the_race)
+    try:
+        m = job.train(tiny_config(output=None, epochs=1, max_train_samples=64))
+    finally:
+        twins[0].release()
+    assert m["status"] == "completed"
+    assert m["config"]["output"] == twins[0].output + "-2"
+    assert os.listdir(os.path.join(twins[0].output + "-2", "checkpoints"))
+    assert os.listdir(twins[0].output) == [".tfmp-run.lock"]   # the twin's, untouched
+
+
 def test_resume_restores_epoch_and_loss_scale(tiny_config):
     cfg = tiny_config(precision="mixed_float16", loop="custom", epochs=1, max_train_samples=128,
                       max_val_samples=32, initial_loss_scale=2.0 ** 30)
