@@ -302,6 +302,8 @@ def test_arbitrary_uid_gets_a_name_and_the_home(image, container, tmp_path):
     # traitlets reads one dash as two: a cookie-only POST /api/kernels got 201 (QA)
     (["-e", "NOTEBOOK_ARGS=-ServerApp.disable_check_xsrf=True"], ["serve"],
      "the Jupyter option -ServerApp.disable_check_xsrf is refused"),
+    (["-e", "NOTEBOOK_ARGS=--ServerApp.jpserver_extensions=jupyter_lsp=True"], ["serve"],
+     "the Jupyter option --ServerApp.jpserver_extensions is refused"),
     (["-e", "ENABLE_SSH=1", "-e", "JUPYTER_PORT=22"], ["serve"], "the Jupyter port 22 is the SSH server's in the container"),
     (["-e", "JUPYTER_ENV_VARS_TO_UNSET=A,B-C"], ["true"], "JUPYTER_ENV_VARS_TO_UNSET must name variables"),
     (["-e", "JUPYTERHUB_API_TOKEN=x"], ["serve"], "JUPYTERHUB_API_TOKEN is set but JUPYTERHUB_API_URL is not"),

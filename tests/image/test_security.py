@@ -363,6 +363,35 @@ def test_nbconvert_sandbox_on_the_real_bases_server_versions(image):
     assert "frame-ancestors 'self'" in csp and "sandbox allow-scripts" in csp, csp
 
 
+# The server's extensions as a start builds them: the image's config, a user's config that
+# adds one the way the refusal of --ServerApp.jpserver_extensions says, and the command line.
+EXTENSIONS_CHECK = r"""
+set -e
+echo token-for-the-check > /tmp/tok
+mkdir -p ~/.jupyter
+echo "c.ServerApp.jpserver_extensions.update({'jupyter_lsp': True})" > ~/.jupyter/jupyter_server_config.py
+TFMP_JUPYTER_TOKEN_PATH=/tmp/tok python3 -c '
+import sys
+from jupyter_server.serverapp import ServerApp
+app = ServerApp()
+app.parse_command_line(sys.argv[1:])
+app.load_config_file()
+print(sorted(k for k, on in app.jpserver_extensions.items() if on))
+' "$@"
+"""
+
+
+def test_an_extension_enabled_in_a_config_file_keeps_the_nbconvert_fix(image):
+    """`--ServerApp.jpserver_extensions=jupyter_lsp=True` replaced the whole dict, the
+    CSP fix with it (refused now, one line: tests/image/test_docker_stacks.py); the way the
+    refusal names, a config file's update(), keeps both."""
+    proc = docker_run(image, "--user", "1000", "--entrypoint", "bash",
+                      command=["-c", EXTENSIONS_CHECK, "check"], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "['jupyter_lsp', 'tfmp_nbconvert_csp']", \
+        proc.stdout + proc.stderr[-2000:]
+
+
 def test_cookie_secret_is_fresh_per_start_and_not_on_disk(hostile):
     found = exec_in(hostile["name"], "find", "/home/tf", "-name", "jupyter_cookie_secret").stdout
     assert found.strip() == ""

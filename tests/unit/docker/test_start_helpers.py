@@ -171,6 +171,13 @@ XSRF = "the server never runs without its XSRF check"
     (["--NotebookApp.tornado_settings={'cookie_secret': b'x'}"], {}, "it sets cookie_secret"),
     (["--LabApp.settings=disable_check_xsrf=True"], {}, "--LabApp.settings is refused: it sets disable_check_xsrf"),
     (["--ServerApp.tornado_settings.disable_check_xsrf=True"], {}, "is refused"),
+    # A server extension named on the command line dropped the image's CVE fix (QA: the
+    # nbconvert page's CSP lost its sandbox); the config file's update() keeps both.
+    ([], {"NOTEBOOK_ARGS": "--ServerApp.jpserver_extensions=jupyter_lsp=True"},
+     "the Jupyter option --ServerApp.jpserver_extensions is refused: on the command line it "
+     "replaces every server extension the configuration enables, the image's tfmp_nbconvert_csp"),
+    (["-ServerApp.jpserver_extensions", "{'jupyter_lsp': True}"], {},
+     "c.ServerApp.jpserver_extensions.update({'NAME': True})"),
 ])
 def test_jupyter_args_refuse_a_weakening_setting_however_it_is_spelled(args, env, words):
     proc = jupyter_args(*args, **env)
