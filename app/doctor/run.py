@@ -406,9 +406,10 @@ def _numerics_finding(report: dict, task, model, entries, loss_fn, batch, fault,
     """The sentinel's replay of the failing batch (``app.numerics.replay``) as a blocker:
     where the non-finite value began, whether float32 fails too, and the fix."""
     from app.numerics import replay
+    from app.task.losses import name_of
 
     failed = replay.FailedStep(fault, 1, (fault.step - 1) * batch_size, policy,
-                               str(task.describe().get("loss")), start_weights_max, rows=rows)
+                               name_of(loss_fn), start_weights_max, rows=rows)
     diag = replay.diagnose(model, loss_fn, entries, batch, failed)
     report["numerics"] = diag.to_json()
     after = (f"after {fault.step} training step(s) under {policy}: " if fault.step > 1 else "")

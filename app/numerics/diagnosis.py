@@ -13,6 +13,7 @@ Verdicts:
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
@@ -26,7 +27,7 @@ class Where:
     """Where the fault began: a layer (forward or backward), the input samples, the
     weights, the loss, or nothing found."""
     kind: str                       # layer | input samples | weights | loss | none
-    name: Optional[str] = None      # the layer's full path, the variables, the loss spec
+    name: Optional[str] = None      # the layer's full path, the variables, the loss's name
     class_name: Optional[str] = None
     dtype: Optional[str] = None     # the layer's compute dtype in the run
     phase: str = "forward"          # forward | backward
@@ -51,7 +52,8 @@ class Where:
         if self.kind == "loss":
             extra = (f" for {_samples_at(self.samples)} of the epoch{self._rows()}"
                      if self.samples else "")
-            return f"the loss ({self.name}): non-finite{extra} while every layer's output is finite"
+            named = f" ({self.name})" if self.name else ""
+            return f"the loss{named}: non-finite{extra} while every layer's output is finite"
         return "not found: the replay of the failing batch from these weights is finite"
 
     def _rows(self) -> str:
@@ -102,8 +104,10 @@ class Diagnosis:
             parts.append(f"{self.where.dtype}'s largest finite value is {limit:g}")
         return "; ".join(parts)
 
-    def lines(self) -> List[str]:
-        """The console block: the first line is the error, the rest indented."""
+    def lines(self, output: Optional[str] = None, command_line: bool = True) -> List[str]:
+        """The console block: the first line is the error, the rest indented.  ``output``:
+        the run's folder; ``command_line``: the run is ``tfmp train``'s (its words are
+        flags), else ``app.train``'s (keywords)."""
         named = [f"{k} {v}" for k, v in (("replica", self.replica), ("worker", self.worker))
                  if v is not None]
         at = f" ({', '.join(named)})" if named else ""
@@ -121,13 +125,32 @@ class Diagnosis:
                 "not a precision problem"))
         out.append(f"  verdict: {self.verdict}")
         out.append(f"  fix: {self.fix}")
+        out.append(f"  then: {self.then_text(output, command_line)} (docs/numerics.md)")
+        return out
+
+    def then_text(self, output: Optional[str] = None, command_line: bool = True) -> str:
+        """What to run after the fix.  The checkpoint saved at the fault holds the weights
+        the failing step began from: a resume from it works when the fix is in the data, a
+        flag or the model, never when those weights are what went wrong (the optimizer's
+        verdict): an update grew them (the guard stops only non-finite ones), and a lower
+        learning rate cannot shrink them, so the run starts again (--resume takes only the
+        newest checkpoint)."""
+        resume = "--resume" if command_line else "resume=True"
+        if self.verdict == "optimizer":
+            new = "a new --output" if command_line else "a new output="
+            gone = (f"after removing {output} (rm -r {shlex.quote(output)})" if output and
+                    command_line else f"after removing {output!r}" if output else
+                    "after removing the run's folder")
+            return (f"start the run again with the fix, with {new} or {gone}: the checkpoint "
+                    f"saved at the fault holds the weights that grew, and {resume} would "
+                    "continue from them")
         # The data is fixed outside the command (the rows in the file); any other fix is a
         # flag or an edit of the model, given with the resume.
         first = ("once those samples are fixed or removed in the data, the same command"
                  if self.where.kind == "input samples" else "the same command, with the fix,")
-        out.append(f"  then: {first} with --resume continues from the checkpoint saved at the "
-                   "fault (docs/numerics.md)")
-        return out
+        if not command_line:
+            first = first.replace("the same command", "the same app.train call")
+        return f"{first} with {resume} continues from the checkpoint saved at the fault"
 
     def summary(self) -> str:
         """One line for metrics.json's ``diagnosis``: what happened, where, the fix."""

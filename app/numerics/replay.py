@@ -183,11 +183,27 @@ class FailedStep:
     epoch: int                     # 1-based
     position: int                  # the batch's first sample's position in the epoch
     policy: str
-    loss_spec: str
-    start_weights_max: Optional[float] = None
+    loss_name: Optional[str]       # the loss the run uses (app.task.losses.name_of), or None
+    start_weights_max: Optional[float] = None   # the weights' largest when the run began
     replica: Optional[int] = None
     worker: Optional[int] = None
     rows: Optional[object] = None  # the training data's rows (app.task.data_rows.DataRows)
+    # The weights' largest as the model was built, before a resumed run's checkpoint put
+    # its own in; None: the run began from those (start_weights_max).
+    built_weights_max: Optional[float] = None
+
+    @property
+    def reference_weights_max(self) -> Optional[float]:
+        """The size the weights' growth is measured from: as the model was built.  A resumed
+        run's own start is no measure: it may begin from weights that grew already (a
+        checkpoint saved at an optimizer's fault), which it would call normal."""
+        return self.built_weights_max or self.start_weights_max
+
+    @property
+    def began_grown(self) -> bool:
+        """This run began from weights that had grown already (a resumed checkpoint's)."""
+        return bool(self.built_weights_max and self.start_weights_max and
+                    self.start_weights_max >= GROWTH_FOR_OPTIMIZER * self.built_weights_max)
 
 
 def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis:
@@ -253,7 +269,7 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
         return _not_precision(where, failed, done, model, facts)
     if not run.loss_finite:
         in_batch = [int(i) for i in np.flatnonzero(~run.sample_finite)]
-        where = dx.Where("loss", failed.loss_spec, samples=[failed.position + i for i in in_batch])
+        where = dx.Where("loss", failed.loss_name, samples=[failed.position + i for i in in_batch])
         _name_rows(where, failed.rows, x, y, in_batch[:MOST_ROWS_SEARCHED], nonfinite=False)
         if precision:
             return done(where, "precision", "compute the loss in float32: cast the predictions "
@@ -316,10 +332,10 @@ def _owner(variable, calls: List[CallResult]) -> Optional[CallResult]:
 
 
 def _not_precision(where, failed: FailedStep, done, model, facts):
-    grown = failed.start_weights_max and weights_max(model) >= (
-        GROWTH_FOR_OPTIMIZER * failed.start_weights_max)
+    reference = failed.reference_weights_max
+    grown = reference and weights_max(model) >= GROWTH_FOR_OPTIMIZER * reference
     if grown:
-        return done(where, "optimizer", _optimizer_fix(model), **facts)
+        return done(where, "optimizer", _optimizer_fix(model, failed), **facts)
     if where.kind == "loss":
         return done(where, "model", "the loss is non-finite in float32 too: guard it (e.g. "
                     "tf.math.log(tf.maximum(p, 1e-7)), tf.math.divide_no_nan), or check the "
@@ -329,6 +345,14 @@ def _not_precision(where, failed: FailedStep, done, model, facts):
                 "large value; or lower --learning-rate", **facts)
 
 
-def _optimizer_fix(model) -> str:
+def _optimizer_fix(model, failed: FailedStep) -> str:
+    if failed.began_grown:
+        # Resumed from a checkpoint of weights that had grown: this run's own learning rate
+        # is not the cause, and none undoes what those weights hold.
+        return (f"the weights were {failed.start_weights_max:.3g} when this run began, from "
+                f"the checkpoint it resumed ({failed.built_weights_max:.3g} as the model was "
+                "built), and no learning rate brings them back: train from new weights, with a "
+                "--learning-rate 10x or more lower than the run that grew them, or clip the "
+                "gradients (clipnorm= on your optimizer)")
     return (f"the weights grew to {weights_max(model):.3g}: lower --learning-rate (by 10x or "
             "more), or clip the gradients (clipnorm= on your optimizer)")

@@ -51,7 +51,7 @@ def make_loss(loss_spec, bundle, units, probabilities: bool, notes: list, explai
                             "probabilities (the model's outputs sum to 1)"
                             if name == "categorical_crossentropy" or name == DEFAULT_LOSS else
                             "probabilities (the model's outputs lie in 0..1)"))
-        return per_example(loss)
+        return per_example(loss, name)
     loss = keras_object(loss_spec, "loss", tf.keras.losses.get,
                          "a Keras loss name (e.g. sparse_categorical_crossentropy, mse) "
                          "or MODULE:OBJECT", namespace=tf.keras.losses)
@@ -66,7 +66,7 @@ def make_loss(loss_spec, bundle, units, probabilities: bool, notes: list, explai
         raise UsageError(f"loss {spec_text(loss_spec)!r} is a {type(loss).__name__}, not a loss",
                          "a Keras loss name, a keras.losses.Loss, or a function "
                          "(y_true, y_pred) -> per-example loss")
-    return per_example(loss)
+    return per_example(loss, spec_text(loss_spec))
 
 
 def default_metrics(bundle, units) -> list:
@@ -115,9 +115,10 @@ def outputs_look_like_probabilities(model, prediction, label_kind: str = "sparse
     return bool((y >= -1e-3).all() and np.allclose(y.sum(axis=-1), 1.0, atol=2e-2))
 
 
-def per_example(loss):
+def per_example(loss, name: Optional[str] = None):
     """Per-example losses computed on float32 predictions whatever the model's output dtype
-    (a 16-bit softmax or log-softmax loses the small probabilities; build() warns)."""
+    (a 16-bit softmax or log-softmax loses the small probabilities; build() warns).
+    ``name``: the loss as the user knows it (``name_of``)."""
     import tensorflow as tf
 
     def on_float32(y_true, y_pred):
@@ -131,7 +132,18 @@ def per_example(loss):
             y_true = tf.expand_dims(y_true, -1)
         return loss(y_true, y_pred)
     on_float32.__name__ = getattr(loss, "__name__", None) or getattr(loss, "name", "loss")
+    on_float32.loss_name = name or getattr(loss, "__name__", None) or getattr(loss, "name", None)
     return on_float32
+
+
+def name_of(loss_fn) -> Optional[str]:
+    """The name of the loss a run uses (``make_loss``'s function): the spec as given (a
+    Keras name, MODULE:OBJECT, the user's function's name), else the default chosen
+    (sparse_categorical_crossentropy, ...); None when it has none.  The sentinel's report
+    names the loss with it: the spec alone was None for the default loss, and the report
+    said "the loss (None)"."""
+    name = getattr(loss_fn, "loss_name", None)
+    return str(name) if name else None
 
 
 def keras_object(spec, what: str, keras_get, allowed: str, namespace=None):

@@ -50,6 +50,7 @@ from app.training import accumulate
 from app.training.accumulate import Accumulator
 from app.training.sentinel import SentinelState
 from app.training.sentinel_watch import SentinelWatch
+from app.numerics.replay import weights_max
 from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
                                    plain_lines)
 from app.run_folder.lock import RunLock
@@ -235,7 +236,8 @@ def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
 
 
 def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
-                 stop: StopFlag | None = None) -> StepMonitor:
+                 stop: StopFlag | None = None,
+                 built_weights_max: Optional[float] = None) -> StepMonitor:
     cfg = run.config
     watch = None
     # Multi-worker without TF_CONFIG is one worker, with no cluster to name.
@@ -250,7 +252,8 @@ def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
                               worker=cluster.rank if cluster else None,
                               workers=cluster.num_workers if cluster else 1,
                               pool=run.dist.pool_json if cluster else None,
-                              on_probe=recorder.record_probe, rows=run.bundle.train_rows)
+                              on_probe=recorder.record_probe, rows=run.bundle.train_rows,
+                              built_weights_max=built_weights_max)
         recorder.watch = watch
     return StepMonitor(cfg.log_every, cfg.max_skipped_steps, parts.loss_scaled, parts.optimizer,
                        parts.stats, stop or StopFlag(), recorder.record_step, watch)
@@ -304,11 +307,16 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         if run.config.early_stop:   # the metrics are known once the model is built
             early_stop.check_monitor(run.config.early_stop_on, parts.built.metric_names)
         _warn_of_the_amx_hang(run, parts.model, metrics["environment"]["cpu_threads"])
+        # A resumed run's weights as built, before the checkpoint's: the sentinel measures
+        # their growth from there (a checkpoint saved at an optimizer's fault holds weights
+        # that grew, which the resumed run's own start would call normal).
+        built_weights_max = (weights_max(parts.model)
+                             if run.config.resume and parts.sentinel is not None else None)
         start, skip, previous_steps = _resume(run, parts, metrics)
         if run.dist.is_chief and run.default_base:
             run = _claim_default_folder(run, parts, metrics, stop)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
-        monitor = make_monitor(run, parts, recorder, stop)
+        monitor = make_monitor(run, parts, recorder, stop, built_weights_max)
         # The chief holds the folder from its first write until it ends (app/run_folder/lock.py);
         # workers of a multi-worker job write only their own temporary folders.
         lock = RunLock(run.output)
@@ -528,8 +536,8 @@ def _train_and_save(run: Prepared, parts: TrainingParts, recorder: Recorder,
                 else int(parts.stats.steps.numpy()))
         path = parts.checkpointer.save(len(recorder.metrics["epochs"]), step)
         monitor.watch.report(exc.fault, recorder.metrics, epoch=monitor.epoch + 1,
-                             loss_spec=str(run.task.describe().get("loss")), checkpoint=path,
-                             fallback=DIAGNOSIS)
+                             checkpoint=path, fallback=DIAGNOSIS, output=run.output,
+                             command_line=command_line)
     except TrainingDiverged as exc:
         recorder.metrics.update(status="diverged", diagnosis=f"{exc}; {DIAGNOSIS}")
         print(f"error: training diverged at {recorder.metrics['diagnosis']}", file=sys.stderr,

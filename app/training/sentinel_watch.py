@@ -16,7 +16,7 @@ from app.numerics import replay, rules
 from app.numerics.diagnosis import Diagnosis
 from app.numerics.headroom import Headroom, HeadroomProbe
 from app.precision import loss_scale
-from app.task import model_layers
+from app.task import losses, model_layers
 
 
 class SentinelWatch:
@@ -25,9 +25,12 @@ class SentinelWatch:
                  worker: Optional[int] = None, workers: int = 1,
                  pool: Optional[Callable[[object], list]] = None,
                  warn: Optional[Callable[[str], None]] = None,
-                 on_probe: Optional[Callable[[int, dict], None]] = None, rows=None):
+                 on_probe: Optional[Callable[[int, dict], None]] = None, rows=None,
+                 built_weights_max: Optional[float] = None):
         # worker/workers: this worker's index and their number (multi-worker; worker None
         # otherwise); pool: every worker's JSON value, in worker order (Distribution.pool_json).
+        # built_weights_max: a resumed run's weights' largest as the model was built, before
+        # the checkpoint's were restored (the replay measures growth from there).
         self.state, self.model, self.loss_fn = state, model, loss_fn
         self.every, self.policy, self.loss_scaled = every, policy, loss_scaled
         self.max_skipped_steps, self.global_batch, self.worker, self.workers = (
@@ -42,6 +45,7 @@ class SentinelWatch:
         self.last_probe = 0
         self.epoch_start_step = 0
         self.start_weights_max = replay.weights_max(model)
+        self.built_weights_max = built_weights_max
         self.lock = threading.Lock()
         self.warn = warn or (lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
         self.probe_seconds = 0.0
@@ -85,16 +89,17 @@ class SentinelWatch:
         if fault is not None:
             raise NumericsFault(fault)
 
-    def diagnose(self, fault: rules.Fault, epoch: int, loss_spec: str):
+    def diagnose(self, fault: rules.Fault, epoch: int):
         """The replay's diagnosis (``diagnose`` below), or None with nothing to replay."""
-        return diagnose(self, fault, epoch, loss_spec)
+        return diagnose(self, fault, epoch)
 
-    def report(self, fault: rules.Fault, metrics: dict, *, epoch: int, loss_spec: str,
-               checkpoint: str, fallback: str) -> None:
+    def report(self, fault: rules.Fault, metrics: dict, *, epoch: int, checkpoint: str,
+               fallback: str, output: Optional[str] = None, command_line: bool = True) -> None:
         """The fault's diagnosis into ``metrics`` (numerics.fault, the one-line diagnosis,
         status diverged) and its block on stderr; ``fallback``: what to try, when there is
-        no batch to replay."""
-        diag = self.diagnose(fault, epoch, loss_spec)
+        no batch to replay; ``output``, ``command_line``: the run's folder, and whether
+        ``tfmp train`` (else ``app.train``) runs it, for the words of what to do next."""
+        diag = self.diagnose(fault, epoch)
         numerics = metrics.setdefault("numerics", {})
         numerics["checkpoint"] = checkpoint
         if diag is None:
@@ -104,7 +109,7 @@ class SentinelWatch:
                 f"{fault.headline}; {fallback}"
         else:
             numerics["fault"] = diag.to_json()
-            lines, summary = diag.lines(), diag.summary()
+            lines, summary = diag.lines(output, command_line), diag.summary()
         metrics.update(status="diverged", diagnosis=summary)
         print("\n".join(lines), file=sys.stderr, flush=True)
 
@@ -114,12 +119,12 @@ class SentinelWatch:
                 "probe_seconds": round(self.probe_seconds, 3), "fault": None}
 
 
-def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int, loss_spec: str):
+def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int):
     """Replay the stashed batch of each local replica (the first whose replay shows the
     fault is the one named); None without a stash (a rule's fault, not the latch's).
     Several workers: each replays its own replicas' batches, and all of them take the first
     worker's that shows the fault (``pool``), so the chief's metrics.json names it."""
-    found = _diagnose_here(watch, fault, epoch, loss_spec)
+    found = _diagnose_here(watch, fault, epoch)
     if watch.pool is None:
         return found
     everyone = [d for d in watch.pool(None if found is None else found.to_json()) if d]
@@ -129,7 +134,7 @@ def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int, loss_spec: st
     return found
 
 
-def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int, loss_spec: str):
+def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int):
     batches = watch.state.batches() if watch.state.latched() else []
     in_epoch = max(0, fault.step - watch.epoch_start_step - 1)
     local = max(1, len(watch.state.stash))
@@ -143,8 +148,9 @@ def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int, loss_sp
         # shard by worker: distribute.shard_by_data).
         first = start + (i * watch.workers + (watch.worker or 0)) * piece
         failed = replay.FailedStep(
-            fault, epoch, first, watch.policy, loss_spec, watch.start_weights_max,
-            replica=i if len(batches) > 1 else None, worker=watch.worker, rows=watch.rows)
+            fault, epoch, first, watch.policy, losses.name_of(watch.loss_fn),
+            watch.start_weights_max, replica=i if len(batches) > 1 else None,
+            worker=watch.worker, rows=watch.rows, built_weights_max=watch.built_weights_max)
         found = replay.diagnose(watch.model, watch.loss_fn, watch.entries, batch, failed)
         if found.verdict != "not reproduced":
             return found

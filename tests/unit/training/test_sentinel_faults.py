@@ -268,11 +268,38 @@ def _sgd_model(lr):
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_a_learning_rate_that_sends_the_weights_to_inf(tmp_path, loop):
+def test_a_learning_rate_that_sends_the_weights_to_inf(tmp_path, loop, capsys):
     m = _train(tmp_path, _sgd_model(1e4), _data(), loop, precision="float32")
     f = _fault(m)
     assert f["verdict"] == "optimizer" and "lower --learning-rate" in f["fix"]
     assert f["float32_finite"] is False
+    # The checkpoint at the fault holds the weights that grew: no resume from it.
+    then = [line for line in capsys.readouterr().err.splitlines() if line.startswith("  then:")]
+    assert then == [f"  then: start the run again with the fix, with a new output= or after "
+                    f"removing {str(tmp_path / f'run-{loop}')!r}: the checkpoint saved at the "
+                    "fault holds the weights that grew, and resume=True would continue from "
+                    "them (docs/numerics.md)"], then
+
+
+def test_a_resume_from_weights_that_grew_is_the_optimizer_verdict_naming_them(tmp_path,
+                                                                               capsys):
+    """The QA pass: a run at learning rate 1e30 stops at the optimizer's verdict, and its
+    checkpoint holds weights of 1e30; resumed at 1e-3 it failed at once, and the report
+    blamed layer 'logits' (verdict model: "look in it for log(0)").  Those weights are the
+    cause, whatever this run's learning rate: the optimizer's verdict, naming their size
+    when the run began and as the model was built."""
+    m = _train(tmp_path, _model(_dense(), head=_dense(2, "logits")), _data(), "custom",
+               precision="float32", learning_rate=1e30)
+    assert _fault(m)["verdict"] == "optimizer", m["numerics"]["fault"]
+    capsys.readouterr()
+    again = _train(tmp_path, _model(_dense(), head=_dense(2, "logits")), _data(), "custom",
+                   precision="float32", learning_rate=1e-3, resume=True)
+    f = _fault(again)
+    assert f["verdict"] == "optimizer", f
+    assert f["fix"].startswith("the weights were 1e+30 when this run began, from the "
+                               "checkpoint it resumed ("), f["fix"]
+    assert "no learning rate brings them back" in f["fix"], f["fix"]
+    assert "start the run again with the fix" in capsys.readouterr().err
 
 
 def log_weighted_ce(y_true, y_pred):
@@ -282,15 +309,31 @@ def log_weighted_ce(y_true, y_pred):
     return ce * (1.0 + weight)
 
 
-@pytest.mark.parametrize("loop", LOOPS)
-def test_log_of_zero_in_a_custom_loss(tmp_path, loop):
+def _compiled_with(loss):
+    def build(input_shape, num_classes):
+        model = _model(_dense())(input_shape, num_classes)
+        model.compile(optimizer="adam", loss=loss)
+        return model
+    return build
+
+
+@pytest.mark.parametrize("loop,given", [("fit", "keyword"), ("custom", "compiled")])
+def test_log_of_zero_in_a_custom_loss(tmp_path, loop, given, capsys):
+    """The loss given as app.train's loss=, or compiled into the model: named by its name
+    either way (the compiled one was "None", the QA pass's "the loss (None)")."""
     x = _rng_x()
     y = np.where(x[:, 0] > 0.5, 1, 2).astype("int32")
     y[[250, 420]] = 0
-    m = _train(tmp_path, _model(_dense()), _data(x, y), loop, loss=log_weighted_ce,
-               num_classes=3)
+    if given == "keyword":
+        m = _train(tmp_path, _model(_dense()), _data(x, y), loop, loss=log_weighted_ce,
+                   num_classes=3)
+    else:
+        m = _train(tmp_path, _compiled_with(log_weighted_ce), _data(x, y), loop, num_classes=3)
     f = _fault(m)
     assert f["where"]["kind"] == "loss" and f["verdict"] == "model"
+    assert f["where"]["name"] == "log_weighted_ce", f["where"]
+    assert "  where it began: the loss (log_weighted_ce): non-finite for " in \
+        capsys.readouterr().err
     assert f["float32_finite"] is False and f["where"]["samples"]
     # the samples whose loss is not finite, as rows of the data: the ones labelled 0
     assert f["where"]["data"] == "x_train" and f["where"]["rows"], f["where"]

@@ -122,6 +122,38 @@ def test_the_report_names_replica_and_worker():
     assert layer.lines()[-1].startswith("  then: the same command, with the fix, with --resume")
 
 
+def test_after_the_optimizer_verdict_the_run_starts_again_not_from_the_checkpoint():
+    """The checkpoint saved at an optimizer's fault holds the weights that grew (the guard
+    stops only non-finite updates): the QA pass resumed from it with a lower learning rate
+    and diverged again at once.  The 'then' line says to start again, in the words of
+    what ran the run (tfmp train's flags, app.train's keywords), and the folder to clear."""
+    d = dx.Diagnosis("h", "forward", 2, 1, "float32", dx.Where("layer", "logits"),
+                     "optimizer", "the weights grew to 1e+30: lower --learning-rate")
+    then = d.lines(output="runs/lr x")[-1]
+    assert then.startswith("  then: start the run again with the fix, with a new --output or "
+                           "after removing runs/lr x (rm -r 'runs/lr x'): the checkpoint saved "
+                           "at the fault holds the weights that grew"), then
+    assert "--resume continues" not in then
+    api = d.then_text(output="runs/lr", command_line=False)
+    assert "a new output= or after removing 'runs/lr'" in api and "resume=True would" in api
+    assert "--" not in api
+    # The other verdicts resume from that checkpoint, app.train's with resume=True.
+    layer = dx.Diagnosis("h", "forward", 3, 1, "mixed_float16", dx.Where("layer", "grow"),
+                         "precision", "fix")
+    assert layer.then_text(command_line=False) == (
+        "the same app.train call, with the fix, with resume=True continues from the "
+        "checkpoint saved at the fault")
+
+
+def test_the_loss_is_named_by_its_name_or_not_at_all():
+    """The QA pass met "where it began: the loss (None)" (and "None" in metrics.json) for
+    the default loss: the name is the loss's, and an unknown one leaves no parentheses."""
+    assert dx.Where("loss", "sparse_categorical_crossentropy").text().startswith(
+        "the loss (sparse_categorical_crossentropy): non-finite")
+    assert dx.Where("loss").text() == ("the loss: non-finite while every layer's output is "
+                                       "finite")
+
+
 def test_the_input_samples_are_named_in_the_singular_or_the_plural():
     def where(samples, kind="input samples"):
         return dx.Where(kind, name="sparse_categorical_crossentropy", samples=samples).text()
