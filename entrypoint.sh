@@ -247,20 +247,29 @@ remap_user() {
 # group of the image has it: sudo (27) with an SSH_PASSWORD would give root, shadow (42)
 # /etc/shadow, adm and utmp the logs, 0 root's files.  Refused is a GID whose members may
 # do with a system file what others may not (read, write or run it: find's test below), or
-# that a sudo rule names (%name, %#GID); none of the image's other groups (users, 100, as
+# that a sudo rule names (%name, %#GID), device nodes and the terminals' group included
+# (tty: writing to root's terminal); none of the image's other groups (users, 100, as
 # docker-stacks' NB_GID; dialout, 20, as a Mac's staff) gives anything.  Looked for at
 # start, not listed at build: an image built FROM this one adds files and rules of its own.
 refuse_privileged_gid() {
-  local name file rule
+  local name file rule terminals
+  # find's test: the group may read, write or run it and others may not.
+  local rights=(-group "$NB_GID" ! -type l \( \( -perm -g+r ! -perm -o+r \) -o
+    \( -perm -g+w ! -perm -o+w \) -o \( -perm -g+x ! -perm -o+x \) \))
   name=$(getent group "$NB_GID" | cut -d: -f1) || true
   file=$(find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path "$USER_HOME" \
-    -o -path "$WORKSPACE" \) -prune -o -group "$NB_GID" ! -type l \( \
-    \( -perm -g+r ! -perm -o+r \) -o \( -perm -g+w ! -perm -o+w \) -o \
-    \( -perm -g+x ! -perm -o+x \) \) -print -quit 2>/dev/null) || true
+    -o -path "$WORKSPACE" \) -prune -o "${rights[@]}" -print -quit 2>/dev/null) || true
+  # Device nodes too (a disk given with --device, /dev/console under -t), and the group of
+  # every terminal made later (devpts' gid=, tty): an admin's `docker exec -it` as root is a
+  # /dev/pts node of mode 620 the group may write escape sequences and false output to.
+  [[ -n $file ]] || file=$(find /dev "${rights[@]}" -print -quit 2>/dev/null) || true
+  terminals=$(awk '$3 == "devpts" { n = split($4, o, ",")
+    for (i = 1; i <= n; i++) if (o[i] ~ /^gid=/) { print substr(o[i], 5); exit } }' /proc/mounts) || true
   rule=$(grep -shE "^[[:space:]]*%(#$NB_GID${name:+|$name})[[:space:]]" /etc/sudoers \
     /etc/sudoers.d/* | head -n 1) || true
-  [[ -z $file && -z $rule ]] && return 0
+  [[ -z $file && -z $rule && $terminals != "$NB_GID" ]] && return 0
   local what="gives rights others lack on $file"
+  [[ $terminals != "$NB_GID" ]] || what="gives rights others lack on every terminal (/dev/pts, gid=$NB_GID: an admin's docker exec -it among them)"
   [[ -z $rule ]] || what="a sudo rule names"
   [[ -z $name ]] || name=" '$name'"
   fatal "NB_GID=$NB_GID is the image's group$name, which $what: the user would get them; allowed: your host's \`id -g\` when it is not such a group, else another GID (e.g. 1000; files in mounted folders then take it)"

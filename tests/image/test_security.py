@@ -268,6 +268,8 @@ def test_missing_key_file_mounted_as_a_folder_stops(image, tmp_path):
     ("42", "shadow", "gives rights others lack on /etc/shadow"),
     ("0", "root", "gives rights others lack on /etc/"),
     ("4", "adm", "gives rights others lack on /var/log/"),
+    # tty writes to the terminals of `docker exec -it`, root's too (none exists at start)
+    ("5", "tty", "gives rights others lack on every terminal (/dev/pts, gid=5"),
 ])
 def test_an_nb_gid_of_a_privileged_group_stops_the_start(image, gid, group, what):
     """NB_GID joins the user to that GID's group: shadow would read /etc/shadow, adm the
