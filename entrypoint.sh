@@ -65,14 +65,17 @@
 #                       $STATE_DIR/jupyter/token (group NB_GID may read), under $HOME when not root
 #   HOME_TOKEN_FILE     the user's copy, ~/.jupyter/token (written as the user)
 #   USER_CMD            prefix running a command as the user, without PRIVATE_VARS
+#   HELPER_CMD          the same for the image's own programs the start runs as the user
+#                       (tfmp-home, tfmp notebooks, ...): no user site, no secret (user_cmd)
 #   PRIVATE_VARS        start-up secrets never passed to user processes
 #   log/info/warn/fatal, is_root, secret_from_env, refuse_user_path,
 #   check_port_var NAME                                                (below)
 #   service NAME LABEL HEALTH_JSON FUNCTION          register a supervised process
 #   announce LINE                                    a "==>" line once services run
+#   after_hooks FUNCTION                             run FUNCTION after the user's hooks
 #
 # Root at start never follows or writes a path the user controls (the home, the
-# workspace): it does such things as the user (USER_CMD), or keeps its own files where
+# workspace): it does such things as the user (HELPER_CMD), or keeps its own files where
 # the user cannot write (docs/image.md, "Security: root at start and the user's files";
 # tests/image/test_static.py and test_home.py check it).
 set -euo pipefail
@@ -95,6 +98,8 @@ readonly RUN_HOOKS=/usr/local/bin/run-hooks.sh
 readonly TFMP_COMMANDS=(train env benchmark notebooks check tune)
 # Start-up secrets and internal variables: never passed to user processes.
 readonly PRIVATE_VARS=(JUPYTER_TOKEN SSH_PASSWORD PUBLIC_KEY TFMP_JUPYTER_TOKEN_PATH)
+# JupyterHub's token for the single-user server: the server needs it, no start helper does.
+readonly SERVER_SECRETS=(JUPYTERHUB_API_TOKEN JPY_API_TOKEN)
 
 log() { printf '%s [entrypoint] %-5s %s\n' "$(date -u +%H:%M:%S)" "$1" "$2" >&2; }
 info() { log INFO "$*"; }
@@ -375,8 +380,10 @@ check_gpu_profiling() {
 # The PATH of the user's sessions: the container's, after `pip install --user`'s scripts
 # (~/.local/bin), as Debian's ~/.profile puts them for login shells; so `ssh host cmd`, a
 # kernel's `!cmd` and a job find them too.  Given to the services and the job (and SSH
-# sessions), not to USER_CMD itself: the start-up's own commands as the user, whose results
-# root reads, and root's own PATH never look in a folder the user can write.
+# sessions' SetEnv; login shells other than root's add it in profile-container-env.sh), not
+# to USER_CMD or HELPER_CMD themselves: the start-up's own commands as the user, whose
+# results root reads, and root's own PATH (at start, and in `docker exec` shells, login or
+# not) never look in a folder the user can write.
 user_path() {
   local bin=$USER_HOME/.local/bin   # text only: root never looks in it
   case ":$PATH:" in
@@ -387,17 +394,30 @@ user_path() {
 
 # Prints USER_CMD, NUL-separated: the prefix that runs a command as the unprivileged
 # user with a clean identity (setpriv from util-linux: no extra package, no setuid binary).
+# With "helper": HELPER_CMD, for the image's own programs the root start runs as the user,
+# whose results root reads (tfmp-home, tfmp notebooks, tfmp-tensorboard --check, tfmp-tls).
+# They run before the hooks and the unset, and the user's own code must not run in them: a
+# .pth file or usercustomize in the user site (~/.local/lib/python3.X/site-packages, on the
+# home volume) would see every secret the start holds, and could leave a process racing
+# root's later steps.  So: no user site (PYTHONNOUSERSITE, whatever starts Python), none of
+# JUPYTER_ENV_VARS_TO_UNSET's variables nor the hub's token, and no GPU-profiling capability.
 user_cmd() {
-  local name
+  local name purpose=${1:-session}
   if is_root; then
     printf '%s\0' setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups
-    if [[ ${TFMP_GPU_PROFILING:-0} == 1 ]]; then
+    if [[ ${TFMP_GPU_PROFILING:-0} == 1 && $purpose != helper ]]; then
       printf '%s\0' --inh-caps=+sys_admin --ambient-caps=+sys_admin
     fi
   fi
   printf '%s\0' env
   for name in "${PRIVATE_VARS[@]}"; do printf '%s\0' -u "$name"; done
+  if [[ $purpose == helper ]]; then
+    for name in "${UNSET_VARS[@]}" JUPYTER_ENV_VARS_TO_UNSET "${SERVER_SECRETS[@]}"; do
+      printf '%s\0' -u "$name"
+    done
+  fi
   if is_root; then printf '%s\0' HOME="$USER_HOME" USER="$NB_USER" LOGNAME="$NB_USER" SHELL=/bin/bash; fi
+  if [[ $purpose == helper ]]; then printf '%s\0' PYTHONNOUSERSITE=1; fi
 }
 
 # --- services the parts register, supervised in serve mode ---------------------------
@@ -411,6 +431,12 @@ service() {
 }
 
 announce() { ANNOUNCEMENTS+=("$*"); }
+
+# $1 = a function the core runs once the user's hooks ran and JUPYTER_ENV_VARS_TO_UNSET was
+# applied, before the services or the command start (in the order registered): what must
+# see the start's final environment, a hook's exports included.
+AFTER_HOOKS=()
+after_hooks() { AFTER_HOOKS+=("$1"); }
 
 # A `docker stop` reaches PID 1 alone, and when it exits every process left is killed: a
 # `tfmp train` started over SSH, in a terminal or a kernel would lose its epoch and leave
@@ -644,14 +670,17 @@ main() {
   fi
   check_gpu_profiling
   mapfile -d '' USER_CMD < <(user_cmd)
-  # shellcheck disable=SC2034  # TOKEN_FILE and HOME_TOKEN_FILE are read by the parts
-  readonly MODE SERVE_ARGS NB_UID NB_GID TOKEN_FILE HOME_TOKEN_FILE USER_CMD UNSET_VARS
+  mapfile -d '' HELPER_CMD < <(user_cmd helper)
+  # shellcheck disable=SC2034  # TOKEN_FILE, HOME_TOKEN_FILE and HELPER_CMD are read by the parts
+  readonly MODE SERVE_ARGS NB_UID NB_GID TOKEN_FILE HOME_TOKEN_FILE USER_CMD HELPER_CMD UNSET_VARS
 
   source_parts always
   [[ $MODE == self-test ]] || run_hooks start-notebook.d
   if [[ $MODE == serve ]]; then source_parts serve; fi
   [[ $MODE == self-test ]] || run_hooks before-notebook.d
   unset_vars
+  local after
+  for after in "${AFTER_HOOKS[@]}"; do "$after"; done
 
   case $MODE in
     serve) supervise ;;

@@ -17,6 +17,7 @@ import uuid
 import zipfile
 from pathlib import Path
 
+import paramiko
 import pytest
 import requests
 
@@ -53,8 +54,9 @@ def ipv6_network():
 
 
 @pytest.fixture(scope="module")
-def knobs(image, ipv6_network, tmp_path_factory):
-    """One `serve` container with docker-stacks' knobs all set: its name, host URL, folder."""
+def knobs(image, ipv6_network, ssh_keypair, tmp_path_factory):
+    """One `serve` container with docker-stacks' knobs all set (and sshd, which a hook's
+    exports reach too): its name, host URL, SSH port, folder."""
     folder = tmp_path_factory.mktemp("knobs")
     start, before, data = folder / "start-notebook.d", folder / "before-notebook.d", folder / "data"
     for d in (start, before, data):
@@ -70,16 +72,17 @@ def knobs(image, ipv6_network, tmp_path_factory):
     (before / "20-fails").write_text('#!/bin/sh\necho "before hook as UID $(id -u)" >&2\nexit 7\n')
     (before / "20-fails").chmod(0o755)
     name = f"tfmp-t-stacks-{uuid.uuid4().hex[:8]}"
-    host_port = free_port()
+    host_port, ssh_port = free_port(), free_port()
     network, _ = ipv6_network
-    args = ["-p", f"127.0.0.1:{host_port}:{PORT_IN}",
+    args = ["-p", f"127.0.0.1:{host_port}:{PORT_IN}", "-p", f"127.0.0.1:{ssh_port}:22",
+            "-e", f"PUBLIC_KEY={ssh_keypair[1]}",
             "-e", f"JUPYTER_PORT={PORT_IN}", "-e", f"JUPYTER_TOKEN={TOKEN}",
             "-e", f"NOTEBOOK_ARGS=--ServerApp.base_url={BASE} --ServerApp.iopub_data_rate_limit=123456789",
             "-e", "GEN_CERT=yes", "-e", "GRANT_SUDO=yes", "-e", "NB_UMASK=002",
             "-e", f"NB_UID={HOST_UID}", "-e", f"NB_GID={HOST_GID}",
             "-e", "CHOWN_EXTRA=/opt/data", "-e", "CHOWN_EXTRA_OPTS=-R",
             "-e", "STACKS_SECRET=only-for-hooks", "-e", "JUPYTER_ENV_VARS_TO_UNSET=STACKS_SECRET",
-            "-e", "ENABLE_SSH=0", "-e", "TF_CPP_MIN_LOG_LEVEL=2",
+            "-e", "TF_CPP_MIN_LOG_LEVEL=2",
             "-v", f"{start}:/usr/local/bin/start-notebook.d:ro",
             "-v", f"{before}:/usr/local/bin/before-notebook.d:ro",
             "-v", f"{data}:/opt/data"]
@@ -94,7 +97,8 @@ def knobs(image, ipv6_network, tmp_path_factory):
         ca = folder / "jupyter.crt"
         ca.write_text(exec_in(name, "cat", "/etc/tfmp/tls/jupyter.crt").stdout)
         yield {"name": name, "url": f"https://127.0.0.1:{host_port}{BASE.rstrip('/')}",
-               "host_port": host_port, "ca": ca, "data": data}
+               "host_port": host_port, "ssh_port": ssh_port, "key": ssh_keypair[0], "ca": ca,
+               "data": data}
     finally:
         print(_logs(name)[-4000:])
         run(["docker", "rm", "-f", "-v", name], check=False, timeout=60)
@@ -135,7 +139,7 @@ def test_options_port_and_base_url_reach_the_server_and_the_healthcheck(knobs):
     assert hidden.status_code == 200, hidden.status_code
     # The healthcheck found the server on its port, under its base URL, over TLS.
     out = exec_in(knobs["name"], "python3", "/usr/local/bin/tfmp-healthcheck").stdout
-    assert out.strip() == "healthy: jupyter", out
+    assert out.strip() == "healthy: jupyter, sshd", out
 
 
 def test_hooks_sudo_umask_chown_and_unset_in_one_start(knobs):
@@ -159,8 +163,19 @@ def test_hooks_sudo_umask_chown_and_unset_in_one_start(knobs):
     assert "SECRET absent" in text and "HOOK yes" in text, text
     assert f"PROXY {BASE}proxy/%PORT%/" in text, text   # %tensorboard's frame under the base URL
     assert "SUDO 0" in text, text                    # GRANT_SUDO=yes
-    # Nor in what SSH sessions and login shells get.
+    # SSH sessions see the hook's export as the kernel does (the sessions' environment is
+    # written after the hooks), and not the unset variable; nor do login shells.
     assert "STACKS_SECRET" not in exec_in(name, "cat", "/etc/tfmp/container.env").stdout
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect("127.0.0.1", port=knobs["ssh_port"], username="tf", allow_agent=False,
+                   look_for_keys=False, timeout=15, banner_timeout=15, auth_timeout=15,
+                   pkey=paramiko.Ed25519Key.from_private_key_file(str(knobs["key"])))
+    with client:
+        probe = "echo HOOK=${FROM_START_HOOK:-absent} SECRET=${STACKS_SECRET:-absent}"
+        for command in (probe, f"bash -lc '{probe}'"):
+            _, stdout, _ = client.exec_command(command, timeout=60)
+            assert stdout.read().decode().split() == ["HOOK=yes", "SECRET=absent"], command
     # CHOWN_EXTRA with -R: the mounted folder and what is in it belong to NB_UID:NB_GID.
     for path in (knobs["data"], knobs["data"] / "inside"):
         st = path.stat()

@@ -300,6 +300,44 @@ def _assert_one_fatal(proc, message: str) -> None:
     assert "Traceback" not in proc.stderr
 
 
+# --- the start's own helpers run no code of the user's -------------------------------------
+
+# As `tf`: a .pth file in the user site (on the home volume) that logs who loaded it and what it
+# saw of a secret meant for hooks only; a dist-info there too, so the start's package check runs.
+PLANT_PTH = ("site=$(python3 -c 'import site; print(site.getusersitepackages())') && "
+             "mkdir -p \"$site/probe_pkg-1.0.dist-info\" && "
+             "printf 'Metadata-Version: 2.1\\nName: probe-pkg\\nVersion: 1.0\\n' "
+             ">\"$site/probe_pkg-1.0.dist-info/METADATA\" && "
+             "echo \"import os, sys; open('/home/tf/pth-ran.txt', 'a').write("
+             "repr((os.path.basename(sys.argv[0]), os.environ.get('HOOKS_ONLY_SECRET'))) + '\\n')\" "
+             ">\"$site/zz_probe.pth\"")
+
+
+def test_the_starts_own_helpers_run_no_code_from_the_users_site(image):
+    """A .pth file in ~/.local (the persistent home) ran in tfmp-home, `tfmp notebooks` and
+    tfmp-tensorboard during the root start, before JUPYTER_ENV_VARS_TO_UNSET applied: it read
+    the secret meant for the hooks.  Only the user's own sessions (the server) load it now."""
+    volume = f"tfmp-t-pth-{uuid.uuid4().hex[:8]}"
+    name = f"tfmp-t-pth-{uuid.uuid4().hex[:8]}"
+    try:
+        proc = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{volume}:/home/tf",
+                          command=["bash", "-c", PLANT_PTH])
+        assert proc.returncode == 0, proc.stderr
+        start_container(name, image, "-e", f"JUPYTER_TOKEN={TOKEN}", "-e", "ENABLE_SSH=0",
+                        "-e", "HOOKS_ONLY_SECRET=s3cret", "-e", "JUPYTER_ENV_VARS_TO_UNSET=HOOKS_ONLY_SECRET",
+                        "-v", f"{volume}:/home/tf")
+        wait_until(lambda: health(name).startswith(("healthy", "unhealthy", "none|exited")),
+                   timeout=150, interval=0.5, what=f"{name}'s healthcheck")
+        assert health(name).startswith("healthy"), _logs(name)[-3000:]
+        ran = exec_in(name, "cat", "/home/tf/pth-ran.txt", check=False).stdout.splitlines()
+        assert ran and all(line.endswith(", None)") for line in ran), ran   # the server's own
+        helpers = [line for line in ran if re.search(r"'(tfmp|tfmp-home|tfmp-tensorboard|tfmp-tls)'", line)]
+        assert not helpers, helpers
+    finally:
+        run(["docker", "rm", "-f", "-v", name], check=False, timeout=60)
+        run(["docker", "volume", "rm", "-f", volume], check=False, timeout=60)
+
+
 # --- item 3: nbconvert pages are sandboxed ------------------------------------------
 
 NOTEBOOK = {

@@ -248,6 +248,38 @@ def test_a_users_own_command_in_local_bin_runs_over_ssh_and_from_a_kernel(stack)
             ssh_run(client, "rm -f ~/.local/bin/tfmp-qa-hello")
 
 
+# As `tf`: a `ls` in ~/.local/bin that, run by root, leaves a mark (the QA report's planted
+# `ls` wrote a sudoers rule instead).
+PLANT_LS = ("mkdir -p ~/.local/bin && printf '%s\\n' '#!/bin/sh' "
+            "'[ \"$(id -u)\" = 0 ] && touch /run/tfmp-planted-ls-ran-as-root' 'exec /bin/ls \"$@\"' "
+            ">~/.local/bin/ls && chmod +x ~/.local/bin/ls")
+# As `tf`: each PATH folder given that the user may write (or, missing, may create).
+USER_WRITABLE = ('for d in "$@"; do p=$d; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+                 '[ -w "$p" ] && echo "$d"; done; true')
+
+
+@pytest.mark.parametrize("shell", [["bash", "-lc"], ["sh", "-lc"], ["bash", "-ic"], ["bash", "-c"]],
+                         ids=" ".join)
+def test_roots_docker_exec_shells_never_look_in_a_folder_the_user_can_write(stack, shell):
+    """An admin's `docker exec C bash -lc 'ls ...'` (root) ran the user's ~/.local/bin/ls: the
+    login shell's PATH came from the user's. The user's own sessions keep ~/.local/bin first
+    (test_a_users_own_command_in_local_bin_runs_over_ssh_and_from_a_kernel)."""
+    exec_in(stack.container, "sh", "-c", PLANT_LS, user="tf")
+    try:
+        out = exec_in(stack.container, *shell,
+                      'ls /workspace >/dev/null; echo "LS=$(command -v ls)"; echo "PATH=$PATH"').stdout
+        found = dict(line.split("=", 1) for line in out.splitlines() if line[:3] in ("LS=", "PAT"))
+        assert found["LS"] == "/usr/bin/ls" or found["LS"] == "/bin/ls", out
+        writable = exec_in(stack.container, "sh", "-c", USER_WRITABLE, "sh",
+                           *found["PATH"].split(":"), user="tf").stdout.split()
+        assert not writable, f"root's PATH in {' '.join(shell)} holds folders tf may write: {writable}"
+        marks = exec_in(stack.container, "ls", "/run", check=False).stdout.split()
+        assert "tfmp-planted-ls-ran-as-root" not in marks, "the user's ls ran as root"
+    finally:
+        exec_in(stack.container, "rm", "-f", "/home/tf/.local/bin/ls", "/run/tfmp-planted-ls-ran-as-root",
+                check=False)
+
+
 def test_sftp_session_works_and_writes_as_the_user(stack):
     """sftp (internal-sftp) under the same sshd settings: upload, list, ownership."""
     with ssh_client(stack) as client, client.open_sftp() as sftp:

@@ -99,7 +99,8 @@ def test_compose_files_are_valid(files):
 
 # The rule of docs/image.md, "Security: root at start and the user's files", as far as it can be
 # read from the text: every command line of the start-up that names a path under the home runs
-# as the user (USER_CMD, setpriv), or is one of root's few operations on the home's top folder.
+# as the user (HELPER_CMD, USER_CMD, setpriv), or is one of root's few operations on the home's
+# top folder.
 HOME_EXPR = re.compile(r"\$\{?(USER_HOME|HOME_TOKEN_FILE|HOME_TOKEN_DIR|home|home_keys)\b")
 ROOT_ON_THE_TOP = [
     re.compile(r'stat -c %u:%g "\$USER_HOME"'),                         # the top's owner
@@ -165,12 +166,26 @@ def test_root_at_start_names_home_paths_only_as_the_user():
         for line in _commands(path.read_text()):
             if not HOME_EXPR.search(line) or TEXT_ONLY.match(line) or line.startswith("[["):
                 continue
-            if "${USER_CMD[@]}" in line or line.startswith("setpriv ") or " setpriv " in line:
+            if any(f"${{{prefix}[@]}}" in line for prefix in ("USER_CMD", "HELPER_CMD")) \
+                    or line.startswith("setpriv ") or " setpriv " in line:
                 continue
             if any(p.search(line) for p in ROOT_ON_THE_TOP):
                 continue
             offending.append(f"{path.relative_to(REPO)}: {line}")
     assert not offending, "root acts on a path under the home:\n" + "\n".join(offending)
+
+
+def test_the_start_runs_its_own_steps_as_the_user_through_helper_cmd_only():
+    """USER_CMD (the user site on, JUPYTER_ENV_VARS_TO_UNSET's variables as they are at that
+    moment) is for what the start hands over to, exec'd last: the services, the command, the
+    self-test.  What the root start itself runs as the user goes through HELPER_CMD, without
+    the user site (a .pth file there is the user's code) and the secrets (entrypoint.sh,
+    user_cmd)."""
+    parts = [REPO / "entrypoint.sh", *sorted((REPO / "docker/start").rglob("*.sh"))]
+    offending = [f"{path.relative_to(REPO)}: {line}" for path in parts
+                 for line in _commands(path.read_text())
+                 if "${USER_CMD[@]}" in line and not line.startswith("exec ")]
+    assert not offending, "run as the user with USER_CMD, not HELPER_CMD:\n" + "\n".join(offending)
 
 
 # --- each start-up part's variables, listed once (its "Environment:" block) ------------------

@@ -2,13 +2,21 @@
 # Part of entrypoint.sh (sourced, every mode, as root): the container's environment
 # for login shells and SSH sessions, so `tfmp train` over SSH finds the GPU as it
 # does in Jupyter (PATH, LD_LIBRARY_PATH, CUDA/NVIDIA/TF variables, PIP_CONSTRAINT,
-# variables passed with -e).
+# variables passed with -e, and what the user's start-up hooks export).  Written once
+# the hooks ran and JUPYTER_ENV_VARS_TO_UNSET was applied (after_hooks): written here,
+# before them, it missed a hook's `export` that Jupyter and the command had.
 #
 # Two copies of it, both root-owned:
-#  - $ENV_FILE, NAME=value lines, re-applied by login shells (profile.d);
+#  - $ENV_FILE, NAME=value lines, re-applied by login shells (profile.d), root's
+#    (`docker exec C bash -l`) included;
 #  - $SSHD_ENV_CONF, one sshd `SetEnv` line applied by sshd to every session
 #    (shell, exec, sftp).  No PermitUserEnvironment: a user-writable
 #    ~/.ssh/environment could set LD_PRELOAD & co. for sshd-started sessions.
+# PATH differs: the user's sessions have ~/.local/bin first (entrypoint.sh, user_path),
+# root's never (a `ls` the user put there would run as root).  SetEnv, which only the
+# user's sessions get (sshd lets no one else in), carries the user's PATH; $ENV_FILE
+# carries the container's, and the profile script puts the user's bin first for
+# everyone but root (docker/config/profile-container-env.sh).
 # sshd's own rules (checked with `sshd -T` on 8.4; 8.2 has the same parser,
 # which OpenSSH replaced only in 8.7): only the FIRST
 # SetEnv line counts, so all variables go on one line, each as "NAME=value";
@@ -21,12 +29,24 @@
 # Backslashes are literal there; OpenSSH 8.7+ would read \\ and \" as escapes
 # (revisit if the base moves to a newer OpenSSH).
 #
-# Sets (read-only) for later parts:
+# Sets (read-only, once written) for the functions later parts register with after_hooks:
 #   SETENV_SKIPPED  names that reach SSH commands through $SSH_EXTRA_ENV, not SetEnv
 
 readonly ENV_FILE=/etc/tfmp/container.env
 readonly SSHD_ENV_CONF=/etc/ssh/sshd_config.d/tfmp-environment.conf
 readonly SSH_EXTRA_ENV=/etc/tfmp/ssh-extra-env.sh
+
+# $SSH_EXTRA_ENV's line for NAME ($1) = VALUE ($2).  /etc/bash.bashrc sources that file in
+# root's interactive shells too (`docker exec -it C bash`): a PATH there is the user's
+# (VALUE) only for shells not of root, which keep the container's.
+# shellcheck disable=SC2016  # $(id -u) is the reading shell's
+shell_export() {
+  if [[ $1 == PATH ]]; then
+    printf 'if [ "$(id -u)" = 0 ]; then export PATH=%q; else export PATH=%q; fi' "$PATH" "$2"
+  else
+    printf 'export %s=%q' "$1" "$2"
+  fi
+}
 
 SETENV_SKIPPED=()
 save_environment() {
@@ -36,8 +56,6 @@ save_environment() {
   while IFS= read -r -d '' entry; do
     name=${entry%%=*}
     value=${entry#*=}
-    # SSH sessions are the user's: their PATH is the user's (entrypoint.sh, user_path).
-    [[ $name != PATH ]] || value=$(user_path)
     case $name in
       HOME | PWD | OLDPWD | SHLVL | _ | HOSTNAME | USER | LOGNAME | SHELL | MAIL | TERM) continue ;;
     esac
@@ -50,10 +68,12 @@ save_environment() {
       continue
     fi
     printf '%s=%s\n' "$name" "$value" >>"$tmp"
+    # sshd's sessions are the user's alone: their PATH is the user's.
+    [[ $name != PATH ]] || value=$(user_path)
     case $value in
       *'"'* | *'#'*)
         SETENV_SKIPPED+=("$name")
-        shell_code+=("export $name=$(printf '%q' "$value")")
+        shell_code+=("$(shell_export "$name" "$value")")
         ;;
       *) setenv+=("\"$name=$value\"") ;;
     esac
@@ -82,9 +102,9 @@ save_environment() {
   # ~/.ssh private, as sshd wants it: as the user (the home is the user's to change;
   # root would follow a ~/.ssh made a symlink to /etc).  Something else there is the
   # user's choice: one line, and sshd reads only the keys root keeps.
-  "${USER_CMD[@]}" install -d -m 700 "$USER_HOME/.ssh" 2>/dev/null ||
+  "${HELPER_CMD[@]}" install -d -m 700 "$USER_HOME/.ssh" 2>/dev/null ||
     warn "$USER_HOME/.ssh is not a folder the user can make private (mode 700): keys there may not work over SSH"
+  readonly SETENV_SKIPPED
 }
 
-if is_root; then save_environment; fi
-readonly SETENV_SKIPPED
+if is_root; then after_hooks save_environment; fi

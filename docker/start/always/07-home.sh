@@ -20,7 +20,7 @@ readonly IMAGE_HOME=/usr/local/share/tfmp/home
 sync_image_home() {
   local out
   # A private HOME in /tmp (--user with a UID the image does not know) gets the files too.
-  if out=$("${USER_CMD[@]}" /usr/local/bin/tfmp-home sync --image-home "$IMAGE_HOME" 2>&1); then
+  if out=$("${HELPER_CMD[@]}" /usr/local/bin/tfmp-home sync --image-home "$IMAGE_HOME" 2>&1); then
     # Said only when there is something to say (a batch job's log stays short).
     [[ $out == *": 0 added, 0 refreshed, 0 kept" ]] || info "$out"
   else
@@ -36,11 +36,11 @@ check_user_packages() {
   [[ -z ${PYTHONNOUSERSITE:-} ]] || return 0
   # shellcheck disable=SC2016  # expanded by the user's shell
   if [[ -z ${PYTHONUSERBASE:-} ]] &&
-    ! "${USER_CMD[@]}" bash -c 'compgen -G "$1" >/dev/null' bash \
+    ! "${HELPER_CMD[@]}" bash -c 'compgen -G "$1" >/dev/null' bash \
       "$home/.local/lib/python3*/site-packages/*.*-info"; then
     return 0
   fi
-  if ! out=$("${USER_CMD[@]}" /usr/local/bin/tfmp-home check 2>&1); then
+  if ! out=$("${HELPER_CMD[@]}" /usr/local/bin/tfmp-home check 2>&1); then
     warn "could not check the user's pip packages: $(tail -n 1 <<<"$out")"
     return 0
   fi

@@ -172,7 +172,7 @@ tls_install_for_server() {
   # What the server will do with them (tornado loads them with Python's ssl), as the user:
   # catches what openssl's checks let through, such as a key too weak for this OpenSSL.
   local err
-  err=$("${USER_CMD[@]}" tfmp-tls check "$JUPYTER_TLS_CERT" "$JUPYTER_TLS_KEY" 2>&1) ||
+  err=$("${HELPER_CMD[@]}" tfmp-tls check "$JUPYTER_TLS_CERT" "$JUPYTER_TLS_KEY" 2>&1) ||
     fatal "$TLS_ORIGIN: Python's ssl refuses the certificate and key: $(tail -n 1 <<<"$err")"
 }
 

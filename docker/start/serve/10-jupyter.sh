@@ -169,9 +169,9 @@ write_token() {
   fi
   # The server writes its settings there, as the user: a ~/.jupyter the user cannot write
   # (a link to /root, say) would stop it with a traceback; one line instead.
-  "${USER_CMD[@]}" sh -c 'umask 077 && mkdir -p "$1"; test -d "$1" -a -w "$1"' sh "$HOME_TOKEN_DIR" 2>/dev/null ||
+  "${HELPER_CMD[@]}" sh -c 'umask 077 && mkdir -p "$1"; test -d "$1" -a -w "$1"' sh "$HOME_TOKEN_DIR" 2>/dev/null ||
     fatal "$HOME_TOKEN_DIR is not a folder UID $NB_UID can write (a link to a folder of root's?): JupyterLab keeps its settings there; remove it (the next start makes a new one) or make it a folder of the user's"
-  printf '%s\n' "$1" | "${USER_CMD[@]}" sh -c 'umask 077 && cat >"$1" && chmod 600 "$1"' sh "$HOME_TOKEN_FILE" 2>/dev/null || {
+  printf '%s\n' "$1" | "${HELPER_CMD[@]}" sh -c 'umask 077 && cat >"$1" && chmod 600 "$1"' sh "$HOME_TOKEN_FILE" 2>/dev/null || {
     is_root || fatal "could not write the Jupyter token to $HOME_TOKEN_FILE"
     warn "could not write the user's copy of the Jupyter token to $HOME_TOKEN_FILE (as UID $NB_UID); the server's is $TOKEN_FILE"
   }

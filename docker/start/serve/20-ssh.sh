@@ -81,8 +81,8 @@ setup_ssh() {
   # /etc/shadow (docs/image.md, "Security").
   local home_keys=$USER_HOME/.ssh/authorized_keys user_keys
   user_keys=$(mktemp)
-  if "${USER_CMD[@]}" test -f "$home_keys"; then
-    if "${USER_CMD[@]}" cat -- "$home_keys" >"$user_keys" 2>/dev/null; then
+  if "${HELPER_CMD[@]}" test -f "$home_keys"; then
+    if "${HELPER_CMD[@]}" cat -- "$home_keys" >"$user_keys" 2>/dev/null; then
       validate_keys "$user_keys" "$home_keys"
     else
       warn "SSH: $home_keys is not readable by UID $NB_UID, so sshd cannot use it either"
@@ -118,14 +118,19 @@ setup_ssh() {
     chmod 600 "$HOST_KEY_DIR/ssh_host_${type}_key"
   done
   info "SSH host key: $(ssh-keygen -l -f "$HOST_KEY_DIR/ssh_host_ed25519_key.pub" | awk '{print $2, $4}')"
+  install -d -m 755 /run/sshd
+  readonly SSHD_OPTS
+  # Checked once the sessions' environment is written, after the hooks (00-environment.sh).
+  after_hooks check_sshd_config
+  service sshd sshd '{"port": 22}' start_sshd
+  announce "SSH: ssh -p ${SSH_HOST_PORT:-2222} $NB_USER@127.0.0.1"
+}
+
+check_sshd_config() {
   if ((${#SETENV_SKIPPED[@]})); then
     info "SSH: ${SETENV_SKIPPED[*]} reach(es) SSH commands through /etc/bash.bashrc, not SetEnv (no \" or # there); sftp does not need them"
   fi
-  install -d -m 755 /run/sshd
   /usr/sbin/sshd -t "${SSHD_OPTS[@]}" || fatal "sshd refused its configuration (see above)"
-  readonly SSHD_OPTS
-  service sshd sshd '{"port": 22}' start_sshd
-  announce "SSH: ssh -p ${SSH_HOST_PORT:-2222} $NB_USER@127.0.0.1"
 }
 
 # sshd logs to the container log (it ends lines with CR LF), minus the

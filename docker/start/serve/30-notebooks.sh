@@ -8,7 +8,7 @@ install_notebooks() {
   local out
   # `tfmp`, not `python3 -m app`: the current folder is /workspace, and a user's own
   # app.py there would run instead of the package.
-  if out=$("${USER_CMD[@]}" tfmp notebooks --install "$WORKSPACE/notebooks" 2>&1); then
+  if out=$("${HELPER_CMD[@]}" tfmp notebooks --install "$WORKSPACE/notebooks" 2>&1); then
     info "guide notebooks in $WORKSPACE/notebooks ($(grep -c . <<<"$out") checked)"
   else
     warn "could not install the guide notebooks into $WORKSPACE/notebooks: $(tail -n 1 <<<"$out")"

@@ -13,7 +13,7 @@
 # for (e.g. a read-only /workspace under --user) only warns, as the notebooks do.
 check_tensorboard_logdir() {
   local out logdir
-  if out=$("${USER_CMD[@]}" /usr/local/bin/tfmp-tensorboard --check 2>&1); then
+  if out=$("${HELPER_CMD[@]}" /usr/local/bin/tfmp-tensorboard --check 2>&1); then
     logdir=$out
   else
     [[ -z ${TFMP_TENSORBOARD_LOGDIR:-} ]] || fatal "${out#tfmp-tensorboard: }"

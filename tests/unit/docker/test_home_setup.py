@@ -205,6 +205,20 @@ def test_check_without_a_user_site_or_packages_prints_nothing(sites, tmp_path):
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 
 
+def test_check_reads_the_users_site_though_it_runs_without_it(sites, tmp_path):
+    """The start runs tfmp-home with PYTHONNOUSERSITE=1, so no .pth file of the user's runs
+    in it (entrypoint.sh, user_cmd): the check still reads the site the user's sessions load."""
+    base = tmp_path / "user-base"
+    env = dict(os.environ, PYTHONUSERBASE=str(base), PYTHONNOUSERSITE="1")
+    user_site = subprocess.run([sys.executable, "-c", "import site; print(site.getusersitepackages())"],
+                               env=env, capture_output=True, text=True, check=True).stdout.strip()
+    dist_info(Path(user_site), "numpy", "2.0.0")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "check", "--constraints", str(sites[2])],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"user package numpy 2.0.0 in {user_site}:" in proc.stdout, proc.stdout
+
+
 def test_check_command_prints_one_line_per_package(sites):
     user, _, constraints = sites
     dist_info(user, "numpy", "2.0.0")
