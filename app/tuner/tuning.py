@@ -15,7 +15,8 @@ One tune per folder, as one run per folder for train (``app.run_folder.lock``): 
 output folder's lock from the end of step 1 until it has written; a folder that holds a tune,
 a training run or a tune's file names from something else is refused (one line, exit 2); the
 tune deletes nothing it did not write, and a tune that ends without a result removes the
-lock file and the folder if it made it.
+lock file and the folder if it made it.  A failed trial's tune keeps the trials' logs in the
+folder, marked, so that the same command run again may use it (``app.tuner.output``).
 """
 from __future__ import annotations
 
@@ -193,7 +194,9 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     except TrialFailed as exc:
-        exc.log = output_folder.keep_failed_logs(output, workdir, exc.log)
+        exc.log = output_folder.keep_failed_logs(
+            output, workdir, exc.log, f"{exc.what} failed: {exc.line_text}",
+            lambda line: bar.say(f"[tune] {line}"))
         raise
     finally:
         bar.close()
@@ -235,7 +238,7 @@ def _tune_locked(model, dataset, output, workspace, wanted, memory_budget, margi
         "started_utc": started.isoformat(timespec="seconds"),
         "seconds": round(time.monotonic() - t0, 1),
     }
-    output_folder.write_outputs(output, doc, workdir)
+    output_folder.write_outputs(output, doc, workdir, bar.say)
     doc["output"] = output
     return doc
 

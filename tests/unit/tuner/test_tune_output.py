@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,85 @@ def test_a_trial_whose_code_raised_shows_its_traceback_above_the_line(tmp_path, 
     assert err_lines[-1].endswith(f"(log: {kept})") and "SyntaxError" in kept.read_text()
     assert sorted(p.name for p in out.iterdir()) == ["trials"]
     assert len(list((out / "trials").glob("*-float32-b*.log"))) >= 2
+
+
+def _fail_first_trial(fake, monkeypatch):
+    """The first search trial fails as the QA's model that raises did: exit 1, its log kept."""
+    from app.tuner import runner
+
+    searched = fake.__call__
+
+    def raises(self, policy, batch_size, any_fit, phase="search", **overrides):
+        searched(self, policy, batch_size, any_fit, phase, **overrides)
+        log = os.path.join(self.workdir, f"{len(self.calls):02d}-{policy}-b{batch_size}.log")
+        raise runner.TrialFailed("your code raised ValueError: my bug in build", log)
+    monkeypatch.setattr(fake, "__call__", raises)
+    return lambda: monkeypatch.setattr(fake, "__call__", searched)
+
+
+def _tune_cli(out) -> int:
+    return cli.main(["tune", "--model", "mlp", "--dataset", "synthetic", "--precision",
+                     "float32", "--memory-budget", "1GiB", "--max-batch", "64", "--output",
+                     str(out)])
+
+
+def test_the_same_command_after_a_failed_trial_runs_and_keeps_the_failed_logs(
+        tmp_path, fake, capsys, monkeypatch):
+    """QA: a tune whose trial failed kept its logs in trials/, and the same command, run
+    again after the fix, was refused ("already holds trials/, which are not from a finished
+    tune").  The failed tune marks its trials/ (tune-failed.json): the rerun recognises it,
+    moves it to trials-failed-<UTC time>/ (one line says so, and tune.json's notes) and
+    writes its own; nothing of the failed tune's is lost."""
+    fixed = _fail_first_trial(fake, monkeypatch)
+    out = tmp_path / "tune8"
+    assert _tune_cli(out) == 1
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert err[-1].startswith("error: a trial failed: your code raised ValueError"), err
+    failed_log = out / "trials" / "01-float32-b16.log"
+    assert err[-1].endswith(f"(log: {failed_log})") and failed_log.read_text() == "fake trial\n"
+    assert sorted(p.name for p in out.iterdir()) == ["trials"]
+    kept = sorted(p.name for p in (out / "trials").iterdir())
+
+    fixed()
+    assert _tune_cli(out) == 0
+    captured = capsys.readouterr()
+    aside = [p for p in out.iterdir() if p.name.startswith("trials-failed-")]
+    assert len(aside) == 1 and re.fullmatch(r"trials-failed-\d{8}T\d{6}Z", aside[0].name)
+    assert sorted(p.name for p in aside[0].iterdir()) == kept     # moved whole, marker too
+    assert (aside[0] / "01-float32-b16.log").read_text() == "fake trial\n"
+    said = [ln for ln in captured.err.splitlines() if aside[0].name in ln]
+    assert len(said) == 1 and "failed" in said[0] and "01-float32-b16.log" in said[0], \
+        captured.err
+    doc = json.loads((out / "tune.json").read_text())
+    assert doc["choice"]["batch_size"] == 16
+    assert any(aside[0].name in n for n in doc["notes"]), doc["notes"]
+    assert not (out / "trials" / "tune-failed.json").exists()
+    assert sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) == sorted(
+        ["trials", aside[0].name, "tune.json", "tune.png"])
+
+
+@pytest.mark.parametrize("tamper", ["another_file_beside", "marker_not_ours", "tune_png_too"])
+def test_a_failed_tunes_trials_with_anything_else_is_refused_as_before(
+        tmp_path, fake, monkeypatch, tamper):
+    """Only what a failed tune left, as it left it, is taken for one: its marker must be its
+    own, and no other tune file beside it; anything else keeps the refusal."""
+    from app.tuner import runner
+
+    fixed = _fail_first_trial(fake, monkeypatch)
+    out = tmp_path / "X"
+    with pytest.raises(runner.TrialFailed):
+        run_tune(out)
+    fixed()
+    if tamper == "another_file_beside":
+        (out / "tune.json").write_text("{}")
+    elif tamper == "marker_not_ours":
+        (out / "trials" / "tune-failed.json").write_text('{"mine": 1}')
+    else:
+        (out / "tune.png").write_bytes(b"png")
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    with pytest.raises(UsageError, match="already holds"):
+        run_tune(out)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
 
 
 def test_a_verification_that_fails_for_another_reason_is_reported_as_that(tmp_path, fake,
