@@ -6,8 +6,9 @@ returns (a kernel deadlocked at a barrier, a collective whose peer is gone) noth
 does on a signal happens.  CPython's C-level handler does run at once, and writes the
 signal's number to the file descriptor given to ``signal.set_wakeup_fd``: a thread reading
 that descriptor sees every signal the moment it arrives, and on the second ends the process
-with ``os._exit`` (status 128 + the signal), as a ``kill -9`` would, after one line saying
-what is left.  Docker Compose and most servers treat a second Ctrl-C the same way.
+with ``os._exit`` (status 128 + the signal), as a ``kill -9`` would, after what the command
+asked to record first (``before_exit``: a run's status in metrics.json, given two seconds at
+most) and one line saying what is left.  Docker Compose and most servers treat a second Ctrl-C the same way.
 
 Only signals with a Python-level handler reach the descriptor (Ctrl-C's default handler is
 one; SIGTERM's default, which ends the process anyway, is not).  Watches nest: an inner one
@@ -34,6 +35,9 @@ STOPPING = (signal.SIGTERM, signal.SIGINT)
 # How long after a first signal the process may still be running, unanswered, before the
 # plain watch says how to stop it at once: a command that stops in time says nothing more.
 HINT_AFTER_SECONDS = 2.0
+# The most the second signal's last record (``before_exit``) may delay the exit: it runs
+# beside a main thread that may be stuck, and may meet a hung disk.
+BEFORE_EXIT_SECONDS = 2.0
 
 
 def say(line: str) -> None:
@@ -47,12 +51,16 @@ class SecondSignalExits:
 
     ``on_first(signum)``: called (on the watch's thread) when the first one arrives; None
     says, if the process is still running ``HINT_AFTER_SECONDS`` later, that a second one
-    stops it at once.  ``last_words(signum)``: the line said before the process ends."""
+    stops it at once.  ``last_words(signum)``: the line said before the process ends.
+    ``before_exit(signum)``: what to record first (a run's status), given at most
+    ``BEFORE_EXIT_SECONDS``; it must not wait on the main thread or on TensorFlow."""
 
     def __init__(self, last_words: Callable[[int], str],
-                 on_first: Optional[Callable[[int], None]] = None):
+                 on_first: Optional[Callable[[int], None]] = None,
+                 before_exit: Optional[Callable[[int], None]] = None):
         self.last_words = last_words
         self.on_first = on_first
+        self.before_exit = before_exit
         self.read_end, self.write_end = socket.socketpair()
         self.write_end.setblocking(False)
         self.thread = threading.Thread(target=self._watch, name="tfmp-signal-watch", daemon=True)
@@ -86,6 +94,7 @@ class SecondSignalExits:
                 if signum not in STOPPING:
                     continue
                 if first is not None:
+                    self._record_before_exit(signum)
                     say(self.last_words(signum))
                     os._exit(128 + signum)
                 first = signum
@@ -93,6 +102,22 @@ class SecondSignalExits:
                     self.on_first(signum)
                 else:
                     self.read_end.settimeout(HINT_AFTER_SECONDS)
+
+    def _record_before_exit(self, signum: int) -> None:
+        """``before_exit`` on a thread of its own, waited for a bounded time: a write that
+        hangs (a dead network mount) must not keep the process from ending."""
+        if self.before_exit is None:
+            return
+
+        def record():
+            try:
+                self.before_exit(signum)
+            except Exception as exc:   # best effort: the process ends either way
+                say(f"note: could not record the stop: {type(exc).__name__}: {exc}")
+
+        writer = threading.Thread(target=record, name="tfmp-last-record", daemon=True)
+        writer.start()
+        writer.join(BEFORE_EXIT_SECONDS)
 
 
 # Where TensorFlow's C++ calls back into Python on the thread that runs the op (eager

@@ -12,6 +12,7 @@ import shlex
 import signal
 import sys
 import threading
+from typing import Callable, Optional
 
 from app.core.errors import TrainingInterrupted
 from app.core.signals import STOPPING, SecondSignalExits, say
@@ -35,6 +36,9 @@ class StopFlag:
         self.model = None          # set once built: the model whose fit to stop
         self.repeat_exits = False  # a second signal ends the process (app.core.signals)
         self.output: str | None = None   # the run folder, to name the checkpoint left
+        # The recorder's, once metrics.json exists: its status when a second signal ends the
+        # process at once, ``(signum, the checkpoint --resume continues from or None)``.
+        self.on_stop_at_once: Optional[Callable[[int, Optional[str]], None]] = None
         self._announced = False
         self._announcing = threading.Lock()
 
@@ -61,6 +65,11 @@ class StopFlag:
         if self.signum is not None:
             raise TrainingInterrupted(self.signum)
 
+    def stopping_at_once(self, signum: int) -> None:
+        """The second signal's record (the watch thread, before the process ends)."""
+        if self.on_stop_at_once is not None:
+            self.on_stop_at_once(signum, newest_checkpoint(self.output))
+
 
 def resume_advice(output: str, output_given: bool, command_line: bool) -> str:
     """How to continue an interrupted run, in the words of what started it: ``tfmp train``
@@ -74,13 +83,18 @@ def resume_advice(output: str, output_given: bool, command_line: bool) -> str:
     return f"call app.train again with the same arguments and resume=True{folder} to finish"
 
 
+def newest_checkpoint(output: str | None) -> str | None:
+    """The checkpoint --resume would continue from (the newest complete one), or None."""
+    if not output:
+        return None
+    from app.run_folder.checkpoints import CHECKPOINT_DIR, newest_complete
+
+    return newest_complete(os.path.join(output, CHECKPOINT_DIR))
+
+
 def forced_stop_line(signum: int, output: str | None) -> str:
     """What the second signal's stop leaves: the newest complete checkpoint, or none."""
-    newest = None
-    if output:
-        from app.run_folder.checkpoints import CHECKPOINT_DIR, newest_complete
-
-        newest = newest_complete(os.path.join(output, CHECKPOINT_DIR))
+    newest = newest_checkpoint(output)
     left = (f"--resume continues from {newest}" if newest else
             "no checkpoint had been saved, so a rerun starts from the beginning")
     return f"received signal {signum} again: stopping now, without saving; {left}"
@@ -101,7 +115,8 @@ def signal_handlers(flag: StopFlag, repeat_exits: bool = False):
     old = {s: signal.signal(s, flag) for s in STOPPING}
     try:
         watch = (SecondSignalExits(lambda signum: forced_stop_line(signum, flag.output),
-                                   on_first=lambda signum: flag.announce(signum, write=say))
+                                   on_first=lambda signum: flag.announce(signum, write=say),
+                                   before_exit=flag.stopping_at_once)
                  if repeat_exits else contextlib.nullcontext())
         with watch:
             yield

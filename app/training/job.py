@@ -328,6 +328,8 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
                     # Another run may have finished here since prepare() looked.
                     check_holds_no_run(run.output)
             recorder.open()
+            # A second signal ends the process at once: metrics.json must not say "running".
+            stop.on_stop_at_once = recorder.record_stop_at_once
             # Only the command line has a second signal end the process: its runs are told
             # to rerun with --resume, app.train's with resume=True.
             _train_and_save(run, parts, recorder, monitor, loop, start, skip,

@@ -3,6 +3,7 @@ checkpoint after every epoch.  The loops hand it step records and finished epoch
 never trains."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -12,7 +13,7 @@ import tensorflow as tf
 
 from app.core import folders
 from app.precision import loss_scale
-from app.core.files import finite_or_none, fmt, utc_now_iso, write_json_atomic
+from app.core.files import finite_or_none, fmt, json_text, utc_now_iso, write_atomic
 from app.machine.memory import peak_memory
 from app.task.data import shape_json
 
@@ -144,6 +145,10 @@ class Recorder:
         self.summaries = Summaries(None)   # open() makes the real one
         self.watch = None   # the sentinel's (app.training.sentinel_watch), when it is on
         self.early = None   # --early-stop's (app.training.early_stop), when it is on
+        # metrics.json's text as last written, and the lock its writers take (the main
+        # thread's, and a second signal's from the watch thread: record_stop_at_once).
+        self.on_disk: Optional[str] = None
+        self._writing = threading.Lock()
 
     def record_probe(self, step: int, scalars: dict):
         """The sentinel's headroom probe: a TensorBoard scalar per layer."""
@@ -222,7 +227,33 @@ class Recorder:
         self.metrics["peak_memory"] = peak_memory()
         self.metrics["numerics"] = numerics_block(self.metrics, self.watch)
         self.metrics["steps"] = (self.previous_steps + self.step_log)[-1000:]
-        write_json_atomic(os.path.join(self.output, "metrics.json"), self.metrics)
+        self._write(json_text(self.metrics))
+
+    def _write(self, text: str) -> None:
+        with self._writing:
+            write_atomic(os.path.join(self.output, "metrics.json"), text)
+            self.on_disk = text
+
+    def record_stop_at_once(self, signum: int, resume_from: Optional[str]) -> None:
+        """A second signal ends the process now (called on the signal watch's thread,
+        app/core/signals.py): metrics.json as last written, with the status "interrupted"
+        where it says "running", and the checkpoint --resume continues from.  Built from the
+        text on disk, not from the live dict or TensorFlow, which a stuck main thread may
+        hold; a write in progress is waited for a second at most.  Nothing when no
+        metrics.json exists yet: a rerun then starts the run over in the same folder."""
+        if not self._writing.acquire(timeout=1.0):
+            return
+        try:
+            if self.on_disk is None:
+                return
+            doc = json.loads(self.on_disk)
+            if doc.get("status") != "running":   # the run's end was recorded already
+                return
+            doc.update(status="interrupted", signal=signum, finished_utc=utc_now_iso(),
+                       stopped_at_once={"resume_from": resume_from})
+            write_atomic(os.path.join(self.output, "metrics.json"), json_text(doc))
+        finally:
+            self._writing.release()
 
     def finish(self, status: str, **facts):
         """The run's end: its status (and e.g. a diagnosis), the time, metrics.json."""

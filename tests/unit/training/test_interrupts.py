@@ -120,6 +120,9 @@ def test_a_stuck_step_is_ended_by_a_second_signal(tmp_path, signum, stuck_at, le
         f"received signal {signum} again: stopping now, without saving; "
         + left.format(out=out)], err[-3000:]
     assert "Traceback" not in err
+    # metrics.json, once written (epoch 1's), no longer says "running", a live run's status.
+    assert (_metrics(out).get("stopped_at_once") if (out / "metrics.json").exists() else None) \
+        == ({"resume_from": f"{out}/checkpoints/ckpt-1"} if signum == signal.SIGTERM else None)
     # What the line says is so, and the lock went with the process.
     again = run_app(*args, *(["--resume"] if signum == signal.SIGTERM else []), timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
