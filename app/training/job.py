@@ -51,8 +51,8 @@ from app.training.accumulate import Accumulator
 from app.training.sentinel import SentinelState
 from app.training.sentinel_watch import SentinelWatch
 from app.numerics.replay import weights_max
-from app.training.recorder import (Recorder, StepCallback, continue_metrics, new_metrics,
-                                   plain_lines)
+from app.training.recorder import (Recorder, ResumedEpoch, StepCallback, continue_metrics,
+                                   new_metrics, plain_lines)
 from app.run_folder.lock import RunLock
 from app.training.resuming import (check_holds_no_run, check_same_task, counted_class_weights,
                                    read_previous_metrics, resumed_class_weight,
@@ -220,12 +220,16 @@ def _local_replicas(strategy) -> int:
 
 def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
                   on_step: StepCallback | None = None,
-                  previous_steps: Optional[list] = None) -> Recorder:
-    """The run's recorder (``open()`` it: its first write into the output folder)."""
+                  previous_steps: Optional[list] = None, start: int = 0,
+                  skip: int = 0) -> Recorder:
+    """The run's recorder (``open()`` it: its first write into the output folder).
+    ``start``, ``skip``: a resumed run's first epoch and the batches of it already trained."""
     recorder = Recorder(run.output, metrics, parts, epochs=run.config.epochs,
                         train_samples=run.bundle.train_samples, is_chief=run.dist.is_chief,
                         plain=plain_lines(run.config.progress), on_step=on_step,
                         previous_steps=previous_steps)
+    recorder.resumed = ResumedEpoch.at(start, skip, accumulate.steps_per_epoch(run),
+                                       run.dist.global_batch, run.bundle.train_samples)
     if run.config.early_stop:
         best_dir = os.path.join(run.output, early_stop.BEST_DIR)
         recorder.early = early_stop.EarlyStop(run.config.early_stop, run.output, parts.model,
@@ -315,7 +319,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         start, skip, previous_steps = _resume(run, parts, metrics)
         if run.dist.is_chief and run.default_base:
             run = _claim_default_folder(run, parts, metrics, stop)
-        recorder = make_recorder(run, parts, metrics, on_step, previous_steps)
+        recorder = make_recorder(run, parts, metrics, on_step, previous_steps, start, skip)
         monitor = make_monitor(run, parts, recorder, stop, built_weights_max)
         # The chief holds the folder from its first write until it ends (app/run_folder/lock.py);
         # workers of a multi-worker job write only their own temporary folders.

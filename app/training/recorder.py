@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -127,6 +128,35 @@ def continue_metrics(metrics: dict, previous: Optional[dict], start_epoch: int,
     return [r for r in previous.get("steps", []) if r["step"] <= step]
 
 
+@dataclass(frozen=True)
+class ResumedEpoch:
+    """An epoch a --resume continued from a checkpoint inside it: this process trains its
+    (micro-)batches after ``after_batches`` of ``batches``, so its training numbers (loss,
+    the metrics, samples/s) are that part's, and its record says so."""
+    epoch: int            # 0-based, as the loops count
+    after_batches: int
+    batches: int
+    train_samples: int    # the samples of the batches this process trains
+
+    @classmethod
+    def at(cls, epoch: int, after_batches: int, batches: int, micro_batch: int,
+           train_samples: int) -> Optional["ResumedEpoch"]:
+        """None when the epoch starts from its first batch (nothing was skipped)."""
+        if not after_batches:
+            return None
+        return cls(epoch, after_batches, batches,
+                   max(0, train_samples - after_batches * micro_batch))
+
+    def to_json(self) -> dict:
+        return {"after_batches": self.after_batches, "batches": self.batches,
+                "train_samples": self.train_samples}
+
+    def said(self) -> str:
+        rest = self.batches - self.after_batches
+        return (f"resumed after {self.after_batches} of {self.batches} batches: loss, metrics "
+                f"and samples/s are of the last {rest} ({self.train_samples:,} samples)")
+
+
 class Recorder:
     """Records a run into its output folder; ``open()`` is the run's first write.
 
@@ -149,6 +179,7 @@ class Recorder:
         # thread's, and a second signal's from the watch thread: record_stop_at_once).
         self.on_disk: Optional[str] = None
         self._writing = threading.Lock()
+        self.resumed: Optional[ResumedEpoch] = None   # a --resume inside an epoch
 
     def record_probe(self, step: int, scalars: dict):
         """The sentinel's headroom probe: a TensorBoard scalar per layer."""
@@ -186,11 +217,14 @@ class Recorder:
             if k != "loss" and not k.startswith("val_")}}
         named.update({"val_" + k: finite_or_none(logs.get("val_" + k)) for k in list(named)})
         opt, steps = self.parts.optimizer, int(self.parts.stats.steps.numpy())
+        resumed = self.resumed if self.resumed is not None and self.resumed.epoch == epoch else None
+        trained = resumed.train_samples if resumed else self.train_samples
         row = {
             "epoch": epoch + 1,
             **named,
             "epoch_seconds": round(epoch_seconds, 4), "train_seconds": round(train_seconds, 4),
-            "samples_per_second": round(self.train_samples / max(train_seconds, 1e-9), 2),
+            # the samples this process trained in train_seconds (a resumed epoch: its rest)
+            "samples_per_second": round(trained / max(train_seconds, 1e-9), 2),
             # CPU time of the whole process (every thread) over the same span: unlike the
             # wall clock it does not grow while the machine gives the job less CPU.
             "train_cpu_seconds": round(train_cpu_seconds, 4),
@@ -198,10 +232,11 @@ class Recorder:
             "skipped_steps": skipped_steps,
             "steps": steps,
             "learning_rate": learning_rate(opt),
+            **({"resumed": resumed.to_json()} if resumed else {}),
         }
         self.metrics["epochs"].append(row)
         self.summaries.scalars(epoch + 1, {f"epoch/{k}": v for k, v in row.items() if k not in (
-            "epoch", "epoch_seconds", "train_seconds", "train_cpu_seconds", "steps")})
+            "epoch", "epoch_seconds", "train_seconds", "train_cpu_seconds", "steps", "resumed")})
         self.summaries.flush()
         # The best weights before the epoch's checkpoint: a run resumed from that checkpoint
         # finds them saved.
@@ -212,7 +247,10 @@ class Recorder:
             values = " ".join(f"{k}={fmt(v)}" for k, v in named.items())
             print(f"epoch {row['epoch']}/{self.epochs}: {values} "
                   f"{row['samples_per_second']:.0f} samples/s "
-                  f"loss_scale={row['loss_scale']:g} skipped={row['skipped_steps']}", flush=True)
+                  f"loss_scale={row['loss_scale']:g} skipped={row['skipped_steps']}"
+                  + (f" ({resumed.said()})" if resumed else ""), flush=True)
+        elif resumed:   # under Keras' progress bar, or the custom loop's line
+            print(f"epoch {row['epoch']}/{self.epochs}: {resumed.said()}", flush=True)
         if stop and epoch + 1 < self.epochs:
             print(self.early.line(self.metrics["epochs"]), flush=True)
 

@@ -269,7 +269,15 @@ def test_resume_mid_group_reaches_the_uninterrupted_weights(uninterrupted, tmp_p
     again = train(TrainConfig(output=str(tmp_path / "run"), resume=True,
                               **dict(cfg, loop=resumed_loop)))
     assert again["status"] == "completed"
-    assert "after 4 batch(es) of epoch 1" in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert "after 4 batch(es) of epoch 1" in said.err
+    # Epoch 1's record is of its last 4 micro-batches of 8 (56 of 120 samples), and says so.
+    resumed = again["epochs"][0]
+    assert resumed["resumed"] == {"after_batches": 4, "batches": 8, "train_samples": 56}
+    assert resumed["samples_per_second"] == pytest.approx(56 / resumed["train_seconds"], rel=0.01)
+    assert "resumed" not in again["epochs"][1]
+    assert ("(resumed after 4 of 8 batches: loss, metrics and samples/s are of the last 4 (56 "
+            "samples))") in said.out
     got = _checkpoint_values(tmp_path / "run")
     assert set(got) == set(expected)
     exact = resumed_loop == "custom"   # fit's loss is the same mean in another op order

@@ -157,6 +157,19 @@ def test_a_default_folder_taken_before_the_claim_moves_the_run_on(tiny_config, m
     assert os.listdir(twins[0].output) == [".tfmp-run.lock"]   # the twin's, untouched
 
 
+def test_a_resumed_epochs_record_counts_the_samples_this_run_trained():
+    """QA's run: 20000 samples in batches of 8 (2500), stopped after 2376: the resumed part
+    is 124 batches, 992 samples, and samples/s divides those, not the epoch's 20000."""
+    from app.training.recorder import ResumedEpoch
+
+    part = ResumedEpoch.at(0, 2376, 2500, micro_batch=8, train_samples=20000)
+    assert part.to_json() == {"after_batches": 2376, "batches": 2500, "train_samples": 992}
+    assert "of the last 124 (992 samples)" in part.said()
+    # a short last batch: 100 samples in batches of 32 (4), resumed after 3: 4 samples
+    assert ResumedEpoch.at(1, 3, 4, micro_batch=32, train_samples=100).train_samples == 4
+    assert ResumedEpoch.at(0, 0, 2500, micro_batch=8, train_samples=20000) is None
+
+
 def test_resume_restores_epoch_and_loss_scale(tiny_config):
     cfg = tiny_config(precision="mixed_float16", loop="custom", epochs=1, max_train_samples=128,
                       max_val_samples=32, initial_loss_scale=2.0 ** 30)
