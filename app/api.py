@@ -105,7 +105,9 @@ def _setting_value(name: str, value, field_type: str):
     return int(value) if "int" in kinds else float(value)   # numpy's own numbers: JSON's
 
 
-def _config(model, data, settings: dict):
+def _config(model, data, settings: dict, said: dict):
+    """(The TrainConfig, the Task) of app.train's arguments; ``said``: how each setting was
+    given (``app.core.settings.given_as``: a keyword, or its TFMP_ variable)."""
     from app.training.config import NOT_SETTINGS, TrainConfig, resolve_config
     from app.task.task import Task
 
@@ -127,7 +129,7 @@ def _config(model, data, settings: dict):
         flags["input_shape"] = ",".join(str(d) for d in flags["input_shape"])
     cfg = resolve_config(flags)
     # TFMP_FLOAT32_LAYERS applies when the keyword is not given, as on the command line.
-    return cfg, task.with_float32_layers(cfg.float32_layers)
+    return cfg, task.with_float32_layers(cfg.float32_layers, said.get("float32_layers"))
 
 
 def train(model: Any = "mlp", data: Any = None, *, precision: Optional[str] = None,
@@ -149,10 +151,13 @@ def train(model: Any = "mlp", data: Any = None, *, precision: Optional[str] = No
         raise UsageError(f"on_step is not a function. Received: on_step={on_step!r} "
                          f"({type(on_step).__name__})",
                          "a function taking one dict (each logged step's record), or None")
+    from app.core.settings import given_as
+
     data = _data_of(data, settings, "mnist")
-    cfg, task = _config(model, data, dict(settings, precision=precision, loop=loop,
-                                          epochs=epochs, output=output))
-    return run_training(cfg, on_step=on_step, task=task)
+    settings = dict(settings, precision=precision, loop=loop, epochs=epochs, output=output)
+    said = given_as(settings, os.environ, keyword=True)
+    cfg, task = _config(model, data, settings, said)
+    return run_training(cfg, on_step=on_step, task=task, said=said)
 
 
 def check(model: Any, data: Any = None, **settings) -> dict:

@@ -34,7 +34,8 @@ def run(args) -> int:
     cluster = parse_tf_config(os.environ.get("TF_CONFIG"))  # malformed: exit 2, no TF import
     parse_logical_cpus(os.environ)
 
-    code = _train(cfg)
+    # How each setting was given, for a value refused only once the model is built.
+    code = _train(cfg, settings.given_as(flags, os.environ))
     if cluster is not None and cluster.num_workers > 1:
         _exit_without_teardown(code)
     return code
@@ -54,11 +55,11 @@ def _exit_without_teardown(code: int) -> None:
     os._exit(code)
 
 
-def _train(cfg) -> int:
+def _train(cfg, said: dict) -> int:
     from app.training.job import train
 
     try:
-        metrics = train(cfg, repeat_signal_exits=True)
+        metrics = train(cfg, repeat_signal_exits=True, said=said)
     except Exception as exc:
         # MultiWorkerMirroredStrategy cannot go on with a worker missing: its collectives fail
         # once the peer stops sending heartbeats.  Say what to do instead of a traceback.

@@ -10,7 +10,7 @@ from there.  No TensorFlow here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 ENV_PREFIX = "TFMP_"
 SEED_MAX = 2 ** 32 - 1   # numpy's and TensorFlow's seeds are 32-bit unsigned integers
@@ -278,6 +278,23 @@ def add_flags(parser, names: Sequence[str], defaults, help_context: Dict[str, An
                 existing[0] if existing else parser.add_argument_group(title))
         add_flag(groups[key], s, defaults, help_context, show_env)
     return groups
+
+
+def given_as(given: Mapping[str, Any], environ: Mapping[str, str],
+             keyword: bool = False) -> Dict[str, str]:
+    """How the user gave each setting they gave, as resolve_config reads them (a flag wins
+    over its TFMP_ variable): {name: its flag (``keyword``: app.train's keyword, the
+    setting's name), or its TFMP_ variable when no flag gave it}.  ``given``: the flags (or
+    keywords), None for one not given.  For the lines about a value found wrong only once
+    the model or the data are there (a layer the model does not have): a value from
+    TFMP_FLOAT32_LAYERS was called --float32-layers, which the user never typed."""
+    named: Dict[str, str] = {}
+    for s in SETTINGS:
+        if given.get(s.name) is not None:
+            named[s.name] = s.name if keyword else s.flag
+        elif environ.get(s.env, "") != "":
+            named[s.name] = s.env
+    return named
 
 
 def seed_problem(name: str, seed: Any) -> Optional[Tuple[str, str]]:

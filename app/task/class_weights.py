@@ -111,21 +111,25 @@ def _weight(weight: Any, value: Any, said: str) -> float:
 
 # ---- the weights on the training batches --------------------------------------------------------
 
-def weigh(bundle, parsed: Parsed, counted: Optional[List[float]] = None):
+def weigh(bundle, parsed: Parsed, counted: Optional[List[float]] = None,
+          said: Optional[str] = None):
     """``bundle`` with its training batches weighed by class (``parsed`` from ``parse``);
     the bundle itself when there are no class weights.  The table and a note are kept on the
     bundle (``class_weight``, ``notes``).  ``counted``: the table a resumed balanced run
     counted when it began, used as it is (one per class) instead of counting again: the loss
-    stays the run's even where the data changed, and a pipeline is not read an extra time."""
+    stays the run's even where the data changed, and a pipeline is not read an extra time.
+    ``said``: how the user gave the weights (the flag, TFMP_CLASS_WEIGHT, app.train's
+    keyword), which a refusal names."""
     if parsed is None:
         return bundle
+    said = said or FLAG
     if bundle.label_kind == "multilabel":
-        raise UsageError(f"{FLAG} weighs a sample by its one class, and the labels of this "
+        raise UsageError(f"{said} weighs a sample by its one class, and the labels of this "
                          "data are multi-hot rows (a sample may hold several classes, or none)",
                          "a weight a sample in the data, (x, y, sample_weight); or a loss "
                          "that weighs each label's positives, --loss MODULE:OBJECT")
     if bundle.label_kind not in ("sparse", "binary", "onehot"):
-        raise UsageError(f"{FLAG} weighs samples by their class, and the labels of this data "
+        raise UsageError(f"{said} weighs samples by their class, and the labels of this data "
                          "are values, not classes", "class ids or one-hot rows as labels; "
                          "for values, a weight a sample: (x, y, sample_weight)")
     k = int(bundle.num_classes)
@@ -153,11 +157,11 @@ def weigh(bundle, parsed: Parsed, counted: Optional[List[float]] = None):
     else:
         beyond = sorted(c for c in parsed if c >= k)
         if beyond:
-            raise UsageError(f"{FLAG} weighs class {beyond[0]}, and the labels are the class "
+            raise UsageError(f"{said} weighs class {beyond[0]}, and the labels are the class "
                              f"ids 0..{k - 1}", f"class ids from 0 to {k - 1}")
         table = [parsed.get(c, 1.0) for c in range(k)]
         if not any(table):
-            raise UsageError(f"{FLAG} weighs every class 0, so nothing would be learned", FORMS)
+            raise UsageError(f"{said} weighs every class 0, so nothing would be learned", FORMS)
         note = f"{FLAG}: class weights " + ", ".join(f"{c}: {w:g}" for c, w in parsed.items()) \
             + (", the other classes 1" if len(parsed) < k else "")
     return dataclasses.replace(bundle, train=_weighed(bundle.train, table, bundle.label_kind),

@@ -41,6 +41,9 @@ from typing import Any, Iterable, Iterator, List, Sequence, Tuple
 from app.core.errors import UsageError
 
 FLAG = "--float32-layers"
+# The layers a resumed run keeps from its record (app.training.resuming), as a message names
+# them when the model no longer has one.
+KEPT_BY_RESUME = "the run's own float32 layers, kept by --resume,"
 FORMS = ("comma-separated layer names of the model: a layer's full path (outer/inner for "
          "a layer of a nested model or layer) or its last parts, such as its plain name "
          "(every layer that has them)")
@@ -207,11 +210,12 @@ def _unnumbered(path: str) -> str:
     return re.sub(r"_\d+$", "", path.rsplit("/", 1)[-1])
 
 
-def resolve(model, names: Sequence[str], spec: str) -> List[Tuple[str, Any]]:
+def resolve(model, names: Sequence[str], spec: str, said: str = FLAG) -> List[Tuple[str, Any]]:
     """[(full path, layer)] of the layers each name in ``names`` names, in the order given
     (every layer a name fits: the same layer in each copy of a block).  A name the model
-    does not have raises UsageError naming it, the forms allowed, and the model's layers
-    that come closest."""
+    does not have raises UsageError naming it as ``said`` gave it (the flag, its TFMP_
+    variable, app.train's keyword, a resumed run's record), the forms allowed, and the
+    model's layers that come closest."""
     from app.task import model_layers
 
     entries = model_layers.walk(model)
@@ -228,7 +232,7 @@ def resolve(model, names: Sequence[str], spec: str) -> List[Tuple[str, Any]]:
                 near += (" (Keras numbers automatic layer names on in a process that built "
                          "the model before, such as a notebook: name the layer in the model, "
                          "or use the name this process gives it)")
-            raise UsageError(f"{FLAG} {name!r}: model {spec!r} has no layer of that name{near}",
+            raise UsageError(f"{said} {name!r}: model {spec!r} has no layer of that name{near}",
                              FORMS)
         for path, layer, _parent in hits:
             if all(p != path for p, _l in found):
@@ -237,27 +241,28 @@ def resolve(model, names: Sequence[str], spec: str) -> List[Tuple[str, Any]]:
 
 
 def apply(model, names: Sequence[str], spec: str,
-          provisional: Sequence[Tuple[Any, str]] = ()) -> Tuple[Any, List[str]]:
+          provisional: Sequence[Tuple[Any, str]] = (), said: str = FLAG) -> Tuple[Any, List[str]]:
     """Give the layers ``names`` name (and, for a nested model or a layer of layers, every
     layer inside it) the float32 policy; returns (the model, their full paths).  Call it
     after the model function returned and before the model's first call (``Task.build``).
     ``provisional``: what ``while_building`` made float32 by the end of a path, [(layer,
     its policy before)]; those the names do not reach here go back to that policy.  The
     model is ``model`` itself, or, when a layer named made its variables 16-bit, its clone
-    with that layer made again in float32 (``_rebuilt``)."""
+    with that layer made again in float32 (``_rebuilt``).  ``said``: how the user gave the
+    names (``resolve``)."""
     if not names:
         return model, []
     from app.precision.layer_policy import set_policy
 
-    found = resolve(model, names, spec)
+    found = resolve(model, names, spec, said)
     reached = {id(inner) for _path, layer in found for inner in _whole(layer)}
     for layer, before in provisional:
         if id(layer) not in reached:
             set_policy(layer, before)
     sixteen = [(path, layer) for path, layer in found if _sixteen_bit(layer)]
     if sixteen:
-        model = _rebuilt(model, sixteen, spec)
-        found = resolve(model, [path for path, _layer in found], spec)   # the clone's
+        model = _rebuilt(model, sixteen, spec, said)
+        found = resolve(model, [path for path, _layer in found], spec, said)   # the clone's
     for _path, layer in found:
         for inner in _whole(layer):
             set_policy(inner, "float32")
@@ -282,7 +287,7 @@ def _sixteen_bit(layer) -> List[str]:
     return sorted({dtype_name(w.dtype) for w in variables_of(layer.weights)} & set(SIXTEEN_BIT))
 
 
-def _rebuilt(model, sixteen: Sequence[Tuple[str, Any]], spec: str):
+def _rebuilt(model, sixteen: Sequence[Tuple[str, Any]], spec: str, said: str = FLAG):
     """A built layer keeps its variables, so one whose variables are 16-bit (``sixteen``:
     [(full path, layer)]) cannot compute in float32 as it is: the model is cloned
     (``clone_model``) with those layers made again from their config with dtype='float32',
@@ -298,7 +303,8 @@ def _rebuilt(model, sixteen: Sequence[Tuple[str, Any]], spec: str):
     inner = [(path, layer) for path, layer in sixteen if path not in top]
     if inner or not _is_graph_model(model):
         raise _cannot_rebuild(*(inner or sixteen)[0], spec,
-                              "a layer of a nested model" if inner else "a subclassed model")
+                              "a layer of a nested model" if inner else "a subclassed model",
+                              said)
     remade = {path for path, _layer in sixteen}
 
     def clone(layer):
@@ -309,7 +315,7 @@ def _rebuilt(model, sixteen: Sequence[Tuple[str, Any]], spec: str):
     try:
         fresh = tf.keras.models.clone_model(model, clone_function=clone)
     except Exception as exc:   # a custom layer without a working get_config, and the like
-        raise _cannot_rebuild(*sixteen[0], spec, f"cloning it failed: {exc}") from None
+        raise _cannot_rebuild(*sixteen[0], spec, f"cloning it failed: {exc}", said) from None
     for old, new in zip(model.layers, fresh.layers):
         new.set_weights([np.asarray(w).astype(tf.as_dtype(dtype_name(v.dtype)).as_numpy_dtype)
                          for w, v in zip(old.get_weights(), new.weights)])
@@ -322,9 +328,9 @@ def _is_graph_model(model) -> bool:
         type(model).__name__ in ("Functional", "Sequential")
 
 
-def _cannot_rebuild(path: str, layer, spec: str, why: str):
+def _cannot_rebuild(path: str, layer, spec: str, why: str, said: str = FLAG):
     return UsageError(
-        f"{FLAG} {path!r}: model {spec!r} made that layer's variables "
+        f"{said} {path!r}: model {spec!r} made that layer's variables "
         f"{'/'.join(_sixteen_bit(layer))} (in its 16-bit dtype, when the model was built), "
         f"and the model cannot be made again with them in float32 ({why})",
         "the layers after it (such as the output layer); or give that layer "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from app.task import float32_layers as f32
 from app.task import losses
@@ -59,6 +59,9 @@ class Task:
         self.loss_spec, self.metrics_spec = loss, (list(metrics) if metrics is not None else None)
         self.input_shape, self.num_classes, self.image_size = input_shape, num_classes, image_size
         self.float32_layers = f32.parse(float32_layers)   # names; found in the built model
+        # How the user gave them (the flag, TFMP_FLOAT32_LAYERS, app.train's keyword, a
+        # resumed run's record): a name the model lacks is refused in those words.
+        self.float32_said = f32.FLAG
         _check_pairing(model, dataset)
 
     @classmethod
@@ -76,14 +79,19 @@ class Task:
                    parse_input_shape(input_shape), num_classes, image_size, float32_layers)
 
     @classmethod
-    def from_config(cls, cfg) -> "Task":
-        return cls.from_specs(cfg.model, cfg.dataset, cfg.loss, cfg.metrics, parse_input_shape(
+    def from_config(cls, cfg, said: Optional[Mapping[str, str]] = None) -> "Task":
+        """``said``: how the user gave each setting (``app.core.settings.given_as``)."""
+        task = cls.from_specs(cfg.model, cfg.dataset, cfg.loss, cfg.metrics, parse_input_shape(
             cfg.input_shape), cfg.num_classes, cfg.image_size, cfg.float32_layers)
+        task.float32_said = (said or {}).get("float32_layers", f32.FLAG)
+        return task
 
-    def with_float32_layers(self, names) -> "Task":
-        """This task with other float32 layers (a resumed run keeps the run's own)."""
+    def with_float32_layers(self, names, said: Optional[str] = None) -> "Task":
+        """This task with other float32 layers (a resumed run keeps the run's own);
+        ``said``: how the user gave them (None: as this task's were)."""
         other = copy.copy(self)
         other.float32_layers = f32.parse(names)
+        other.float32_said = said or self.float32_said
         return other
 
     def describe(self) -> dict:
@@ -155,7 +163,8 @@ class Task:
         tf.keras.backend.clear_session()
         precision.apply_policy(policy)
         model, provisional = _call_model(self.model, bundle, self.float32_layers)
-        model, _ = _before_first_call(model, self.float32_layers, self.model.spec, provisional)
+        model, _ = _before_first_call(model, self.float32_layers, self.model.spec, provisional,
+                                      self.float32_said)
         if bundle.sample_batch is not None:   # ops of custom layers: their kernels run
             _check_inputs_fit(model, bundle.sample_batch[0], self.model.spec, self.dataset.spec)
             _forward(model, bundle.sample_batch[0], self.model.spec)
@@ -167,7 +176,7 @@ class Task:
         # Read before --float32-layers may clone the model (a clone is not compiled).
         compiled_loss, compiled_metrics, optimizer = _compiled_parts(model)
         model, float32_paths = _before_first_call(model, self.float32_layers, self.model.spec,
-                                                  provisional)
+                                                  provisional, self.float32_said)
         # One forward pass on a few samples: it builds a subclassed model, and its output
         # gives the unit count, the dtype and whether the outputs are probabilities.
         if sample_batch is not None:
@@ -206,7 +215,8 @@ class Task:
                           float32_paths, metric_names)
 
 
-def _before_first_call(model, float32_layers, spec: str, provisional=()) -> list:
+def _before_first_call(model, float32_layers, spec: str, provisional=(),
+                       said: str = f32.FLAG) -> list:
     """The float32 layers set (so every step traces them in float32, and the kernels check
     sees the dtypes the model will run in), then the kernels check: a layer whose dtype this
     TensorFlow has no kernels for here (bfloat16 convolutions on TF 2.9 without AVX-512) is
@@ -214,7 +224,7 @@ def _before_first_call(model, float32_layers, spec: str, provisional=()) -> list
     cloned, the float32 layers' full paths)."""
     from app.task import model_layers
 
-    model, paths = f32.apply(model, float32_layers, spec, provisional)
+    model, paths = f32.apply(model, float32_layers, spec, provisional, said)
     model_layers.check_model(model, spec)
     return model, paths
 

@@ -72,11 +72,13 @@ def stop_line(epochs: list, patience: int, saves_model: bool = True,
     return line + (f"; the model saved is epoch {best['epoch']}'s" if saves_model else "")
 
 
-def check_monitor(monitor: str, metric_names) -> None:
-    """``monitor`` must be a number every epoch records: val_loss or val_<metric>."""
+def check_monitor(monitor: str, metric_names, said: Optional[str] = None) -> None:
+    """``monitor`` must be a number every epoch records: val_loss or val_<metric>.
+    ``said``: how the user gave it (the flag, TFMP_EARLY_STOP_ON, app.train's keyword)."""
     allowed = ["val_loss"] + [f"val_{name}" for name in metric_names]
     if monitor not in allowed:
-        raise UsageError(f"--early-stop-on {monitor!r} is not a number this run records",
+        raise UsageError(f"{said or '--early-stop-on'} {monitor!r} is not a number this run "
+                         "records",
                          f"one of {', '.join(allowed)}")
 
 

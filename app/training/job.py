@@ -99,9 +99,12 @@ class Prepared:
         return self.config.output
 
 
-def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepared:
+def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None,
+            said: Optional[dict] = None) -> Prepared:
     """Check everything, set up the strategy and load the data; writes nothing and leaves
-    ``cfg`` as it was."""
+    ``cfg`` as it was.  ``said``: how the user gave each setting
+    (``app.core.settings.given_as``), for a value refused only once the data are loaded."""
+    said = said or {}
     validate(cfg)
     hw = hardware or hw_mod.detect()
     decision = prec.resolve(cfg.precision, hw)
@@ -132,7 +135,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                          "--resume with the --output of a run that saved a checkpoint")
     if not resume and dist.is_chief:
         check_holds_no_run(output)
-    task = task or Task.from_config(cfg)
+    task = task or Task.from_config(cfg, said)
     previous, counted = None, None
     if resume:
         previous = read_previous_metrics(output, required=dist.is_chief)
@@ -148,7 +151,8 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None) -> Prepar
                             image_dir=cfg.image_dir, max_train_samples=cfg.max_train_samples,
                             max_val_samples=cfg.max_val_samples, seed=cfg.seed,
                             offline=cfg.offline, data_dir_explicit=data_dir_chosen(cfg))
-    bundle = class_weights.weigh(bundle, class_weights.parse(cfg.class_weight), counted)
+    bundle = class_weights.weigh(bundle, class_weights.parse(cfg.class_weight), counted,
+                                 said.get("class_weight"))
     chosen = runnable_when_built(decision, task, bundle)
     if chosen is not decision:
         decision = chosen
@@ -267,7 +271,7 @@ def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
 
 def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=None,
           announce: bool = True, task: Task | None = None,
-          repeat_signal_exits: bool = False) -> dict:
+          repeat_signal_exits: bool = False, said: Optional[dict] = None) -> dict:
     """Run a training job; return the metrics dict (also written to <output>/metrics.json).
 
     ``on_step`` is called every ``config.log_every`` steps with
@@ -276,9 +280,12 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     saved, rerun with ``resume=True``) or ``diverged`` (see ``metrics["diagnosis"]``).
     Bad input raises ``app.core.errors.UsageError`` before anything is written.
     ``repeat_signal_exits``: a second SIGTERM/SIGINT ends the process at once (the command
-    line's; app/training/interrupts.py).
+    line's; app/training/interrupts.py).  ``said``: how the user gave each setting (a flag,
+    a TFMP_ variable, app.train's keyword: ``app.core.settings.given_as``), which a value
+    refused once the model is built is named by.
     """
-    run = prepare(config, hardware, task=task)
+    said = said or {}
+    run = prepare(config, hardware, task=task, said=said)
     if announce:
         prec.announce(run.decision)
         if run.config.tuning:
@@ -309,7 +316,8 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     with _policy_restored(), signal_handlers(stop, repeat_signal_exits):
         parts = _build_or_explain(run, stop)
         if run.config.early_stop:   # the metrics are known once the model is built
-            early_stop.check_monitor(run.config.early_stop_on, parts.built.metric_names)
+            early_stop.check_monitor(run.config.early_stop_on, parts.built.metric_names,
+                                     said.get("early_stop_on"))
         _warn_of_the_amx_hang(run, parts.model, metrics["environment"]["cpu_threads"])
         # A resumed run's weights as built, before the checkpoint's: the sentinel measures
         # their growth from there (a checkpoint saved at an optimizer's fault holds weights

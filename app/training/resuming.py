@@ -153,7 +153,7 @@ def resumed_float32_layers(cfg: TrainConfig, task: Task, previous: Optional[dict
             print(f"note: --resume keeps the run's float32 layers ({f32.flag(was)})",
                   file=sys.stderr, flush=True)
         return (dataclasses.replace(cfg, float32_layers=f32.text(was)),
-                task.with_float32_layers(was))
+                task.with_float32_layers(was, f32.KEPT_BY_RESUME))
     if tuple(task.float32_layers) != was:
         print(f"note: the run was trained with float32 layers "
               f"{f32.text(was) or '(none)'}; it continues with "

@@ -326,7 +326,7 @@ def test_binary_metrics_on_logits_read_them_as_logits(tmp_path):
 def test_multi_hot_labels_and_class_weights_are_one_line(tmp_path):
     import app
 
-    with pytest.raises(UsageError, match=r"--class-weight weighs a sample by its one class, "
+    with pytest.raises(UsageError, match=r"^error: class_weight weighs a sample by its one class, "
                                          r"and the labels of this data are multi-hot rows"):
         app.train(model=_tagger(None), data=_tags(800), class_weight="balanced", epochs=1,
                   output=str(tmp_path / "run"))

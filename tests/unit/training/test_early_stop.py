@@ -125,7 +125,8 @@ def test_a_bad_patience_or_number_to_watch_is_one_line(tmp_path):
         _train(tmp_path / "run", early_stop=-1)
     with pytest.raises(UsageError) as caught:
         _train(tmp_path / "run", early_stop_on="val_auc")
-    assert str(caught.value) == ("error: --early-stop-on 'val_auc' is not a number this run "
+    # app.train's keyword, as the settings checked before it are named
+    assert str(caught.value) == ("error: early_stop_on 'val_auc' is not a number this run "
                                  "records; allowed: one of val_loss, val_accuracy")
     with pytest.raises(UsageError, match=r"early_stop_on applies with --early-stop only"):
         _train(tmp_path / "run", early_stop=0, early_stop_on="val_accuracy")
