@@ -299,11 +299,38 @@ refuse_privileged_gid() {
 # The marker is read as the home's owner, who may write it anyway: it can only claim
 # the home is its own, which the owner check already needs.
 #
-# The re-owning itself: `chown -R` without -H/-L follows no symlink (a link is re-owned
-# itself), and `--from` re-owns only what the old UID (GID) owns, so a hard link in the
-# home to a file of root's (or anyone's) keeps its owner.  No process of the user runs
-# yet (a restart ends them all), so nothing swaps entries during the walk.
+# The re-owning itself (reown_home): no symlink followed (a link is re-owned itself), and
+# `--from` re-owns only what the old UID (GID) owns, so a hard link in the home to a file
+# of root's (or anyone's) keeps its owner.  No process of the user runs in this container
+# yet (a restart ends them all); one in another container that mounts the same volume
+# cannot lead the walk out of the home either (reown_home).
 readonly HOME_MARKER=.local/state/tfmp/home-owner
+
+# The re-owning walk: $1 = the old UID, $2 = the old GID (the home's top's).  The old UID's
+# files get the new UID and the new GID whatever their group: the top's GID is not the one
+# the old user wrote with (the image's home is group 0, a user's files have its NB_GID), and
+# `--from=:TOP'S GID` left every file the user made in the old group.  Then what else has the
+# old GID gets the new one (owner and group, docs/image.md).  find stays on the home's file
+# system (what is mounted below the home, a host's folder, is not walked), follows no link,
+# and -execdir hands chown a name in the folder it holds (./NAME, never a path through a
+# folder that could be swapped); chown's own --from re-checks the owner at the change.
+# Mounts below the home (an authorized_keys file, a data folder) are left as they are.
+# find's PATH is the system's own: -execdir refuses to run with a relative PATH entry (the
+# walk would then be skipped without a word), and root looks in no folder the user can write.
+reown_home() {
+  local old_uid=$1 old_gid=$2 path=/usr/sbin:/usr/bin:/sbin:/bin point mounts=()
+  # Mounts below the home, from the kernel's table: a volume or host folder mounted there is
+  # usually on the same disk as the home (-xdev alone would walk it), and is not the image's.
+  while IFS= read -r point; do
+    point=$(printf '%b' "$point" | sed 's/[][*?\]/\\&/g')   # \040 -> " "; a glob, escaped
+    mounts+=(-o -path "$point")
+  done < <(awk -v home="$USER_HOME/" 'index($5, home) == 1 { print $5 }' /proc/self/mountinfo)
+  env PATH="$path" find "$USER_HOME" -xdev \( -false "${mounts[@]}" \) -prune -o -uid "$old_uid" \
+    -execdir chown -h --from="$old_uid" "$NB_UID:$NB_GID" -- {} + 2>/dev/null || true
+  env PATH="$path" find "$USER_HOME" -xdev \( -false "${mounts[@]}" \) -prune -o -gid "$old_gid" \
+    -execdir chown -h --from=":$old_gid" ":$NB_GID" -- {} + 2>/dev/null || true
+}
+
 fit_home() {
   local owner old_uid old_gid marker=""
   owner=$(stat -c %u:%g "$USER_HOME")
@@ -339,9 +366,7 @@ fit_home() {
   if [[ $NB_IDS_GIVEN != yes ]]; then
     fatal "the home $USER_HOME belongs to UID $old_uid (GID $old_gid) and no NB_UID was given: set NB_UID=$old_uid and NB_GID=$old_gid to use it as it is, or the IDs it should have from now on (the image's home is then re-owned for them)"
   fi
-  # Read-only mounts below the home (an authorized_keys file) stay as they are.
-  chown -R --from="$old_uid" "$NB_UID" "$USER_HOME" 2>/dev/null || true
-  chown -R --from=":$old_gid" ":$NB_GID" "$USER_HOME" 2>/dev/null || true
+  reown_home "$old_uid" "$old_gid"
   # shellcheck disable=SC2016  # expanded by the user's shell
   setpriv --reuid="$NB_UID" --regid="$NB_GID" --init-groups \
     sh -c 'mkdir -p "$(dirname "$1")" && printf "%s\n" "$2" >"$1"' sh \

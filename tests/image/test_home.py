@@ -12,7 +12,6 @@ import os
 import re
 import shlex
 import socket
-import subprocess
 import tarfile
 import textwrap
 import uuid
@@ -474,6 +473,7 @@ def test_re_owning_a_hostile_home_for_a_new_uid_follows_no_link(image, container
     folder, planted by tf before the change; the new container re-owns the home and nothing
     in /etc, /usr/local or /root changes but what differs per container."""
     volume = f"tfmp-hostile-{uuid.uuid4().hex[:8]}"
+    data = f"{volume}-data"   # another file system, mounted below the home
     rels = home_paths_root_touches()
     # The marker stays: it is what makes the home the image's (without it the start refuses
     # the home, test_a_bind_mounted_home_of_another_uid_is_never_re_owned); tf could only
@@ -485,12 +485,17 @@ def test_re_owning_a_hostile_home_for_a_new_uid_follows_no_link(image, container
              for r, t in links.items()]
     name = ""
     try:
+        # tf (UID 1000, GID 1000) also makes files of its own, with its GID, not the group of
+        # the home's top (the image's 1000:0); and a file on the data volume.
+        lines += ["mkdir -p ~/project && echo x > ~/project/f.txt", "echo x > /workspace/f.txt"]
         planted = docker_run(image, "-e", "TFMP_QUIET=1", "-v", f"{volume}:{HOME}",
+                             "-v", f"{data}:/workspace",
                              command=["bash", "-ec", " && ".join(lines)], timeout=120)
         assert planted.returncode == 0, planted.stderr[-2000:]
         reference = container("-e", "ENABLE_SSH=0", "--shm-size=256m")
         name = container("-e", "ENABLE_SSH=0", "--shm-size=256m", "-e", "NB_UID=4500",
-                         "-e", "NB_GID=4500", "-v", f"{volume}:{HOME}")
+                         "-e", "NB_GID=4500", "-v", f"{volume}:{HOME}",
+                         "-v", f"{data}:{HOME}/data")
         for box in (reference, name):
             assert started(box).startswith("healthy"), container_logs(box)[-3000:]
         logs = container_logs(name)
@@ -505,10 +510,18 @@ def test_re_owning_a_hostile_home_for_a_new_uid_follows_no_link(image, container
                          *links).stdout.splitlines()
         assert len(owners) == len(links) and all(o.startswith("4500 ") for o in owners), owners
         assert sum(" -> " in o for o in owners) >= len(links) - 1, owners
+        # Owner and group, the user's own files too (QA: ~/project and f.txt kept GID 1000);
+        # the file system mounted below the home is not walked.
+        wrong = exec_in(name, "find", HOME, "-path", f"{HOME}/data", "-prune", "-o", "(", "!",
+                        "-uid", "4500", "-o", "!", "-gid", "4500", ")", "-printf",
+                        "%u:%g %p\n").stdout
+        assert wrong == "", wrong
+        mounted = exec_in(name, "stat", "-c", "%u", f"{HOME}/data", f"{HOME}/data/f.txt").stdout
+        assert mounted.split() == ["1000", "1000"], mounted
     finally:
         if name:  # the volume can go only with the container that uses it
             run(["docker", "rm", "-f", "-v", name], check=False, timeout=60)
-        run(["docker", "volume", "rm", "-f", volume], check=False, timeout=60)
+        run(["docker", "volume", "rm", "-f", volume, data], check=False, timeout=60)
 
 
 def test_a_bind_mounted_home_of_another_uid_is_never_re_owned(image, tmp_path):

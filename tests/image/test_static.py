@@ -106,7 +106,10 @@ ROOT_ON_THE_TOP = [
     re.compile(r'stat -c %u:%g "\$USER_HOME"'),                         # the top's owner
     re.compile(r'find "\$USER_HOME" -mindepth 1 -maxdepth 1 -print -quit'),  # is it empty
     re.compile(r'^chown "\$NB_UID:\$NB_GID" "\$USER_HOME"$'),             # an empty home's top
-    re.compile(r'^chown -R --from="?:?\$old_[ug]id"? "?:?\$NB_[UG]ID"? "\$USER_HOME"'),  # no -H/-L
+    # the re-owning walk: no link followed, mounts below the home pruned, ./NAME for chown
+    re.compile(r'^env PATH="\$path" find "\$USER_HOME" -xdev \\\( -false "\$\{mounts\[@\]\}" \\\) '
+               r'-prune -o -[ug]id "\$old_[ug]id"\s+-execdir chown -h --from="?:?\$old_[ug]id"? '),
+    re.compile(r'^done < <\(awk -v home="\$USER_HOME/" '),   # the mount table's text, matched
     re.compile(r'^usermod -d "\$USER_HOME" "\$NB_USER"$'),               # the passwd field only
     re.compile(r'^printf \'%s\\0\' HOME="\$USER_HOME" USER='),  # text: the user's environment
     re.compile(r'^validate_keys "\$user_keys" "\$home_keys"$'),     # root's copy; a name in messages
