@@ -12,9 +12,9 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from app.core import folders
+from app.core import files, folders
 from app.precision import loss_scale
-from app.core.files import finite_or_none, fmt, json_text, utc_now_iso, write_atomic
+from app.core.files import finite_or_none, fmt, json_text, utc_now_iso
 from app.machine.memory import peak_memory
 from app.task.data import shape_json
 
@@ -269,7 +269,7 @@ class Recorder:
 
     def _write(self, text: str) -> None:
         with self._writing:
-            write_atomic(os.path.join(self.output, "metrics.json"), text)
+            files.write_atomic(os.path.join(self.output, "metrics.json"), text)
             self.on_disk = text
 
     def record_stop_at_once(self, signum: int, resume_from: Optional[str]) -> None:
@@ -289,7 +289,7 @@ class Recorder:
                 return
             doc.update(status="interrupted", signal=signum, finished_utc=utc_now_iso(),
                        stopped_at_once={"resume_from": resume_from})
-            write_atomic(os.path.join(self.output, "metrics.json"), json_text(doc))
+            files.write_atomic(os.path.join(self.output, "metrics.json"), json_text(doc))
         finally:
             self._writing.release()
 
