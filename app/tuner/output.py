@@ -19,12 +19,18 @@ from app.training import config
 from app.tuner import report
 
 
-def default_output(model: str, dataset: str, workspace: str) -> str:
-    """``<workspace>/tune/<UTC>-<model>-<dataset>``, named like train's run folders (and, like
-    them, never one that exists already)."""
-    return config.unused(os.path.join(
+def default_base(model: str, dataset: str, workspace: str) -> str:
+    """``<workspace>/tune/<UTC>-<model>-<dataset>``, named like train's run folders."""
+    return os.path.join(
         workspace, "tune",
-        f"{config.utc_stamp()}-{config.short_name(model)}-{config.short_name(dataset)}"))
+        f"{config.utc_stamp()}-{config.short_name(model)}-{config.short_name(dataset)}")
+
+
+def claim_default(model: str, dataset: str, workspace: str) -> str:
+    """The default folder, made this tune's own (``config.claim_unused``): of two tunes
+    started in the same second, the second takes ``-2`` instead of meeting the first's
+    lock, as train's runs do."""
+    return config.claim_unused(default_base(model, dataset, workspace))
 
 
 # What a tune writes into its folder, and what a training run's folder holds.

@@ -113,10 +113,12 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
                 learning_rate=learning_rate, jit=jit)
     check_task(model, dataset, **task)
     workspace = workspace or os.environ.get("TFMP_WORKSPACE") or "workspace"
-    output = output or output_folder.default_output(model, dataset, workspace)
-    output_folder.check_output(output)
+    if output:
+        output_folder.check_output(output)
+        created = not os.path.exists(output)
+    else:   # every check is done: the folder is claimed, so the cleanup below is this tune's
+        output, created = output_folder.claim_default(model, dataset, workspace), True
     lock = RunLock(output)
-    created = not os.path.exists(output)
     try:
         lock.acquire()     # a live tune (or run) there: OutputInUse, one line
         output_folder.check_output(output)   # under the lock: a tune may have finished here meanwhile

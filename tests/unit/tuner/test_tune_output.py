@@ -71,7 +71,7 @@ def fake(monkeypatch):
 
 def run_tune(output, **kw):
     args = dict(precision="float32", memory_budget="1GiB", max_batch=64, progress=False,
-                output=str(output))
+                output=None if output is None else str(output))
     args.update(kw)
     return api.tune("mlp", "synthetic", **args)
 
@@ -135,6 +135,52 @@ def test_a_live_holder_of_the_lock_is_refused_before_any_trial(tmp_path, fake, c
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("error: output directory") and "in use" in err[0]
     assert _trials_ran(fake) == 0 and os.listdir(out) == [LOCK_NAME]
+
+
+def test_two_tunes_started_in_the_same_second_without_output_each_get_a_folder(tmp_path, fake,
+                                                                               monkeypatch):
+    """Two tunes with no --output started in the same second both named one folder; the
+    second met the first's lock and exited 2.  The default folder is now claimed (made)
+    once every check is done, and a name taken by then is passed by: here both tunes are
+    held at the same point, past their choice of folder, until both have reached it."""
+    import threading
+
+    from app.training import config as train_config
+    from app.tuner import output as output_folder
+
+    monkeypatch.setattr(train_config, "utc_stamp", lambda now=None: "20261207T170000Z")
+    both_chose = threading.Barrier(2, timeout=30)
+    held = threading.local()
+    check = output_folder.check_output
+
+    one_at_a_time = threading.Lock()   # past that point (the chart is not thread-safe)
+
+    def check_after_both_chose(path):
+        if not getattr(held, "once", False):
+            held.once = True
+            both_chose.wait()
+            one_at_a_time.acquire()
+        check(path)
+    monkeypatch.setattr(output_folder, "check_output", check_after_both_chose)
+    results, errors = [], []
+
+    def one_tune():
+        try:
+            results.append(run_tune(None, workspace=str(tmp_path))["output"])
+        except Exception as exc:   # the failure this test is about: OutputInUse
+            errors.append(exc)
+        finally:
+            if getattr(held, "once", False):
+                one_at_a_time.release()
+    tunes = [threading.Thread(target=one_tune) for _ in range(2)]
+    for t in tunes:
+        t.start()
+    for t in tunes:
+        t.join(60)
+    base = str(tmp_path / "tune" / "20261207T170000Z-mlp-synthetic")
+    assert not errors, errors
+    assert sorted(results) == [base, f"{base}-2"]
+    assert all(os.path.exists(os.path.join(r, "tune.json")) for r in results)
 
 
 def test_the_tune_holds_the_lock_while_it_searches(tmp_path, fake):
