@@ -47,8 +47,12 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                   echo: Callable[[str], None] = print, measure_input: bool = True,
                   best_batches: Optional[Mapping[str, int]] = None,
                   best_batch_source: Optional[str] = None,
-                  fp32_baseline: str = baseline.DEFAULT, profile: bool = False) -> int:
+                  fp32_baseline: str = baseline.DEFAULT, profile: bool = False,
+                  output_made: bool = False) -> int:
     """Run, write every file into ``output``, print the table; 0 if every run succeeded.
+
+    ``output_made``: the command made ``output`` for this benchmark (its default folder,
+    claimed): a rejected setting removes it, as a folder the benchmark makes itself.
 
     ``best_batches`` ({policy: batch}, from a tune): after the equal-batch runs, each
     policy runs again at its own best batch (the guide's real comparison).  ``fp32_baseline``:
@@ -74,7 +78,8 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
                          for i, p in enumerate(the_plan.run)] if profile else [])
     pipeline, all_records = _run_all(
         schedule + best_schedule + profile_schedule, settings, output, warmup_epochs,
-        launcher=launcher, timeout=timeout, left_out=left_out, measure_input=measure_input)
+        launcher=launcher, timeout=timeout, left_out=left_out, measure_input=measure_input,
+        output_made=output_made)
 
     if left_out:
         the_plan = plan.Plan(run=tuple(p for p in the_plan.run if p not in left_out),
@@ -141,11 +146,11 @@ def run_benchmark(settings: Dict[str, Any], requested: Optional[Sequence[str]], 
 
 
 def _run_all(schedule, settings, output: str, warmup_epochs: int, *, launcher, timeout,
-             left_out: Dict[str, str], measure_input: bool):
+             left_out: Dict[str, str], measure_input: bool, output_made: bool = False):
     """(the input pipeline's measurement or None, every run's record): each run a child
     process, its folder under ``output``/runs.  Settings ``tfmp train`` rejects: UsageError,
     with nothing of ours left in ``output``."""
-    existed = os.path.isdir(output)
+    existed = os.path.isdir(output) and not output_made
     folders.make_folder(output)
     try:
         # First: the cheapest child also checks the settings (a bad spec stops here).

@@ -156,7 +156,8 @@ def validate(args):
     output = args.output or os.path.join(
         cfg.workspace, "benchmarks",
         config.utc_stamp() + f"-{config.short_name(cfg.model)}")
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+    if args.output and os.path.exists(output) and (not os.path.isdir(output)
+                                                   or os.listdir(output)):
         if _interrupted_benchmark(output):   # Ctrl-C'd: its partial runs are kept, not reused
             raise UsageError(f"output {output!r} holds an interrupted benchmark (runs/ and no "
                              "benchmark.json)", "a new --output, or that folder removed first "
@@ -173,6 +174,11 @@ def validate(args):
     # Passed on only when chosen: the trainer's own default is <workspace>/data.
     settings["data_dir"] = cfg.data_dir if config.data_dir_chosen(cfg) else None
     settings["offline"], settings["jit"] = bool(cfg.offline), bool(cfg.jit)
+    if not args.output:
+        # Every check is done: the default folder is made this benchmark's own, so that two
+        # started in the same second never write into one folder (nor one remove the
+        # other's runs with its own, after a rejected setting): the second takes -2.
+        output = config.claim_unused(output)
     return settings, policies, output, best
 
 
@@ -209,7 +215,8 @@ def run(args) -> int:
             sys.stderr.write(exc.line() + "\n")
             return EXIT_FAILED
         source = os.path.join(output, "tune", "tune.json")
-    return run_benchmark(settings, policies, output, repeats=args.repeats,
+    return run_benchmark(settings, policies, output, output_made=not args.output,
+                         repeats=args.repeats,
                          best_batches=best, best_batch_source=source,
                          warmup_epochs=args.warmup_epochs,
                          max_accuracy_gap=args.max_accuracy_gap, timeout=args.timeout,

@@ -84,6 +84,27 @@ def test_non_empty_output_refused(tmp_path, capsys):
     assert os.listdir(tmp_path) == ["old.txt"]
 
 
+def test_two_benchmarks_without_output_in_the_same_second_get_a_folder_each(tmp_path,
+                                                                          monkeypatch):
+    """Both took <workspace>/benchmarks/<second>-mlp, found it new or empty, and wrote their
+    runs into it (and a rejected setting in one removed the other's).  The default folder
+    is now made the benchmark's own once its checks pass: the second takes -2."""
+    from app.benchmark import suite
+    from app.training import config
+
+    monkeypatch.setattr(config, "utc_stamp", lambda now=None: "20261207T170000Z")
+    given = []
+    monkeypatch.setattr(suite, "run_benchmark",
+                        lambda settings, policies, output, **kw: given.append(
+                            (output, kw["output_made"])) or 0)
+    for _ in range(2):
+        assert cli.main(["benchmark", "--model", "mlp", "--dataset", "synthetic",
+                         "--workspace", str(tmp_path)]) == 0
+    base = str(tmp_path / "benchmarks" / "20261207T170000Z-mlp")
+    assert given == [(base, True), (f"{base}-2", True)]
+    assert os.path.isdir(base) and os.path.isdir(f"{base}-2")
+
+
 def test_an_interrupted_benchmarks_folder_says_how_to_run_it_again(tmp_path, capsys):
     """After Ctrl-C the rerun said only "already exists and is not an empty folder" (a QA
     pass); its partial runs are kept."""
