@@ -50,10 +50,11 @@ FORMS = ("comma-separated layer names of the model: a layer's full path (outer/i
 _SHOWN = 5          # closest names listed for a name the model does not have
 
 
-def parse(value: Any) -> Tuple[str, ...]:
+def parse(value: Any, what: str = "float32_layers") -> Tuple[str, ...]:
     """The names in ``value``: None or "" (none), "a,b" or a list of names; whitespace
     around a name is dropped and a name given twice counts once.  An empty name in a list
-    (``a,,b``) or something that is not text raises UsageError."""
+    (``a,,b``) or something that is not text raises UsageError naming ``what`` (the
+    setting, or the TFMP_ variable the value came from)."""
     if value is None:
         return ()
     if isinstance(value, str):
@@ -63,17 +64,17 @@ def parse(value: Any) -> Tuple[str, ...]:
     elif isinstance(value, (list, tuple)):
         items = value
     else:
-        raise UsageError(f"float32_layers must be layer names. Received: float32_layers={value!r}",
+        raise UsageError(f"{what} must be layer names. Received: {what}={value!r}",
                          FORMS + ", e.g. predictions")
     names: List[str] = []
     for item in items:
         if not isinstance(item, str):
-            raise UsageError(f"float32_layers must be layer names. Received: {item!r} in "
-                             f"float32_layers={value!r}", FORMS + ", e.g. predictions")
+            raise UsageError(f"{what} must be layer names. Received: {item!r} in "
+                             f"{what}={value!r}", FORMS + ", e.g. predictions")
         name = item.strip().strip("/")
         if not name:
-            raise UsageError(f"float32_layers has an empty layer name. Received: "
-                             f"float32_layers={value!r}", FORMS + ", e.g. predictions,norm")
+            raise UsageError(f"{what} has an empty layer name. Received: "
+                             f"{what}={value!r}", FORMS + ", e.g. predictions,norm")
         if name not in names:
             names.append(name)
     return tuple(names)

@@ -159,8 +159,8 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
     if "float32_layers" in values:   # "a, b" or a list -> "a,b" (UsageError for a bad one)
         from app.task import float32_layers
 
-        values["float32_layers"] = float32_layers.text(
-            float32_layers.parse(values["float32_layers"]))
+        values["float32_layers"] = float32_layers.text(float32_layers.parse(
+            values["float32_layers"], from_variables.get("float32_layers", "float32_layers")))
     if "class_weight" in values:   # "balanced", "3=10" or a dict -> its text (UsageError)
         from app.task import class_weights
 
@@ -388,16 +388,20 @@ def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
                                                   if name == "accumulate" else ""))
     if total is None:
         return n or 1
+    def option(name):   # its TFMP_ variable when it came from one, else its flag
+        return said(name) if said(name) != name else "--" + name.replace("_", "-")
     micro = cfg.batch_size * (replicas or 1)
     if total % micro:
         lower, upper = total // micro * micro, (total // micro + 1) * micro
-        what = f"--batch-size {cfg.batch_size}" + (f" x {replicas} replicas" if replicas else "")
-        raise UsageError(f"global_batch {total} is not a multiple of the micro-batch {micro} "
-                         f"({what})", "--global-batch " + " or ".join(
+        what = f"{option('batch_size')} {cfg.batch_size}" + (
+            f" x {replicas} replicas" if replicas else "")
+        raise UsageError(f"{said('global_batch')} {total} is not a multiple of the micro-batch "
+                         f"{micro} ({what})", f"{option('global_batch')} " + " or ".join(
                              str(b) for b in (lower, upper) if b) + ", or a "
-                         f"--batch-size that divides {total}")
+                         f"{option('batch_size')} that divides {total}")
     if n is not None and total != micro * n:
-        raise UsageError(f"global_batch {total} does not match --accumulate {n} x the "
-                         f"micro-batch {micro} (= {micro * n})",
-                         "one of --global-batch or --accumulate, or values that agree")
+        raise UsageError(f"{said('global_batch')} {total} does not match "
+                         f"{option('accumulate')} {n} x the micro-batch {micro} (= {micro * n})",
+                         f"one of {option('global_batch')} or {option('accumulate')}, or "
+                         "values that agree")
     return total // micro

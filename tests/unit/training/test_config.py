@@ -133,6 +133,13 @@ def test_accumulation_from_either_flag_and_the_replicas():
         "allowed: --global-batch 128, or a --batch-size that divides 100"), str(info.value)
     with pytest.raises(UsageError):
         resolve_config({"global_batch": 0}, environ={})
+    # Given as variables, the line names the variables (docs/training.md), not the flags.
+    with pytest.raises(UsageError) as info:
+        resolve_config({}, environ={"TFMP_GLOBAL_BATCH": "100", "TFMP_BATCH_SIZE": "64"})
+    assert str(info.value).endswith(
+        "TFMP_GLOBAL_BATCH 100 is not a multiple of the micro-batch 64 (TFMP_BATCH_SIZE 64); "
+        "allowed: TFMP_GLOBAL_BATCH 64 or 128, or a TFMP_BATCH_SIZE that divides 100"), \
+        str(info.value)
 
 
 @pytest.mark.parametrize("text, shape", [("28,28,1", (28, 28, 1)), ("28x28x1", (28, 28, 1)),

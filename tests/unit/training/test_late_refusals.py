@@ -61,3 +61,13 @@ def test_a_value_refused_once_the_model_is_built_names_where_it_came_from(
     line = _refusal(tmp_path, **settings)
     assert named in line, line
     assert "--float32-layers" not in line.split(";")[0] and "--early-stop-on" not in line
+
+
+def test_a_malformed_variable_is_named_as_the_variable():
+    """Refused before any model is built (an empty name in the list): the same rule."""
+    from app.training.config import resolve_config
+
+    with pytest.raises(UsageError) as info:
+        resolve_config({}, {"TFMP_FLOAT32_LAYERS": "a,,b"})
+    assert str(info.value).startswith("error: TFMP_FLOAT32_LAYERS has an empty layer name. "
+                                      "Received: TFMP_FLOAT32_LAYERS='a,,b'"), str(info.value)
