@@ -14,8 +14,8 @@ def captured(monkeypatch):
 
     seen = {}
 
-    def fake_train(cfg, on_step=None, task=None):
-        seen.update(cfg=cfg, task=task)
+    def fake_train(cfg, on_step=None, task=None, said=None):
+        seen.update(cfg=cfg, task=task, said=said)
         return {"status": "completed"}
     monkeypatch.setattr(job, "train", fake_train)
     return seen
