@@ -140,6 +140,12 @@ def pytest_collection_modifyitems(config, items):
             # One pytest-xdist worker runs the image tests: one image build, one shared stack.
             # (An image test with a group of its own needs the image only, not the stack.)
             item.add_marker(pytest.mark.xdist_group("image"))
+    # The longest test first: the image's self-test (about 20 minutes on 2 cores, one
+    # process) is the session's critical path.  pytest-xdist hands out work in this order
+    # (pyproject: --no-loadscope-reorder), so one worker starts it at once while the other
+    # takes the image tests and then the unit tests; queued behind other work, it ended the
+    # session minutes after everything else.
+    items.sort(key=lambda item: item.name != SELF_TEST)
     if os.environ.get("TFMP_TEST_REVERSE") == "1":
         # Proof that no test leans on an earlier one's side effects (a file, a container, a
         # restarted stack): the same tests, last first.  Not for everyday runs.
