@@ -93,8 +93,8 @@ def test_a_bad_variable_is_one_line_and_exit_2_before_tensorflow(tmp_path):
                    env={"TFMP_FLOAT32_LAYERS": "predictions,,Conv1"}, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert errors(proc.stderr) == [
-        "error: float32_layers has an empty layer name. Received: "
-        "float32_layers='predictions,,Conv1'; allowed: comma-separated layer names of the "
+        "error: TFMP_FLOAT32_LAYERS has an empty layer name. Received: "
+        "TFMP_FLOAT32_LAYERS='predictions,,Conv1'; allowed: comma-separated layer names of the "
         "model: a layer's full path (outer/inner for a layer of a nested model or layer) or "
         "its last parts, such as its plain name (every layer that has them), e.g. "
         "predictions,norm"]
