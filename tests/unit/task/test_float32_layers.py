@@ -492,36 +492,17 @@ def test_the_wrapped_call_is_in_force_only_while_the_model_function_runs(policy_
 
 # ---- train and --resume ----------------------------------------------------------------------
 
-TINY = """
-import numpy as np
-import tensorflow as tf
-
-
-def build(input_shape, num_classes):
-    inp = tf.keras.Input(input_shape)
-    hidden = tf.keras.layers.Dense(8, activation="relu", name="hidden")(inp)
-    return tf.keras.Model(inp, tf.keras.layers.Dense(num_classes, name="logits")(hidden))
-
-
-def load():
-    x = np.random.default_rng(0).random((64, 4)).astype("float32")
-    y = (x[:, 0] > 0.5).astype("int32")
-    return (x, y), (x[:16], y[:16])
-"""
-
-
 def test_an_unknown_name_from_the_variable_names_the_variable(tmp_path):
     """The QA pass: TFMP_FLOAT32_LAYERS=zzz was refused as "--float32-layers 'zzz'", a flag
     the user never passed (tests/unit/training/test_late_refusals.py: app.train's words)."""
-    (tmp_path / "tiny.py").write_text(TINY)
-    spec = str(tmp_path / "tiny.py")
+    spec = f"{USER_MODELS}/models_misc.py:hidden_logits"
     out = tmp_path / "run"
-    proc = run_app("train", "--model", f"{spec}:build", "--dataset", f"{spec}:load",
+    proc = run_app("train", "--model", spec, "--dataset", f"{USER_MODELS}/datasets.py:tiny_bits",
                    "--precision", "float32", "--epochs", "1", "--output", str(out),
                    env={"TFMP_FLOAT32_LAYERS": "zzz"}, timeout=180)
     assert proc.returncode == 2, proc.stderr
     line, = errors(proc.stderr)
-    assert line.startswith(f"error: TFMP_FLOAT32_LAYERS 'zzz': model '{spec}:build' has no "
+    assert line.startswith(f"error: TFMP_FLOAT32_LAYERS 'zzz': model '{spec}' has no "
                            "layer of that name"), line
     assert not out.exists()
 

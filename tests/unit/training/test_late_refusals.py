@@ -5,29 +5,17 @@ met "error: --float32-layers 'zzz': ..." from TFMP_FLOAT32_LAYERS=zzz, a flag ne
 (docs/training.md: "A bad variable value names the variable")."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import tensorflow as tf
 
 import app
 from app.core.errors import UsageError
-
-
-def _build(input_shape, num_classes):
-    inp = tf.keras.Input(input_shape)
-    hidden = tf.keras.layers.Dense(8, activation="relu", name="hidden")(inp)
-    return tf.keras.Model(inp, tf.keras.layers.Dense(num_classes, name="logits")(hidden))
-
-
-def _data():
-    x = np.random.default_rng(0).random((64, 4)).astype("float32")
-    y = (x[:, 0] > 0.5).astype("int32")
-    return (x, y), (x[:16], y[:16])
+from tests.unit.user_models.datasets import tiny_bits
+from tests.unit.user_models.models_misc import hidden_logits
 
 
 def _refusal(tmp_path, **settings) -> str:
     with pytest.raises(UsageError) as info:
-        app.train(_build, _data(), precision="float32", epochs=1, progress="lines",
+        app.train(hidden_logits, tiny_bits(), precision="float32", epochs=1, progress="lines",
                   output=str(tmp_path / "run"), **settings)
     assert not (tmp_path / "run").exists()
     return str(info.value)

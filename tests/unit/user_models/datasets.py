@@ -51,3 +51,11 @@ def flat():
     """As ``arrays``, 8 features a sample (the first row of each image)."""
     (xtr, ytr), (xva, yva) = arrays()
     return (xtr[:, 0, :, 0], ytr), (xva[:, 0, :, 0], yva)
+
+
+def tiny_bits():
+    """64 samples of 4 features, labelled by the first (two classes); validation: 16 of
+    them.  For tests that stop before or at the first step."""
+    x = np.random.default_rng(0).random((64, 4)).astype("float32")
+    y = (x[:, 0] > 0.5).astype("int32")
+    return (x, y), (x[:16], y[:16])

@@ -72,3 +72,11 @@ def float32_on_purpose(input_shape, num_classes):
                                 tf.keras.layers.Dense(16, activation="relu", name="d1"),
                                 tf.keras.layers.Dense(num_classes, name="out",
                                                       dtype="float32")])
+
+
+def hidden_logits(input_shape, num_classes):
+    """Two named Dense layers, 'hidden' and 'logits': the smallest model whose layer names
+    a test can get right or wrong."""
+    inp = tf.keras.Input(input_shape)
+    hidden = tf.keras.layers.Dense(8, activation="relu", name="hidden")(inp)
+    return tf.keras.Model(inp, tf.keras.layers.Dense(num_classes, name="logits")(hidden))
