@@ -138,9 +138,12 @@ class Diagnosis:
         resume = "--resume" if command_line else "resume=True"
         if self.verdict == "optimizer":
             new = "a new --output" if command_line else "a new output="
-            gone = (f"after removing {output} (rm -r {shlex.quote(output)})" if output and
-                    command_line else f"after removing {output!r}" if output else
-                    "after removing the run's folder")
+            if not output:
+                gone = "after removing the run's folder"
+            elif command_line:
+                gone = f"after removing {output} (rm -r {shlex.quote(output)})"
+            else:
+                gone = f"after removing {output!r}"
             return (f"start the run again with the fix, with {new} or {gone}: the checkpoint "
                     f"saved at the fault holds the weights that grew, and {resume} would "
                     "continue from them")

@@ -13,6 +13,9 @@ from app.core.errors import UsageError
 from app.precision.keras_version import IS_KERAS3
 
 CHECKPOINT_DIR = "checkpoints"
+# The newest checkpoints kept: the one --resume takes, and two behind it should the newest
+# be damaged (a write cut off: newest_complete passes it by).
+KEEP = 3
 
 
 class Checkpointer:
@@ -30,13 +33,13 @@ class Checkpointer:
         _repair_state_file(self.read_dir)
         self.temporary = write_dir is not None and write_dir != self.read_dir
         self.manager = tf.train.CheckpointManager(self.ckpt, write_dir or self.read_dir,
-                                                  max_to_keep=3)
+                                                  max_to_keep=KEEP)
 
     def move_to(self, output: str) -> None:
         """Save into and restore from ``<output>/checkpoints`` instead: a run folder claimed
         under another name than the one first chosen, before any save (the chief's only)."""
         self.read_dir = os.path.join(output, CHECKPOINT_DIR)
-        self.manager = tf.train.CheckpointManager(self.ckpt, self.read_dir, max_to_keep=3)
+        self.manager = tf.train.CheckpointManager(self.ckpt, self.read_dir, max_to_keep=KEEP)
 
     @property
     def latest_checkpoint(self):

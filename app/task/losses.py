@@ -131,8 +131,9 @@ def per_example(loss, name: Optional[str] = None):
                 and y_pred.shape[-1] == 1:
             y_true = tf.expand_dims(y_true, -1)
         return loss(y_true, y_pred)
-    on_float32.__name__ = getattr(loss, "__name__", None) or getattr(loss, "name", "loss")
-    on_float32.loss_name = name or getattr(loss, "__name__", None) or getattr(loss, "name", None)
+    own = getattr(loss, "__name__", None) or getattr(loss, "name", None)
+    on_float32.__name__ = own or "loss"
+    on_float32.loss_name = name or own
     return on_float32
 
 

@@ -230,16 +230,11 @@ def run_name(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
 
 
 def default_base(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
-    """``<workspace>/runs/<run name>``: the default run folder before its ``-2``, ``-3``, ..."""
+    """``<workspace>/runs/<run name>``: the default run folder before its ``-2``, ``-3``, ...
+    (``unused`` finds the first free one, ``claim_unused`` makes it the run's own): two runs
+    of the same model, data and policy started in the same second (quick runs from a
+    notebook or a script) would otherwise collide in a folder neither user chose."""
     return os.path.join(cfg.workspace, "runs", run_name(cfg, policy, now))
-
-
-def default_output(cfg: TrainConfig, policy: str, now: datetime | None = None) -> str:
-    """``<workspace>/runs/<run name>``, with ``-2``, ``-3``, ... when that folder exists: two
-    runs of the same model, data and policy started in the same second (quick runs from a
-    notebook or a script) would otherwise collide in a folder neither user chose.  Only a
-    look: ``claim_unused`` makes the folder the run's own."""
-    return unused(default_base(cfg, policy, now))
 
 
 def _numbered(base: str) -> Iterator[str]:
@@ -389,7 +384,7 @@ def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
     if total is None:
         return n or 1
     def option(name):   # its TFMP_ variable when it came from one, else its flag
-        return said(name) if said(name) != name else "--" + name.replace("_", "-")
+        return said(name) if said(name) != name else settings.BY_NAME[name].flag
     micro = cfg.batch_size * (replicas or 1)
     if total % micro:
         lower, upper = total // micro * micro, (total // micro + 1) * micro

@@ -269,8 +269,12 @@ class Recorder:
 
     def _write(self, text: str) -> None:
         with self._writing:
-            files.write_atomic(os.path.join(self.output, "metrics.json"), text)
-            self.on_disk = text
+            self._put(text)
+
+    def _put(self, text: str) -> None:
+        """metrics.json replaced by ``text`` (the caller holds ``_writing``)."""
+        files.write_atomic(os.path.join(self.output, "metrics.json"), text)
+        self.on_disk = text
 
     def record_stop_at_once(self, signum: int, resume_from: Optional[str]) -> None:
         """A second signal ends the process now (called on the signal watch's thread,
@@ -289,7 +293,7 @@ class Recorder:
                 return
             doc.update(status="interrupted", signal=signum, finished_utc=utc_now_iso(),
                        stopped_at_once={"resume_from": resume_from})
-            files.write_atomic(os.path.join(self.output, "metrics.json"), json_text(doc))
+            self._put(json_text(doc))
         finally:
             self._writing.release()
 

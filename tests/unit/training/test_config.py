@@ -4,7 +4,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from app.training.config import TrainConfig, claim_unused, default_output, resolve_config
+from app.training.config import (TrainConfig, claim_unused, default_base, resolve_config,
+                                 unused)
 from app.core.errors import UsageError
 
 
@@ -21,7 +22,8 @@ def test_workspace_and_data_dir_defaults():
     cfg = resolve_config({}, environ={"TFMP_WORKSPACE": "/tmp/wsx"})
     assert cfg.workspace == "/tmp/wsx"
     assert cfg.data_dir == os.path.join("/tmp/wsx", "data")
-    out = default_output(cfg, "float32", now=datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc))
+    out = unused(default_base(cfg, "float32",
+                              now=datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)))
     assert out == os.path.join("/tmp/wsx", "runs", "20240102T030405Z-mlp-mnist-float32")
 
 

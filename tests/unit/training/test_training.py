@@ -95,18 +95,18 @@ def test_outputs_and_metrics_schema(tiny_config, tmp_path):
 def test_default_run_folder_names_model_dataset_and_policy(tiny_config):
     from datetime import datetime, timezone
 
-    from app.training.config import default_output, short_name
+    from app.training.config import default_base, short_name, unused
 
     cfg = tiny_config(output=None, model="./nets/small.py:build", dataset="data.cifar:load")
     now = datetime(2026, 11, 30, 1, 2, 3, tzinfo=timezone.utc)
-    assert default_output(cfg, "mixed_float16", now).endswith(
+    assert unused(default_base(cfg, "mixed_float16", now)).endswith(
         "runs/20261130T010203Z-small-cifar-mixed_float16")
     assert short_name("mlp") == "mlp" and short_name("nets.small:make_net") == "small.make_net"
     # A dataset file is named by its name alone: its path made folders inside runs/, and a
     # path through .. put the run outside it.
     for path in ("./digits.npz", "/workspace/d/digits.npz", "d/../../workspace/digits.NPZ"):
         cfg = tiny_config(output=None, model="mlp", dataset=path)
-        assert default_output(cfg, "float32", now).endswith(
+        assert unused(default_base(cfg, "float32", now)).endswith(
             "runs/20261130T010203Z-mlp-digits-float32"), path
 
 
@@ -116,17 +116,17 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tiny_config, t
     run")."""
     from datetime import datetime, timezone
 
-    from app.training.config import default_output
+    from app.training.config import default_base, unused
 
     cfg = tiny_config(output=None)
     now = datetime(2026, 12, 5, 13, 50, 37, tzinfo=timezone.utc)
-    first = default_output(cfg, "float32", now)
+    first = unused(default_base(cfg, "float32", now))
     assert first.endswith("runs/20261205T135037Z-mlp-synthetic-float32")
     os.makedirs(first)
-    assert default_output(cfg, "float32", now) == first + "-2"
+    assert unused(default_base(cfg, "float32", now)) == first + "-2"
     os.makedirs(first + "-2")
-    assert default_output(cfg, "float32", now) == first + "-3"
-    assert default_output(cfg, "mixed_bfloat16", now).endswith("-mixed_bfloat16")
+    assert unused(default_base(cfg, "float32", now)) == first + "-3"
+    assert unused(default_base(cfg, "mixed_bfloat16", now)).endswith("-mixed_bfloat16")
     # two real runs back to back, each in its own folder, both completed
     runs = [train(tiny_config(output=None, epochs=1, max_train_samples=64)) for _ in range(2)]
     assert [r["status"] for r in runs] == ["completed", "completed"]
