@@ -309,7 +309,7 @@ readonly HOME_MARKER=.local/state/tfmp/home-owner
 # The re-owning walk: $1 = the old UID, $2 = the old GID (the home's top's).  The old UID's
 # files get the new UID and the new GID whatever their group: the top's GID is not the one
 # the old user wrote with (the image's home is group 0, a user's files have its NB_GID), and
-# `--from=:TOP'S GID` left every file the user made in the old group.  What else has the
+# `--from=:TOP'S GID` left every file the user made in the old group.  Then what else has the
 # old GID gets the new one (owner and group, docs/image.md).  find stays on the home's file
 # system (what is mounted below the home, a host's folder, is not walked), follows no link,
 # and -execdir hands chown a name in the folder it holds (./NAME, never a path through a
@@ -325,12 +325,10 @@ reown_home() {
     point=$(printf '%b' "$point" | sed 's/[][*?\]/\\&/g')   # \040 -> " "; a glob, escaped
     mounts+=(-o -path "$point")
   done < <(awk -v home="$USER_HOME/" 'index($5, home) == 1 { print $5 }' /proc/self/mountinfo)
-  # One walk: a file of the old UID takes the first branch (-execdir ... + is true), any
-  # other of the old GID the second.
-  env PATH="$path" find "$USER_HOME" -xdev \( -false "${mounts[@]}" \) -prune \
-    -o -uid "$old_uid" -execdir chown -h --from="$old_uid" "$NB_UID:$NB_GID" -- {} + \
-    -o -gid "$old_gid" -execdir chown -h --from=":$old_gid" ":$NB_GID" -- {} + \
-    2>/dev/null || true
+  env PATH="$path" find "$USER_HOME" -xdev \( -false "${mounts[@]}" \) -prune -o -uid "$old_uid" \
+    -execdir chown -h --from="$old_uid" "$NB_UID:$NB_GID" -- {} + 2>/dev/null || true
+  env PATH="$path" find "$USER_HOME" -xdev \( -false "${mounts[@]}" \) -prune -o -gid "$old_gid" \
+    -execdir chown -h --from=":$old_gid" ":$NB_GID" -- {} + 2>/dev/null || true
 }
 
 fit_home() {
