@@ -4,9 +4,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import signal
 import sys
 import threading
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from app import __version__
 from app.commands import COMMANDS
@@ -32,6 +33,19 @@ def build_parser() -> OneLineParser:
         sp.set_defaults(_run=module.run)
         parser.commands[sp.prog.split()[-1]] = sp
     return parser
+
+
+def program() -> NoReturn:
+    """The process's entry point: ``tfmp`` (pip's script and the image's) and ``python -m app``.
+
+    Once the status is decided, a Ctrl-C while the interpreter tears down (TensorFlow's
+    teardown takes a moment) ends the process at once with Ctrl-C's status, as a second
+    Ctrl-C does while a command runs; Python's own handler made it a KeyboardInterrupt and a
+    death by SIGINT (-2) after a run had saved and announced its checkpoint.  Not in main():
+    tests and notebooks call that in their own process, whose Ctrl-C is theirs."""
+    status = main()
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_SIGINT))
+    raise SystemExit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -416,3 +416,33 @@ def test_version_prints_the_packages_version():
     assert app.__version__ == version   # the version tfmp reports is the package's
     proc = run_app("--version")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"tfmp {version}\n", "")
+
+
+def _entry_point_code(entry):
+    """The Python each way of starting the program runs, as its launcher would run it."""
+    if entry == "python -m app":
+        return "import runpy; runpy.run_module('app', run_name='__main__', alter_sys=True)"
+    if entry == "the tfmp script":   # the image's /usr/local/bin/tfmp, from docker/bin on the host
+        script = ROOT / "docker" / "bin" / "tfmp"
+        script = script if script.exists() else "/usr/local/bin/tfmp"
+        return f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')"
+    # pip's console script: the function pyproject.toml names, its result the exit status
+    target = re.search(r'^tfmp = "([\w.]+):(\w+)"$', (ROOT / "pyproject.toml").read_text(),
+                       re.MULTILINE)
+    module, function = target.groups()
+    return f"import sys; from {module} import {function}; sys.exit({function}())"
+
+
+@pytest.mark.parametrize("entry", ["python -m app", "the tfmp script", "pip's console script"])
+def test_a_ctrl_c_during_teardown_ends_with_ctrl_cs_status_whatever_started_the_program(entry):
+    """The status decided, TensorFlow's teardown can take a moment, and a Ctrl-C then must end
+    the process with 130 at once: not a KeyboardInterrupt traceback and a status of 0, nor a
+    death by SIGINT.  An atexit hook sends the Ctrl-C while the interpreter tears down."""
+    late_ctrl_c = ("import atexit, os, signal, sys, time; sys.argv = ['tfmp', 'notebooks']; "
+                   "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))")
+    proc = subprocess.run([sys.executable, "-c", late_ctrl_c + "\n" + _entry_point_code(entry)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
+    assert "notebooks shipped in" in proc.stdout   # the command itself ran
