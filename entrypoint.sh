@@ -262,8 +262,11 @@ refuse_privileged_gid() {
   local rights=(-group "$NB_GID" ! -type l \( \( -perm -g+r ! -perm -o+r \) -o
     \( -perm -g+w ! -perm -o+w \) -o \( -perm -g+x ! -perm -o+x \) \))
   name=$(getent group "$NB_GID" | cut -d: -f1) || true
+  local mounted=()
+  mapfile -t mounted < <(mounted_paths)
   file=$(find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path "$USER_HOME" \
-    -o -path "$WORKSPACE" \) -prune -o "${rights[@]}" -print -quit 2>/dev/null) || true
+    -o -path "$WORKSPACE" "${mounted[@]}" \) -prune -o "${rights[@]}" -print -quit \
+    2>/dev/null) || true
   # Device nodes too (a disk given with --device, /dev/console under -t), and the group of
   # every terminal made later (devpts' gid=, tty): an admin's `docker exec -it` as root is a
   # /dev/pts node of mode 620 the group may write escape sequences and false output to.
@@ -278,6 +281,23 @@ refuse_privileged_gid() {
   [[ -z $rule ]] || what="a sudo rule names"
   [[ -z $name ]] || name=" '$name'"
   fatal "NB_GID=$NB_GID is the image's group$name, which $what: the user would get them; allowed: your host's \`id -g\` when it is not such a group, else another GID (e.g. 1000; files in mounted folders then take it)"
+}
+
+# find's "-o -path MOUNT" for every mount point but / (one a line, in pairs): what the admin
+# mounted (-v DATA:/data, a single file, Docker's /etc/hosts) is not the image's.  A host
+# folder of the user's own group with rights only that group has (mode 750, umask 027) is
+# what NB_GID=$(id -g) is for; -xdev keeps find out of a mount but still judged its top.
+# mountinfo writes a space, tab, newline and backslash as octal escapes; a glob character
+# in a path is escaped for -path.
+mounted_paths() {
+  local point
+  while read -r _ _ _ _ point _; do
+    point=$(printf '%b' "$point")
+    [[ $point == / ]] && continue
+    point=${point//\\/\\\\}; point=${point//\*/\\*}; point=${point//\?/\\?}
+    point=${point//\[/\\[}
+    printf '%s\n' -o -path "$point"
+  done </proc/self/mountinfo
 }
 
 # The home's owner, when it is not NB_UID:NB_GID.  Everything below $USER_HOME is the

@@ -293,6 +293,27 @@ def test_no_group_gets_sudo_and_a_group_that_owns_nothing_is_taken(image):
         assert proc.returncode == 0 and proc.stdout.strip() == name, (gid, proc.stderr[-1500:])
 
 
+def test_the_users_own_group_on_a_mounted_data_folder_is_no_privilege(image, tmp_path):
+    """NB_GID set to the host's `id -g`, as docs/image.md says, with a data folder of that
+    group the group alone may read (umask 027: 750 and 640), a folder and a single file
+    mounted: what the admin mounts is not the image's, so the start goes on and the user
+    reads the data through the group."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x.csv").write_text("a,b\n")
+    alone = tmp_path / "alone.txt"
+    alone.write_text("single\n")
+    for path, mode in ((data, 0o750), (data / "x.csv", 0o640), (alone, 0o640)):
+        os.chown(path, 4321, 4242)
+        os.chmod(path, mode)
+    proc = docker_run(image, "-e", "TFMP_QUIET=1", "-e", "NB_UID=4321", "-e", "NB_GID=4242",
+                      "-v", f"{data}:/data", "-v", f"{alone}:/srv/alone.txt",
+                      command=["bash", "-c", "id -g; cat /data/x.csv /srv/alone.txt"],
+                      timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["4242", "a,b", "single"], proc.stdout
+
+
 def _assert_one_fatal(proc, message: str) -> None:
     assert proc.returncode == 64, (proc.returncode, proc.stderr[-2000:])
     fatal = [line for line in proc.stderr.splitlines() if "FATAL" in line]
