@@ -171,6 +171,14 @@ XSRF = "the server never runs without its XSRF check"
     (["--NotebookApp.tornado_settings={'cookie_secret': b'x'}"], {}, "it sets cookie_secret"),
     (["--LabApp.settings=disable_check_xsrf=True"], {}, "--LabApp.settings is refused: it sets disable_check_xsrf"),
     (["--ServerApp.tornado_settings.disable_check_xsrf=True"], {}, "is refused"),
+    # Cross-origin pages with the login cookie (QA: a cookie-only terminal websocket from
+    # another origin got 101 with allow_origin_pat=.*, the contents API a CORS 200).
+    ([], {"NOTEBOOK_ARGS": "--ServerApp.allow_origin_pat=.* --ServerApp.allow_credentials=True"},
+     "the Jupyter option --ServerApp.allow_origin_pat is refused: other sites' pages could then "
+     "use the login cookie"),
+    (["-ServerApp.allow_origin=*"], {}, "-ServerApp.allow_origin is refused"),
+    (["--ServerApp.allow_credentials", "True"], {}, "--ServerApp.allow_credentials is refused"),
+    (["--ServerApp.tornado_settings=allow_origin=*"], {}, "it sets allow_origin, and other sites'"),
     # A server extension named on the command line dropped the image's CVE fix (QA: the
     # nbconvert page's CSP lost its sandbox); the config file's update() keeps both.
     ([], {"NOTEBOOK_ARGS": "--ServerApp.jpserver_extensions=jupyter_lsp=True"},
