@@ -165,7 +165,10 @@ COPY docker/bin/tfmp /usr/local/bin/tfmp
 # root-owned file that entrypoint.sh writes; bash reads /etc/bash.bashrc when
 # sshd starts it (Debian/Ubuntu build it with SSH_SOURCE_BASHRC).  First line,
 # before the file's own "not interactive: return".
-RUN sed -i '1i [ -r /etc/tfmp/ssh-extra-env.sh ] && . /etc/tfmp/ssh-extra-env.sh' /etc/bash.bashrc \
+# The start-up secrets an interactive `docker exec ... bash` still carries are dropped there
+# too (docker/start/always/00-environment.sh, save_private_names).
+RUN sed -i '1i [ -r /etc/tfmp/unset-private.sh ] && . /etc/tfmp/unset-private.sh' /etc/bash.bashrc \
+ && sed -i '1i [ -r /etc/tfmp/ssh-extra-env.sh ] && . /etc/tfmp/ssh-extra-env.sh' /etc/bash.bashrc \
  && sed -i '1i [ -r /etc/profile.d/00-tfmp-nss-wrapper.sh ] && . /etc/profile.d/00-tfmp-nss-wrapper.sh' /etc/bash.bashrc \
  && sed -i "1i #!$(python3 -c 'import sys; print(sys.executable)')" /usr/local/bin/tfmp \
  && chmod 755 /usr/local/bin/tfmp

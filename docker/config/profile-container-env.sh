@@ -20,6 +20,11 @@ if [ -r /etc/tfmp/container.env ]; then
     done </etc/tfmp/container.env
     unset _tfmp_line
 fi
+# The start-up secrets `docker exec` still carries (entrypoint.sh, save_private_names).
+# shellcheck source=/dev/null
+if [ -r /etc/tfmp/unset-private.sh ]; then
+    . /etc/tfmp/unset-private.sh
+fi
 if [ "$(id -u)" != 0 ] && [ -n "${HOME-}" ] && [ "$HOME" != / ]; then
     case ":$PATH:" in
         *":$HOME/.local/bin:"*) ;;

@@ -176,6 +176,13 @@ def test_hooks_sudo_umask_chown_and_unset_in_one_start(knobs):
         for command in (probe, f"bash -lc '{probe}'"):
             _, stdout, _ = client.exec_command(command, timeout=60)
             assert stdout.read().decode().split() == ["HOOK=yes", "SECRET=absent"], command
+    # `docker exec` hands its process the container's environment as Docker keeps it, the
+    # secrets included (QA: `docker exec -u tf C bash -lc env` printed them): its login and
+    # interactive shells drop them, so nothing they run inherits them.
+    probe = "echo SECRET=${STACKS_SECRET:-absent} TOKEN=${JUPYTER_TOKEN:-absent}"
+    for shell in (["bash", "-lc"], ["sh", "-lc"], ["bash", "-ic"]):
+        seen = exec_in(name, *shell, probe, user="tf").stdout.split()
+        assert seen == ["SECRET=absent", "TOKEN=absent"], (shell, seen)
     # CHOWN_EXTRA with -R: the mounted folder and what is in it belong to NB_UID:NB_GID.
     for path in (knobs["data"], knobs["data"] / "inside"):
         st = path.stat()

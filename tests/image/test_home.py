@@ -219,7 +219,7 @@ REWRITTEN_AT_START = {
     "/etc/passwd", "/etc/passwd-", "/etc/shadow", "/etc/shadow-", "/etc/group", "/etc/group-",
     "/etc/gshadow", "/etc/gshadow-",
     # 00-environment.sh: the container's environment for SSH sessions, written at every start
-    "/etc/tfmp/container.env", "/etc/tfmp/ssh-extra-env.sh",
+    "/etc/tfmp/container.env", "/etc/tfmp/ssh-extra-env.sh", "/etc/tfmp/unset-private.sh",
     "/etc/ssh/sshd_config.d/tfmp-environment.conf",
     # 20-ssh.sh: the authorized keys root assembles at every start
     "/etc/ssh/authorized_keys/tf",

@@ -35,6 +35,7 @@
 readonly ENV_FILE=/etc/tfmp/container.env
 readonly SSHD_ENV_CONF=/etc/ssh/sshd_config.d/tfmp-environment.conf
 readonly SSH_EXTRA_ENV=/etc/tfmp/ssh-extra-env.sh
+readonly UNSET_PRIVATE=/etc/tfmp/unset-private.sh
 
 # $SSH_EXTRA_ENV's line for NAME ($1) = VALUE ($2).  /etc/bash.bashrc sources that file in
 # root's interactive shells too (`docker exec -it C bash`): a PATH there is the user's
@@ -91,6 +92,8 @@ save_environment() {
     mv -f "$tmp" "$SSH_EXTRA_ENV"
   fi
 
+  save_private_names
+
   install -d -m 755 "$(dirname "$SSHD_ENV_CONF")"
   tmp=$(mktemp "$SSHD_ENV_CONF.XXXXXX")
   {
@@ -105,6 +108,23 @@ save_environment() {
   "${HELPER_CMD[@]}" install -d -m 700 "$USER_HOME/.ssh" 2>/dev/null ||
     warn "$USER_HOME/.ssh is not a folder the user can make private (mode 700): keys there may not work over SSH"
   readonly SETENV_SKIPPED
+}
+
+# `docker exec` starts its process with the environment Docker keeps for the container, the
+# start-up secrets and JUPYTER_ENV_VARS_TO_UNSET's variables included: nothing in the
+# container can change that.  Login and interactive shells (the profile script, bash.bashrc)
+# drop them at least, so what such a shell runs never inherits them (docs/image.md says what
+# remains: the exec'd process's own environment).  Names only, checked as names.
+save_private_names() {
+  local tmp names=() name
+  for name in "${PRIVATE_VARS[@]}" "${UNSET_VARS[@]}" JUPYTER_ENV_VARS_TO_UNSET; do
+    [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] && names+=("$name")
+  done
+  tmp=$(mktemp "$UNSET_PRIVATE.XXXXXX")
+  printf '%s\n' "# Written by entrypoint.sh: what docker exec's shells drop." \
+    "unset ${names[*]}" >"$tmp"
+  chmod 0644 "$tmp"
+  mv -f "$tmp" "$UNSET_PRIVATE"
 }
 
 if is_root; then after_hooks save_environment; fi
