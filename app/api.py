@@ -65,6 +65,18 @@ def _data_of(data, settings: dict, default):
     return dataset
 
 
+def _or_variable(name: str, value):
+    """``value``, or for None (not given) the setting's ``TFMP_`` variable, else its default:
+    the model and the data are app.train's objects, which resolve_config only sees as
+    specs once the task is made of them."""
+    if value is not None:
+        return value
+    from app.training.config import TrainConfig, env_value
+
+    from_variable = env_value(name)
+    return getattr(TrainConfig, name) if from_variable is None else from_variable
+
+
 def _path_or_value(value):
     """A ``pathlib.Path`` (or any os.PathLike) as the text a path setting or spec takes."""
     return os.fspath(value) if isinstance(value, os.PathLike) else value
@@ -132,16 +144,21 @@ def _config(model, data, settings: dict, said: dict):
     return cfg, task.with_float32_layers(cfg.float32_layers, said.get("float32_layers"))
 
 
-def train(model: Any = "mlp", data: Any = None, *, precision: Optional[str] = None,
-          loop: str = "fit", epochs: int = 5, output: Optional[str] = None,
-          on_step: Optional[Callable[[dict], None]] = None, **settings) -> dict:
+def train(model: Any = None, data: Any = None, *, precision: Optional[str] = None,
+          loop: Optional[str] = None, epochs: Optional[int] = None,
+          output: Optional[str] = None, on_step: Optional[Callable[[dict], None]] = None,
+          **settings) -> dict:
     """Train; return the metrics dict (also written to ``<output>/metrics.json``).
 
     ``metrics["status"]`` is ``completed``, ``interrupted`` or ``diverged``.  A setting not
-    given here comes from its ``TFMP_*`` variable, as on the command line (in the image,
-    ``TFMP_WORKSPACE=/workspace`` puts runs where TensorBoard looks).  ``precision`` None:
-    ``TFMP_PRECISION``, else the ``tuned=`` tune's choice, else ``auto``.  ``data`` None:
-    ``dataset=`` if given (the command line's name), else ``"mnist"``.
+    given here (or given None) comes from its ``TFMP_*`` variable, then the default, as on
+    the command line (in the image, ``TFMP_WORKSPACE=/workspace`` puts runs where
+    TensorBoard looks): ``loop`` None is ``TFMP_LOOP``, else ``"fit"``; ``epochs`` None
+    ``TFMP_EPOCHS``, else 5.  A keyword's default here is None for that reason: one
+    written into the signature counted as given, and hid its variable.  ``precision`` None:
+    ``TFMP_PRECISION``, else the ``tuned=`` tune's choice, else ``auto``.  ``model`` None:
+    ``TFMP_MODEL``, else ``"mlp"``.  ``data`` None: ``dataset=`` if given (the command
+    line's name), else ``TFMP_DATASET``, else ``"mnist"``.
     """
     from app.training.job import train as run_training
 
@@ -153,9 +170,10 @@ def train(model: Any = "mlp", data: Any = None, *, precision: Optional[str] = No
                          "a function taking one dict (each logged step's record), or None")
     from app.core.settings import given_as
 
-    data = _data_of(data, settings, "mnist")
+    data = _data_of(data, settings, None)
     settings = dict(settings, precision=precision, loop=loop, epochs=epochs, output=output)
-    said = given_as(settings, os.environ, keyword=True)
+    said = given_as(dict(settings, model=model, dataset=data), os.environ, keyword=True)
+    model, data = _or_variable("model", model), _or_variable("dataset", data)
     cfg, task = _config(model, data, settings, said)
     return run_training(cfg, on_step=on_step, task=task, said=said)
 
