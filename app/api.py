@@ -139,7 +139,7 @@ def _config(model, data, settings: dict, said: dict):
         flags["metrics"] = ",".join(str(m) for m in flags["metrics"])
     if isinstance(flags.get("input_shape"), (list, tuple)):
         flags["input_shape"] = ",".join(str(d) for d in flags["input_shape"])
-    cfg = resolve_config(flags)
+    cfg = resolve_config(flags, said=said)
     # TFMP_FLOAT32_LAYERS applies when the keyword is not given, as on the command line.
     return cfg, task.with_float32_layers(cfg.float32_layers, said.get("float32_layers"))
 

@@ -280,15 +280,53 @@ def add_flags(parser, names: Sequence[str], defaults, help_context: Dict[str, An
     return groups
 
 
+class GivenAs(dict):
+    """``given_as``'s answer: {setting: how the user gave it}, and ``keyword``, whether what
+    they called takes app.train's keywords (else tfmp train's flags): the words a line
+    names a setting by that they did not give (``spelled``).  Empty, it is still the
+    API's: test it with ``is None``, not its truth."""
+
+    def __init__(self, named: Mapping[str, str] = (), keyword: bool = False):
+        super().__init__(named)
+        self.keyword = keyword
+
+
+def spelled(said: Optional[Mapping[str, str]], name: str, value: Optional[str] = None) -> str:
+    """Setting ``name`` as the user writes it in what they called (``said``: ``given_as``'s
+    answer; a plain mapping or None is the command line's): ``--resume`` or
+    ``resume=True``, ``--output DIR`` or ``output=DIR`` (``value`` None: the flag alone,
+    ``output=...``).  A line about --resume under app.train named a flag the user never
+    typed."""
+    s = BY_NAME[name]
+    if getattr(said, "keyword", False):
+        if s.switch:   # --no-save-model is save_model=False
+            return f"{name}={not s.flag.startswith('--no-')}"
+        return f"{name}={'...' if value is None else value}"
+    return s.flag if s.switch or value is None else f"{s.flag} {value}"
+
+
+def together(said: Optional[Mapping[str, str]], *words: str) -> str:
+    """Settings ``spelled`` as one call writes them: ``--resume --output DIR``, or
+    ``resume=True, output=DIR``."""
+    return (", " if getattr(said, "keyword", False) else " ").join(words)
+
+
+def listed(said: Optional[Mapping[str, str]], *names: str) -> str:
+    """Settings named in a sentence, in the words of what the user called (``spelled``):
+    ``--model, --dataset and --precision``, or ``model, dataset and precision``."""
+    words = [name if getattr(said, "keyword", False) else BY_NAME[name].flag for name in names]
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]
+
+
 def given_as(given: Mapping[str, Any], environ: Mapping[str, str],
-             keyword: bool = False) -> Dict[str, str]:
+             keyword: bool = False) -> GivenAs:
     """How the user gave each setting they gave, as resolve_config reads them (a flag wins
     over its TFMP_ variable): {name: its flag (``keyword``: app.train's keyword, the
     setting's name), or its TFMP_ variable when no flag gave it}.  ``given``: the flags (or
     keywords), None for one not given.  For the lines about a value found wrong only once
     the model or the data are there (a layer the model does not have): a value from
     TFMP_FLOAT32_LAYERS was called --float32-layers, which the user never typed."""
-    named: Dict[str, str] = {}
+    named = GivenAs(keyword=keyword)
     for s in SETTINGS:
         if given.get(s.name) is not None:
             named[s.name] = s.name if keyword else s.flag

@@ -10,6 +10,7 @@ import sys
 import tensorflow as tf
 
 from app.core.errors import UsageError
+from app.core.settings import listed, spelled
 from app.precision.keras_version import IS_KERAS3
 
 CHECKPOINT_DIR = "checkpoints"
@@ -53,17 +54,18 @@ class Checkpointer:
             shutil.rmtree(self.manager.directory, ignore_errors=True)
         return path
 
-    def restore_latest(self) -> int:
+    def restore_latest(self, said=None) -> int:
         """Restore the newest checkpoint that restores; return the number of completed epochs.
 
         A damaged newest checkpoint (a crash or a full disk during the save, a copy cut
         short) is skipped with a warning and the one before it is used; a checkpoint of
-        another model is a UsageError.  Never a silent restart from epoch 1.
+        another model is a UsageError.  Never a silent restart from epoch 1.  ``said``: how
+        the user gave the settings (``app.core.settings.given_as``), whose words the lines
+        use (``resume=True`` under app.train).
         """
         candidates = complete_checkpoints(self.read_dir)
         if not candidates:
-            raise UsageError(f"--resume found no checkpoint in {self.read_dir!r}",
-                             "--resume with the --output of a run that saved a checkpoint")
+            raise no_checkpoint(self.read_dir, said)
         damaged = []
         for path in reversed(candidates):
             try:
@@ -76,8 +78,8 @@ class Checkpointer:
             except (AssertionError, ValueError) as exc:
                 raise UsageError(f"checkpoint {path!r} does not match this model/optimizer "
                                  f"({_first_line(exc)})",
-                                 "the same --model, --dataset and --precision as the run being "
-                                 "resumed") from None
+                                 f"the same {listed(said, 'model', 'dataset', 'precision')}"
+                                 " as the run being resumed") from None
             except (tf.errors.OpError, IndexError, OSError, EOFError, RuntimeError) as exc:
                 # Damaged data (TF's reader says "Read less bytes than requested" as an
                 # IndexError, "Unable to open table file" as an OpError): try the one before.
@@ -95,6 +97,15 @@ class Checkpointer:
                          + "; ".join(damaged),
                          "delete the damaged checkpoints folder to start over, or restore it "
                          "from a copy")
+
+
+def no_checkpoint(read_dir: str, said=None) -> UsageError:
+    """The line for a --resume (``resume=True``: ``said``, app.core.settings.given_as) that
+    finds no checkpoint to continue from in ``read_dir``."""
+    resume = spelled(said, "resume")
+    return UsageError(f"{resume} found no checkpoint in {read_dir!r}",
+                      f"{resume} with the {spelled(said, 'output')} of a run that saved a "
+                      "checkpoint")
 
 
 def _first_line(exc, limit: int = 160) -> str:

@@ -35,6 +35,7 @@ from typing import Optional
 
 from app.core import folders
 from app.core.errors import UsageError
+from app.core.settings import spelled
 
 LOCK_NAME = ".tfmp-run.lock"
 
@@ -42,13 +43,14 @@ LOCK_NAME = ".tfmp-run.lock"
 class LockUnavailable(UsageError):
     """The file system refused the lock itself (not another run): exit status 2, one line."""
 
-    def __init__(self, output: str, path: str, exc: OSError):
+    def __init__(self, output: str, path: str, exc: OSError, said=None):
         fs = filesystem_of(output)
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         super().__init__(f"cannot lock {path!r} to keep other runs out of {output!r}: "
                          f"{why} (errno {errno.errorcode.get(exc.errno, exc.errno)}) on a "
                          f"{fs} file system",
-                         "an --output on a file system with working locks: local, a Docker "
+                         f"an {spelled(said, 'output')} on a file system with working locks: "
+                         "local, a Docker "
                          "volume, or NFS with its lock service (NFSv4, or NFSv3 with lockd; "
                          "not a `nolock` mount)")
 
@@ -78,12 +80,13 @@ def filesystem_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> str:
 class OutputInUse(UsageError):
     """Another live process holds the output folder (exit status 2, nothing written)."""
 
-    def __init__(self, output: str, holder: dict):
+    def __init__(self, output: str, holder: dict, said=None):
         self.output, self.holder = output, holder
         super().__init__(f"output directory {output!r} is in use by another run "
                          f"({describe_holder(holder)})",
-                         "another --output, wait for that run to finish, or stop it "
-                         "(its checkpoints let --resume continue it later)")
+                         f"another {spelled(said, 'output')}, wait for that run to finish, or "
+                         f"stop it (its checkpoints let {spelled(said, 'resume')} continue it "
+                         "later)")
 
 
 def describe_holder(holder: dict) -> str:
@@ -145,10 +148,12 @@ def _read_holder(path: str) -> dict:
 
 
 class RunLock:
-    """The lock on one output folder; a context manager that acquires and releases it."""
+    """The lock on one output folder; a context manager that acquires and releases it.
+    ``said``: how the user gave the settings (``app.core.settings.given_as``), whose words
+    its refusals use (``output=`` under app.train; None: the flags)."""
 
-    def __init__(self, output: str, command: Optional[str] = None):
-        self.output, self.command = output, command
+    def __init__(self, output: str, command: Optional[str] = None, said=None):
+        self.output, self.command, self.said = output, command, said
         self.path = os.path.join(output, LOCK_NAME)
         self.fd: Optional[int] = None
 
@@ -179,9 +184,9 @@ class RunLock:
         try:
             free = _try_lock(fd)
         except OSError as exc:
-            raise LockUnavailable(self.output, self.path, exc) from None
+            raise LockUnavailable(self.output, self.path, exc, self.said) from None
         if not free:
-            raise OutputInUse(self.output, _read_holder(self.path))
+            raise OutputInUse(self.output, _read_holder(self.path), self.said)
 
     def acquire(self) -> "RunLock":
         """Create the folder if needed and take the lock, or raise ``OutputInUse``."""
@@ -191,7 +196,7 @@ class RunLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise LockUnavailable(self.output, self.path, exc) from None
+            raise LockUnavailable(self.output, self.path, exc, self.said) from None
         try:
             self._lock_or_raise(fd)
             os.ftruncate(fd, 0)

@@ -139,11 +139,14 @@ TUNED_FIELDS = ("tuned", "scale_lr")
 
 
 def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None, *,
-                   use_tuned: bool = True) -> TrainConfig:
+                   use_tuned: bool = True, said: Mapping[str, str] | None = None
+                   ) -> TrainConfig:
     """Build a validated TrainConfig.  ``flags`` holds only what was given on the command
     line (None = not given); then each setting's TFMP_ variable; then, for the precision and
     batch size, a ``tuned`` tune.json; then the default.  ``use_tuned`` False (the
-    benchmark, which gives its runs every value explicitly) ignores --tuned/TFMP_TUNED."""
+    benchmark, which gives its runs every value explicitly) ignores --tuned/TFMP_TUNED.
+    ``said``: ``settings.given_as``'s answer, whose words a refusal names another setting
+    by (app.train's keywords; None: the flags)."""
     values: dict[str, Any] = {}
     from_variables: dict[str, str] = {}   # field -> the TFMP_ variable it came from
     for name in TrainConfig.__dataclass_fields__:
@@ -167,15 +170,16 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
         values["class_weight"] = class_weights.text(class_weights.parse(
             values["class_weight"], from_variables.get("class_weight", class_weights.FLAG)))
     cfg = TrainConfig(**values, given=tuple(sorted(values)))
-    validate(cfg, from_variables)
+    validate(cfg, from_variables, said)
     if cfg.tuned:
-        cfg = _with_tune(cfg, values)
+        cfg = _with_tune(cfg, values, said)
     if cfg.data_dir is None:
         cfg.data_dir = default_data_dir(cfg.workspace)
     return cfg
 
 
-def _with_tune(cfg: TrainConfig, given: Mapping[str, Any]) -> TrainConfig:
+def _with_tune(cfg: TrainConfig, given: Mapping[str, Any],
+               said: Mapping[str, str] | None = None) -> TrainConfig:
     """``cfg`` with the tune's precision and batch size where none was given explicitly,
     the learning rate scaled as ``scale_lr`` says, and the record of it in ``tuning``."""
     from app.training import tuned
@@ -189,7 +193,7 @@ def _with_tune(cfg: TrainConfig, given: Mapping[str, Any]) -> TrainConfig:
     cfg = replace(cfg, precision=applied.precision, batch_size=applied.batch_size,
                   learning_rate=applied.learning_rate, tuning=applied.record,
                   accumulate=applied.accumulate or cfg.accumulate)
-    validate(cfg)
+    validate(cfg, said=said)
     return cfg
 
 
@@ -279,14 +283,20 @@ def _spec_or_one_of(what: str, name: str, value: str, allowed: tuple[str, ...],
         raise not_a_spec(what, value, allowed, name, files)
 
 
-def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) -> None:
+def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
+             words: Mapping[str, str] | None = None) -> None:
     """Every cheap check of ``cfg``: one UsageError, naming the setting as the user gave it,
     the TFMP_ variable for a value ``from_variables`` says came from one (a bad
-    TFMP_PRECISION in .env was called "precision", which no flag of theirs said)."""
+    TFMP_PRECISION in .env was called "precision", which no flag of theirs said).  Another
+    setting a line tells them to give is in the words of what they called (``words``:
+    ``settings.given_as``'s answer; None: tfmp train's flags, ``settings.spelled``)."""
     named = dict(from_variables or {})
 
     def said(name: str) -> str:
         return named.get(name, name)
+
+    def flag(name: str, value: str | None = None) -> str:
+        return settings.spelled(words, name, value)
 
     for name, value in cfg.to_dict().items():
         if (isinstance(value, str) and not value.strip()   # the API's output="" and the like
@@ -308,8 +318,9 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
                              f"{said('profile_steps')}={cfg.profile_steps!r}",
                              settings.STEP_RANGE_FORM) from None
     if cfg.scale_lr != "none" and not cfg.tuned:
-        raise UsageError(f"scale_lr {cfg.scale_lr!r} applies with --tuned only",
-                         "--scale-lr linear together with --tuned DIR/tune.json")
+        raise UsageError(f"scale_lr {cfg.scale_lr!r} applies with {flag('tuned')} only",
+                         f"{flag('scale_lr', 'linear')} together with "
+                         f"{flag('tuned', 'DIR/tune.json')}")
     for name in ("epochs", "batch_size", "log_every", "max_skipped_steps", "steps_per_execution",
                  "image_size", "numerics_every"):
         v = getattr(cfg, name)
@@ -317,20 +328,22 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
             raise UsageError(f"{said(name)} must be at least 1. Received: {said(name)}={v!r}",
                              "an integer >= 1")
     if cfg.steps_per_execution > 1 and cfg.loop != "fit":
-        raise UsageError(f"{said('steps_per_execution')} applies to --loop fit only. Received: "
-                         f"{said('steps_per_execution')}={cfg.steps_per_execution}, "
+        raise UsageError(f"{said('steps_per_execution')} applies to {flag('loop', 'fit')} only. "
+                         f"Received: {said('steps_per_execution')}={cfg.steps_per_execution}, "
                          f"{said('loop')}={cfg.loop!r}",
-                         "--loop fit with --steps-per-execution, or leave it at 1")
-    check_accumulation(cfg, said=said)
+                         f"{flag('loop', 'fit')} with {flag('steps_per_execution')}, or leave "
+                         "it at 1")
+    check_accumulation(cfg, said=said, words=words)
     if not isinstance(cfg.early_stop, int) or cfg.early_stop < 0:
         raise UsageError(f"{said('early_stop')} must be 0 or more. Received: "
                          f"{said('early_stop')}={cfg.early_stop!r}",
                          "an integer >= 1, the epochs without a better val_loss before "
                          "stopping, or 0 (the default) for no early stop")
     if cfg.early_stop_on != "val_loss" and not cfg.early_stop:
-        raise UsageError(f"{said('early_stop_on')} applies with --early-stop only. Received: "
-                         f"{said('early_stop_on')}={cfg.early_stop_on!r}",
-                         "--early-stop N together with --early-stop-on METRIC")
+        raise UsageError(f"{said('early_stop_on')} applies with {flag('early_stop')} only. "
+                         f"Received: {said('early_stop_on')}={cfg.early_stop_on!r}",
+                         f"{flag('early_stop', 'N')} together with "
+                         f"{flag('early_stop_on', 'METRIC')}")
     for name in ("max_train_samples", "max_val_samples"):
         v = getattr(cfg, name)
         if v is not None and v < 1:
@@ -350,7 +363,7 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
                          f"{said('initial_loss_scale')}={cfg.initial_loss_scale!r}",
                          f"a number > 0, e.g. {registry.DEFAULT_INITIAL_LOSS_SCALE:g} (2**15)")
     if cfg.dataset == "images" and not cfg.image_dir:
-        raise UsageError("dataset 'images' needs --image-dir",
+        raise UsageError(f"dataset 'images' needs {flag('image_dir')}",
                          "a folder with one subfolder of images per class")
     if cfg.num_classes is not None and (not isinstance(cfg.num_classes, int) or cfg.num_classes < 1):
         raise UsageError(f"{said('num_classes')} must be at least 1. Received: "
@@ -370,11 +383,11 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None) 
 
 
 def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
-                       said=lambda name: name) -> int:
+                       said=lambda name: name, words: Mapping[str, str] | None = None) -> int:
     """The number of micro-batches per update that ``--accumulate`` and ``--global-batch``
     say, checked (UsageError).  ``replicas`` None (before the strategy exists): the
     global batch is checked against the batch size alone.  ``said(name)``: the setting as
-    the user gave it (its TFMP_ variable)."""
+    the user gave it (its TFMP_ variable); ``words``: the others' (``validate``)."""
     n, total = cfg.accumulate, cfg.global_batch
     for name, v in (("accumulate", n), ("global_batch", total)):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -383,8 +396,8 @@ def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
                                                   if name == "accumulate" else ""))
     if total is None:
         return n or 1
-    def option(name):   # its TFMP_ variable when it came from one, else its flag
-        return said(name) if said(name) != name else settings.BY_NAME[name].flag
+    def option(name):   # its TFMP_ variable when it came from one, else its flag (keyword)
+        return said(name) if said(name) != name else settings.listed(words, name)
     micro = cfg.batch_size * (replicas or 1)
     if total % micro:
         lower, upper = total // micro * micro, (total // micro + 1) * micro

@@ -40,6 +40,7 @@ from app.precision import policy as prec
 from app.training.config import (TrainConfig, claim_unused, data_dir_chosen, default_base,
                                  default_data_dir, unused, validate)
 from app.core import folders
+from app.core.settings import spelled, together
 from app.core.catalog import MIN_UPDATES_PER_EPOCH
 from app.core.errors import (MixedPrecisionClash, NumericsFault,
                              TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
@@ -93,6 +94,9 @@ class Prepared:
     # No --output: the run folder's name before its -2, -3, ... (``output`` is the first
     # free one when prepare() looked; ``train`` claims it, or the next one free then).
     default_base: Optional[str] = None
+    # How the user gave each setting (``app.core.settings.given_as``): the words of the lines
+    # said after prepare() about a setting, --resume or resume=True (``settings.spelled``).
+    said: Any = None
 
     @property
     def output(self) -> str:
@@ -104,8 +108,8 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None,
     """Check everything, set up the strategy and load the data; writes nothing and leaves
     ``cfg`` as it was.  ``said``: how the user gave each setting
     (``app.core.settings.given_as``), for a value refused only once the data are loaded."""
-    said = said or {}
-    validate(cfg)
+    said = {} if said is None else said   # an empty GivenAs is still app.train's
+    validate(cfg, words=said)
     hw = hardware or hw_mod.detect()
     decision = prec.resolve(cfg.precision, hw)
     if cfg.tuning and "precision" in cfg.tuning.get("taken", ()):   # not asked for by name
@@ -117,32 +121,34 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None,
     xla_toolchain.check_jit(cfg.jit, hw.gpus)
     # TF32 for float32 (compute capability 8.0+): before the first op, recorded by envreport.
     tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32 == "on")
+    resume_word, output_word = spelled(said, "resume"), spelled(said, "output")
     if cfg.resume and not cfg.output:
-        raise UsageError("--resume needs --output (or TFMP_OUTPUT) naming the run to continue",
-                         "--resume --output <folder of the interrupted run>")
+        raise UsageError(f"{resume_word} needs {output_word} (or TFMP_OUTPUT) naming the run to "
+                         "continue", together(said, resume_word, spelled(
+                             said, "output", "<folder of the interrupted run>")))
     base = None if cfg.output else default_base(cfg, decision.policy)
     output = cfg.output or unused(base)
     folders.check_writable(output)
     if dist.is_chief:
         # A live run in this folder is named before anything else is said about it (a
         # second run would interleave its checkpoints and metrics.json with the first's).
-        RunLock(output).check_free()
+        RunLock(output, said=said).check_free()
     # Multi-worker jobs are restarted by a cluster manager with the same command: like
     # Keras' BackupAndRestore, continue from the last backup instead of starting over.
     resume = cfg.resume or (dist.multi_worker and checkpointing.has_checkpoint(output))
     if resume and not checkpointing.has_checkpoint(output):
-        raise UsageError(f"--resume found no checkpoint in {os.path.join(output, 'checkpoints')!r}",
-                         "--resume with the --output of a run that saved a checkpoint")
+        raise checkpointing.no_checkpoint(os.path.join(output, checkpointing.CHECKPOINT_DIR),
+                                          said)
     if not resume and dist.is_chief:
-        check_holds_no_run(output)
+        check_holds_no_run(output, said)
     task = task or Task.from_config(cfg, said)
     previous, counted = None, None
     if resume:
-        previous = read_previous_metrics(output, required=dist.is_chief)
-        check_same_task(previous, task, output)
+        previous = read_previous_metrics(output, required=dist.is_chief, said=said)
+        check_same_task(previous, task, output, said)
         decision = resumed_precision(decision, previous, output, lambda policy: runnable_by_kinds(
             dataclasses.replace(prec.resolve(policy, hw), reason="the run's own, kept by "
-                                "--resume"), task.model.spec, hw))
+                                f"{resume_word}"), task.model.spec, hw), said)
         cfg, task = resumed_float32_layers(cfg, task, previous)
         cfg = resumed_class_weight(cfg, previous)
         cfg = resumed_learning_rate(cfg, previous)
@@ -160,7 +166,7 @@ def prepare(cfg: TrainConfig, hardware=None, task: Task | None = None,
             base = default_base(cfg, decision.policy)
             output = unused(base)
     return Prepared(dataclasses.replace(cfg, output=output, resume=resume), hw, decision, task,
-                    bundle, dist, previous, base)
+                    bundle, dist, previous, base, said)
 
 
 # ---- 2. build: model, optimizer, step statistics, checkpointer -------------------------------
@@ -284,7 +290,7 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     a TFMP_ variable, app.train's keyword: ``app.core.settings.given_as``), which a value
     refused once the model is built is named by.
     """
-    said = said or {}
+    said = {} if said is None else said   # an empty GivenAs is still app.train's
     run = prepare(config, hardware, task=task, said=said)
     if announce:
         prec.announce(run.decision)
@@ -331,14 +337,14 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         monitor = make_monitor(run, parts, recorder, stop, built_weights_max)
         # The chief holds the folder from its first write until it ends (app/run_folder/lock.py);
         # workers of a multi-worker job write only their own temporary folders.
-        lock = RunLock(run.output)
+        lock = RunLock(run.output, said=said)
         with _output_faults_described(recorder, repeat_signal_exits), \
                 contextlib.ExitStack() as held:
             if run.dist.is_chief:
                 held.enter_context(lock)
                 if not run.config.resume:
                     # Another run may have finished here since prepare() looked.
-                    check_holds_no_run(run.output)
+                    check_holds_no_run(run.output, said)
             recorder.open()
             # A second signal ends the process at once: metrics.json must not say "running".
             stop.on_stop_at_once = recorder.record_stop_at_once
@@ -426,7 +432,8 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     records)."""
     if not run.config.resume:
         return 0, 0, []
-    start = parts.checkpointer.restore_latest()  # UsageError if incompatible: nothing written
+    # UsageError if incompatible: nothing written
+    start = parts.checkpointer.restore_latest(run.said)
     if parts.built.optimizer is None:   # the app's own Adam: the rate the config records
         set_learning_rate(parts.optimizer, run.config.learning_rate)
     step = int(parts.checkpointer.step.numpy())
@@ -592,10 +599,12 @@ def _output_fault(recorder: Recorder, exc: BaseException, code: int, command_lin
     latest = checkpointing.newest_complete(ckpt_dir)
     # In the words of what started the run (tfmp train's flag, app.train's keyword).
     resume = "--resume" if command_line else "resume=True"
+    again = "run the command again" if command_line else "call app.train again"
     hint = (f"run the same {'command' if command_line else 'app.train call'} with {resume} to "
-            f"continue from {os.path.basename(latest)}" if latest else "run the command again with a new --output, or after removing "
-            f"that folder (rm -r {shlex.quote(output)}): no checkpoint was completed, so "
-            "there is nothing to resume")
+            f"continue from {os.path.basename(latest)}" if latest else
+            f"{again} with a new {'--output' if command_line else 'output=...'}, or after "
+            f"removing that folder (rm -r {shlex.quote(output)}): no checkpoint was completed, "
+            "so there is nothing to resume")
     fault = output_faults.OutputFault(output_faults.path_of(exc, output), code,
                                       f"{type(exc).__name__}", hint)
     with contextlib.suppress(Exception):   # the disk may still be full: best effort

@@ -13,16 +13,22 @@ import sys
 from typing import List, Optional
 
 from app.core.errors import UsageError
+from app.core.settings import listed, spelled
 from app.run_folder import checkpoints as checkpointing
 from app.task.task import Task
 from app.training import early_stop
 from app.training.config import TrainConfig
 
-# What a metrics.json that cannot be trusted leaves the user to do.
-_RESTORE = "restore it from a copy, or start a new --output"
+# ``said`` below: how the user gave each setting (``app.core.settings.given_as``), whose
+# words the lines use: tfmp train's flags, or app.train's keywords (``resume=True``).
 
 
-def read_previous_metrics(output: str, required: bool = True) -> Optional[dict]:
+def _restore(said) -> str:
+    """What a metrics.json that cannot be trusted leaves the user to do."""
+    return f"restore it from a copy, or start a new {spelled(said, 'output')}"
+
+
+def read_previous_metrics(output: str, required: bool = True, said=None) -> Optional[dict]:
     """The metrics.json of the run being resumed.  A run writes it before its first
     checkpoint, so one missing beside a checkpoint was deleted or lost: without it the run's
     model and dataset cannot be checked and its earlier epochs would be dropped from the
@@ -34,39 +40,41 @@ def read_previous_metrics(output: str, required: bool = True) -> Optional[dict]:
             previous = json.load(fh)
     except FileNotFoundError:
         if required:
-            raise UsageError(f"--resume: {path!r} is missing beside the run's checkpoints: the "
-                             "model and dataset it trained and its epochs so far are not "
-                             "known, so the run cannot be resumed safely", _RESTORE) from None
+            raise UsageError(f"{spelled(said, 'resume')}: {path!r} is missing beside the run's "
+                             "checkpoints: the model and dataset it trained and its epochs so "
+                             "far are not known, so the run cannot be resumed safely",
+                             _restore(said)) from None
         return None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path!r} cannot be read ({type(exc).__name__}); the run cannot be "
-                         "resumed safely", _RESTORE) from None
+                         "resumed safely", _restore(said)) from None
     wrong = _not_a_mapping(previous)
     if wrong:
         raise UsageError(f"{path!r} is not the metrics of a run ({wrong}, not a mapping); the run "
-                         "cannot be resumed safely", _RESTORE)
+                         "cannot be resumed safely", _restore(said))
     return previous
 
 
-def check_holds_no_run(output: str) -> None:
+def check_holds_no_run(output: str, said=None) -> None:
     """A new run never writes over a finished (or failed) one: checked in ``prepare`` to
     refuse early, and again under the folder's lock, where no other run can finish in
     between."""
     if not os.path.exists(os.path.join(output, "metrics.json")):
-        _check_holds_none_of_a_runs_names(output)
+        _check_holds_none_of_a_runs_names(output, said)
         return
     try:
         status = read_previous_metrics(output).get("status")
     except UsageError:   # unreadable: not known to have failed
         status = None
+    new_output = spelled(said, "output")
     if status == "failed" and not checkpointing.has_checkpoint(output):
         # nothing --resume would find: say what is left to do
         raise UsageError(f"output directory {output!r} holds a run that failed before its "
                          "first checkpoint (metrics.json says why): nothing to resume",
-                         f"a new --output, or remove that folder (rm -r {shlex.quote(output)}) "
-                         "to start the run again there")
+                         f"a new {new_output}, or remove that folder (rm -r "
+                         f"{shlex.quote(output)}) to start the run again there")
     raise UsageError(f"output directory {output!r} already holds a run",
-                     "--resume to continue it, or a new --output")
+                     f"{spelled(said, 'resume')} to continue it, or a new {new_output}")
 
 
 # What a run writes in its folder besides metrics.json: a folder that already holds one of
@@ -76,7 +84,7 @@ _RUN_NAMES = ("model", "model.keras", checkpointing.FINAL_WEIGHTS, checkpointing
               "tensorboard", early_stop.BEST_DIR, "backup")
 
 
-def _check_holds_none_of_a_runs_names(output: str) -> None:
+def _check_holds_none_of_a_runs_names(output: str, said=None) -> None:
     """Refused when a name a run writes is there and the folder is no run's: it has neither
     metrics.json nor the lock file a run makes at its first write (a run ended at once by a
     second Ctrl-C before its first epoch leaves its tensorboard/ and that file)."""
@@ -89,11 +97,12 @@ def _check_holds_none_of_a_runs_names(output: str) -> None:
         raise UsageError(f"output directory {output!r} already holds {', '.join(taken)} and no "
                          "run (no metrics.json): a run writes its model, checkpoints and "
                          "TensorBoard logs under those names and would replace them",
-                         "a new --output (a run's own folder, e.g. runs/NAME), or a folder "
+                         f"a new {spelled(said, 'output')} (a run's own folder, e.g. "
+                         "runs/NAME), or a folder "
                          "without " + ", ".join(_RUN_NAMES))
 
 
-def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
+def check_same_task(previous: Optional[dict], task: Task, output: str, said=None) -> None:
     """--resume continues the same job: a run whose model, dataset, loss or metrics spec
     changed would restore weights into something else (or fail deep in TensorFlow)."""
     if previous is None:
@@ -103,18 +112,19 @@ def check_same_task(previous: Optional[dict], task: Task, output: str) -> None:
     if not before.get("model") or not before.get("dataset"):   # cut short, or edited by hand
         raise UsageError(f"{os.path.join(output, 'metrics.json')!r} names no model and dataset "
                          "the run was trained on; the run cannot be resumed safely",
-                         _RESTORE)
+                         _restore(said))
     now = task.describe()
     changed = [k for k in ("model", "dataset", "loss", "metrics") if k in before
                and before.get(k) != now.get(k)]
     if changed:
         what = ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in changed)
-        raise UsageError(f"--resume: the run in {output!r} was trained with a different spec ({what})",
-                         "the same --model, --dataset, --loss and --metrics as the run being "
-                         "resumed, or a new --output")
+        raise UsageError(f"{spelled(said, 'resume')}: the run in {output!r} was trained with a "
+                         f"different spec ({what})",
+                         f"the same {listed(said, 'model', 'dataset', 'loss', 'metrics')} as "
+                         f"the run being resumed, or a new {spelled(said, 'output')}")
 
 
-def resumed_precision(decision, previous: Optional[dict], output: str, resolve):
+def resumed_precision(decision, previous: Optional[dict], output: str, resolve, said=None):
     """--resume continues in the precision the run trained in.  Under ``auto`` (the default:
     no precision asked for) that is the run's own, with a note when auto would pick another
     here (a CPU run resumed on a GPU box); one asked for that differs is one line: the
@@ -129,10 +139,11 @@ def resumed_precision(decision, previous: Optional[dict], output: str, resolve):
         print(f"note: --resume keeps the run's precision, {was} (auto would pick "
               f"{decision.policy} here)", file=sys.stderr, flush=True)
         return resolve(was)
-    raise UsageError(f"--resume: the run in {output!r} trained under {was}; --precision "
-                     f"{decision.requested} would continue it under {decision.policy}",
-                     f"--precision {was} or auto (the run's own), or a new --output for a run "
-                     f"under {decision.policy}")
+    raise UsageError(f"{spelled(said, 'resume')}: the run in {output!r} trained under {was}; "
+                     f"{spelled(said, 'precision', decision.requested)} would continue it "
+                     f"under {decision.policy}",
+                     f"{spelled(said, 'precision', was)} or auto (the run's own), or a new "
+                     f"{spelled(said, 'output')} for a run under {decision.policy}")
 
 
 def resumed_float32_layers(cfg: TrainConfig, task: Task, previous: Optional[dict]):
