@@ -160,8 +160,6 @@ def train(model: Any = None, data: Any = None, *, precision: Optional[str] = Non
     ``TFMP_MODEL``, else ``"mlp"``.  ``data`` None: ``dataset=`` if given (the command
     line's name), else ``TFMP_DATASET``, else ``"mnist"``.
     """
-    from app.training.job import train as run_training
-
     _no_namesakes()
     _warn_of_misspelled_variables()
     if on_step is not None and not callable(on_step):
@@ -174,7 +172,16 @@ def train(model: Any = None, data: Any = None, *, precision: Optional[str] = Non
     settings = dict(settings, precision=precision, loop=loop, epochs=epochs, output=output)
     said = given_as(dict(settings, model=model, dataset=data), os.environ, keyword=True)
     model, data = _or_variable("model", model), _or_variable("dataset", data)
-    cfg, task = _config(model, data, settings, said)
+    try:
+        # The first call imports TensorFlow and the trainer: seconds in a new kernel, whose
+        # Interrupt then is one line, as during the rest of the preparation (job.train).
+        from app.training.job import train as run_training
+
+        cfg, task = _config(model, data, settings, said)
+    except KeyboardInterrupt:
+        from app.training.interrupts import stopped_before_start
+
+        return stopped_before_start(None, command_line=False)
     return run_training(cfg, on_step=on_step, task=task, said=said)
 
 

@@ -83,6 +83,25 @@ def resume_advice(output: str, output_given: bool, command_line: bool) -> str:
     return f"call app.train again with the same arguments and resume=True{folder} to finish"
 
 
+def stopped_before_start(config, command_line: bool) -> dict:
+    """The result of a run a Ctrl-C (a notebook's Interrupt) stopped while it was being
+    prepared (its checks, the data loading), before its signal handlers were set: the shape
+    of an interrupted run's metrics, with no epochs, and one line saying so, where a
+    KeyboardInterrupt went up through the package and TensorFlow (a 13-frame traceback in a
+    notebook).  Nothing of the run was written then: no metrics.json, no folder made, an
+    existing one as it was (``config``: the run's TrainConfig; None before it was made)."""
+    folder = ("" if config is None else f" ({config.output} is as it was)" if config.output
+              else " (no run folder was made)")
+    again = "run the same command again" if command_line else "call app.train again"
+    goal = "continue" if config is not None and config.resume else "start"
+    line = (f"interrupted (signal {signal.SIGINT.value}) before training started, while the "
+            f"run was being prepared: nothing was written{folder}; {again} to {goal} it")
+    print(f"\n{line}", file=sys.stderr, flush=True)
+    return {"status": "interrupted", "signal": signal.SIGINT.value,
+            "config": None if config is None else config.to_dict(), "epochs": [],
+            "steps": [], "model_path": None, "diagnosis": line}
+
+
 def newest_checkpoint(output: str | None) -> str | None:
     """The checkpoint --resume would continue from (the newest complete one), or None."""
     if not output:

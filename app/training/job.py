@@ -45,7 +45,8 @@ from app.core.catalog import MIN_UPDATES_PER_EPOCH
 from app.core.errors import (MixedPrecisionClash, NumericsFault,
                              TrainingDiverged, TrainingInterrupted, UsageError, UserCodeError,
                              unprefixed)
-from app.training.interrupts import StopFlag, resume_advice, signal_handlers
+from app.training.interrupts import (StopFlag, resume_advice, signal_handlers,
+                                     stopped_before_start)
 from app.training.monitor import StepMonitor
 from app.training import accumulate
 from app.training.accumulate import Accumulator
@@ -291,32 +292,12 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
     refused once the model is built is named by.
     """
     said = {} if said is None else said   # an empty GivenAs is still app.train's
-    run = prepare(config, hardware, task=task, said=said)
-    if announce:
-        prec.announce(run.decision)
-        if run.config.tuning:
-            from app.training.tuned import console_line
-
-            print(console_line(run.config.tuning), flush=True)
-        print(run.dist.describe(), flush=True)
-        if (run.config.accumulate or 1) > 1:
-            print(f"accumulate: {run.config.accumulate} micro-batches of {run.dist.global_batch} "
-                  f"per update, global batch {run.config.global_batch}", flush=True)
-        whole = _batch_holds_the_set(run.dist.global_batch * (run.config.accumulate or 1),
-                                     run.bundle.train_samples)
-        if whole:
-            print(f"note: {whole}", file=sys.stderr, flush=True)
-        late = profiling.past_the_end(run)
-        if late:
-            print(f"note: {late}", file=sys.stderr, flush=True)
-        jit_note = xla_toolchain.cpu_note(run.config.jit, run.hardware.gpus)
-        if jit_note:
-            print(f"note: {jit_note}", file=sys.stderr, flush=True)
-        shortage = nvml.shortage_now() if run.hardware.gpus else None
-        if shortage:   # a notebook kernel holding the GPU: said now, not at an OOM far in
-            print(f"note: {shortage}", file=sys.stderr, flush=True)
-    loop = _loop(run)
-    metrics = new_metrics(run, envreport.collect(run.hardware), loop)
+    try:
+        run, loop, metrics = _ready(config, hardware, task, said, announce)
+    except KeyboardInterrupt:
+        # Before the handlers below: Python's own raised it, in the checks or the data's
+        # loading; nothing is written yet, so there is nothing to save or resume.
+        return stopped_before_start(config, command_line=repeat_signal_exits)
     stop = StopFlag()
     stop.output = run.output
     with _policy_restored(), signal_handlers(stop, repeat_signal_exits):
@@ -353,6 +334,37 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
             _train_and_save(run, parts, recorder, monitor, loop, start, skip,
                             command_line=repeat_signal_exits)
     return metrics
+
+
+def _ready(config: TrainConfig, hardware, task: Task | None, said, announce: bool):
+    """(the prepared run, its loop, its metrics before training): every check, the data
+    loaded, what the run is said; nothing written."""
+    run = prepare(config, hardware, task=task, said=said)
+    if announce:
+        prec.announce(run.decision)
+        if run.config.tuning:
+            from app.training.tuned import console_line
+
+            print(console_line(run.config.tuning), flush=True)
+        print(run.dist.describe(), flush=True)
+        if (run.config.accumulate or 1) > 1:
+            print(f"accumulate: {run.config.accumulate} micro-batches of {run.dist.global_batch} "
+                  f"per update, global batch {run.config.global_batch}", flush=True)
+        whole = _batch_holds_the_set(run.dist.global_batch * (run.config.accumulate or 1),
+                                     run.bundle.train_samples)
+        if whole:
+            print(f"note: {whole}", file=sys.stderr, flush=True)
+        late = profiling.past_the_end(run)
+        if late:
+            print(f"note: {late}", file=sys.stderr, flush=True)
+        jit_note = xla_toolchain.cpu_note(run.config.jit, run.hardware.gpus)
+        if jit_note:
+            print(f"note: {jit_note}", file=sys.stderr, flush=True)
+        shortage = nvml.shortage_now() if run.hardware.gpus else None
+        if shortage:   # a notebook kernel holding the GPU: said now, not at an OOM far in
+            print(f"note: {shortage}", file=sys.stderr, flush=True)
+    loop = _loop(run)
+    return run, loop, new_metrics(run, envreport.collect(run.hardware), loop)
 
 
 def _claim_default_folder(run: Prepared, parts: TrainingParts, metrics: dict,
