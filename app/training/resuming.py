@@ -136,9 +136,11 @@ def resumed_precision(decision, previous: Optional[dict], output: str, resolve, 
     if was not in POLICIES or was == decision.policy:
         return decision
     if decision.requested == "auto":
-        print(f"note: --resume keeps the run's precision, {was} (auto would pick "
-              f"{decision.policy} here)", file=sys.stderr, flush=True)
-        return resolve(was)
+        print(f"note: {spelled(said, 'resume')} keeps the run's precision, {was} (auto would "
+              f"pick {decision.policy} here)", file=sys.stderr, flush=True)
+        # Still what the user asked for: auto (metrics.json said "requested": the run's own
+        # policy, as if named).  The kept policy is checked as one named (``resolve``).
+        return dataclasses.replace(resolve(was), requested=decision.requested)
     raise UsageError(f"{spelled(said, 'resume')}: the run in {output!r} trained under {was}; "
                      f"{spelled(said, 'precision', decision.requested)} would continue it "
                      f"under {decision.policy}",
