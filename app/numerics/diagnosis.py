@@ -9,13 +9,15 @@ Verdicts:
   the batch is non-finite in float32 too: the learning rate;
 * ``model``: a layer or the loss is non-finite in float32 too (log(0), a division by 0);
 * ``not reproduced``: the replay of the stashed batch is finite (dropout, or the weights
-  moved since): the fault's own words are all there is.
+  moved since): the fault's own words are all there is;
+* ``not replayed``: a fault the step latched no batch of (a rule's over the step counters,
+  ``unreplayed``): the block says what happened and what to run to find where.
 """
 from __future__ import annotations
 
 import shlex
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from app.numerics import limits
 from app.task import float32_layers
@@ -26,7 +28,7 @@ from app.task.data_rows import listed, rows_in
 class Where:
     """Where the fault began: a layer (forward or backward), the input samples, the
     weights, the loss, or nothing found."""
-    kind: str                       # layer | input samples | weights | loss | none
+    kind: str                       # layer | input samples | weights | loss | none | unreplayed
     name: Optional[str] = None      # the layer's full path, the variables, the loss's name
     class_name: Optional[str] = None
     dtype: Optional[str] = None     # the layer's compute dtype in the run
@@ -54,6 +56,8 @@ class Where:
                      if self.samples else "")
             named = f" ({self.name})" if self.name else ""
             return f"the loss{named}: non-finite{extra} while every layer's output is finite"
+        if self.kind == "unreplayed":
+            return "not replayed: no batch of the failing step was kept"
         return "not found: the replay of the failing batch from these weights is finite"
 
     def _rows(self) -> str:
@@ -75,7 +79,7 @@ class Diagnosis:
     epoch: int
     policy: str
     where: Where
-    verdict: str                    # precision | data | optimizer | model | not reproduced
+    verdict: str       # precision | data | optimizer | model | not reproduced | not replayed
     fix: str
     float32_finite: Optional[bool] = None
     largest_before: Optional[float] = None   # the largest finite magnitude going into it
@@ -84,6 +88,10 @@ class Diagnosis:
     replica: Optional[int] = None
     worker: Optional[int] = None
     seconds: Optional[float] = None
+    # A layer's forward fault: overflow (a magnitude past the dtype's largest) or underflow
+    # (a division by a value that is 0 in 16 bits), None when unknown; the op where it began.
+    cause: Optional[str] = None
+    inside_op: Optional[str] = None
 
     @property
     def flag(self) -> Optional[str]:
@@ -96,7 +104,14 @@ class Diagnosis:
         parts = []
         if self.largest_before is not None:
             parts.append(f"the largest finite magnitude going in was {self.largest_before:.4g}")
-        if self.float32_largest is not None:
+        if self.cause == "underflow":
+            reaches = ("" if self.float32_largest is None else
+                       f"; in float32 the value reaches {self.float32_largest:.4g}")
+            op = f" ({self.inside_op})" if self.inside_op else ""
+            parts[-1:] = [f"{parts[-1] if parts else 'its inputs are finite'}{reaches}, far under "
+                          f"{self.where.dtype}'s largest ({limit:g}): not an overflow, but a "
+                          f"division{op} by a value that is 0 in {self.where.dtype}"]
+        elif self.float32_largest is not None:
             parts.append(f"in float32 the value reaches {self.float32_largest:.4g} "
                          f"({self.float32_largest / limit:.3g}x {self.where.dtype}'s "
                          f"largest, {limit:g})")
@@ -181,14 +196,24 @@ def _samples_at(samples: List[int]) -> str:
 
 
 
-def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None) -> str:
-    """The fix for a layer whose 16-bit value is the cause."""
+def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None,
+              cause: Optional[str] = None) -> str:
+    """The fix for a layer whose 16-bit value is the cause.  ``epsilon``: (its attribute, or
+    None for a constant written in its call, the value) that is 0 in ``dtype``; ``cause``:
+    underflow (a division by a value 0 in 16 bits) or overflow, None when not known."""
     flag = float32_layers.flag([path])
+    holds = (f"{dtype}'s smallest normal is {limits.SMALLEST_NORMAL.get(dtype, 0):.2g}, its "
+             f"smallest subnormal {limits.SMALLEST.get(dtype, 0):.2g}")
     if epsilon is not None:
         attr, value = epsilon
-        return (f"its {attr}={value:g} is 0 in {dtype} (the smallest it holds is "
-                f"{limits.SMALLEST.get(dtype, 0):.3g}): use an epsilon {dtype} can hold "
-                f"(1e-3 or more), or run the layer in float32 without editing the model: {flag}")
+        what = (f"its {attr}={value:g}" if attr else
+                f"the constant {value:g} in its call (an epsilon?)")
+        return (f"{what} is 0 in {dtype} ({holds}): use an epsilon {dtype} can hold (1e-3 or "
+                f"more), or run the layer in float32 without editing the model: {flag}")
+    if cause == "underflow":
+        return (f"it divides by a value that is 0 in {dtype} (an epsilon?): run the layer in "
+                f"float32 without editing the model: {flag} (or dtype='float32' on it); or add "
+                f"an epsilon {dtype} can hold ({holds}: 1e-3 or more) before it divides")
     if phase == "backward":
         return (f"its gradients overflow {dtype} even unscaled: run the layer in float32 "
                 f"without editing the model: {flag} (or dtype='float32' on it), or clip its "
@@ -196,3 +221,30 @@ def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None
     return (f"run the layer in float32 without editing the model: {flag} (or dtype='float32' "
             "on it); or keep its output in range: clip it, or rescale what goes in "
             "(normalise the inputs, a smaller initialiser)")
+
+
+def unreplayed(headline: str, kind: str, step: int, epoch: int, policy: str, *,
+               command_line: bool = True, weights: Sequence[str] = (),
+               fallback: str = "") -> Diagnosis:
+    """The report of a fault with no batch to replay: a rule's over the step counters
+    (``skipped``), or weights found non-finite between steps (``weights``: ``weights``
+    names them), with the fix and what to run next in the words of what ran the run;
+    ``fallback``: the fix for any other (a latched fault whose step kept no batch)."""
+    learning_rate = "--learning-rate" if command_line else "learning_rate="
+    if kind == "weights":
+        return Diagnosis(headline, kind, step, epoch, policy,
+                         Where("weights", name=", ".join(weights[:4]) or None), "optimizer",
+                         f"an update sent the weights out of range: lower {learning_rate} (by "
+                         "10x or more), or clip the gradients (clipnorm= on your optimizer)",
+                         float32_finite=False)
+    if kind != "skipped":
+        return Diagnosis(headline, kind, step, epoch, policy, Where("unreplayed"),
+                         "not replayed", fallback)
+    find = (f"tfmp check --steps {step}" if command_line
+            else f"app.check(model, data, steps={step})")
+    in_float32 = "--float32-layers NAME" if command_line else "float32_layers=[NAME]"
+    return Diagnosis(headline, kind, step, epoch, policy, Where("unreplayed"), "not replayed",
+                     "the gradients stay non-finite at a loss scale of 1, where float16 "
+                     f"gradients overflow unscaled: find the layer with `{find}` on the same "
+                     f"data (it replays the failing batch layer by layer) and run it in float32 "
+                     f"({in_float32}); or lower {learning_rate} (by 10x)")

@@ -12,6 +12,10 @@ LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
 # constant below it, an epsilon of 1e-12 say, is 0 once cast.
 SMALLEST = {"float16": 5.960464477539063e-08, "bfloat16": 9.183549615799121e-41,
             "float32": 1.401298464324817e-45}
+# The smallest normal value of each 16-bit dtype: under it float16 keeps fewer bits, down to
+# its smallest subnormal above.
+SMALLEST_NORMAL = {"float16": 6.103515625e-05, "bfloat16": 1.1754943508222875e-38,
+                   "float32": 1.1754943508222875e-38}
 # Under this many bits of headroom (within 4x of the limit) the sentinel warns, once a layer.
 WARN_BITS = 2.0
 

@@ -6,14 +6,22 @@ is never an alarm (the count goes into metrics.json).  A fault is
   loss scaling cannot help: it scales the backward pass only);
 * ``gradients``: non-finite gradients without loss scaling (float32, mixed_bfloat16);
 * ``floor``: the loss scale reached its floor and steps are still skipped;
-* ``skipped``: more steps in a row skipped than ``--max-skipped-steps``;
+* ``skipped``: more steps in a row skipped than ``--max-skipped-steps``, the loss scale at its
+  floor now (the older rule, ``--no-sentinel``'s too; with the sentinel the floor's latch
+  comes first unless the limit is under ``FLOOR_PATIENCE``);
 * ``weights``: a weight is not finite (an update that overflowed).
 The first three are latched inside the training step (``app.training.sentinel``), at the
 step they happen, and from then on no update reaches the weights.
+
+A run of skipped steps above the floor is never a fault, however long: each skip halves
+the scale, so a run that has not reached the floor is the scale still coming down from a
+start too high for this model (2^40 takes ~23 halvings to fit), which is loss scaling
+working as designed.  Only the run still going at the floor is counted against the limit,
+and one that has ended (the scale recovered) is not counted at all.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 # The loss scale's floor: Keras 2 never lowers it under 1; Keras 3 would go on halving, but
@@ -37,6 +45,7 @@ class Counters:
     run_start: int          # the first step of the latest run of skipped steps
     skipped_total: int      # steps loss scaling skipped (expected)
     worst_run: int          # the longest run of skipped steps since the last check
+    in_a_row: int = 0       # steps skipped in a row up to now (0: the latest step was not)
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,18 @@ class Fault:
     step: int               # the step it began at
     headline: str           # what happened, one line
     loss_scale: float = 1.0  # the scale the failing step ran with (the replay uses it)
+    # ``skipped``: the run's length and --max-skipped-steps, for its words as the user gave
+    # the setting (``in_words``).
+    in_a_row: int = 0
+    limit: Optional[int] = None
+
+    def in_words(self, command_line: bool) -> "Fault":
+        """This fault with its headline naming settings as ``tfmp train`` (flags) or
+        ``app.train`` (keywords) takes them."""
+        if self.limit is None:
+            return self
+        return replace(self, headline=skipped_headline(
+            self.step - self.in_a_row + 1, self.in_a_row, self.limit, command_line))
 
 
 def headline(kind: str, *, policy: str = "", run_start: int = 0) -> str:
@@ -58,6 +79,20 @@ def headline(kind: str, *, policy: str = "", run_start: int = 0) -> str:
             "was skipped")
 
 
+def stuck_at_floor(in_a_row: int, loss_scale_now: float, max_skipped_steps: int) -> bool:
+    """More than ``max_skipped_steps`` steps in a row skipped, the run still going and the
+    loss scale at its floor: a run above the floor is the scale coming down, and one that
+    ended is the scale recovered (the module's docstring)."""
+    return in_a_row > max_skipped_steps and loss_scale_now <= FLOOR
+
+
+def skipped_headline(run_start: int, in_a_row: int, limit: int, command_line: bool = True) -> str:
+    """The ``skipped`` rule's words, naming --max-skipped-steps as the run took it."""
+    setting = f"--max-skipped-steps {limit}" if command_line else f"max_skipped_steps={limit}"
+    return (f"the loss scale reached its floor ({FLOOR:g}); every step since step {run_start} "
+            f"was skipped ({in_a_row} in a row, more than {setting})")
+
+
 def fault(c: Counters, *, loss_scaled: bool, policy: str, max_skipped_steps: int,
           loss_scale_now: float) -> Optional[Fault]:
     """The fault these counters show, or None.  A headline says what happened; the
@@ -66,10 +101,10 @@ def fault(c: Counters, *, loss_scaled: bool, policy: str, max_skipped_steps: int
     if kind is not None:
         return Fault(kind, c.fault_step, headline(kind, policy=policy, run_start=c.run_start),
                      c.fault_scale)
-    if loss_scaled and c.worst_run > max_skipped_steps:
-        return Fault("skipped", c.run_start, f"{c.worst_run} steps in a row had "
-                     f"non-finite gradients (more than --max-skipped-steps {max_skipped_steps}; "
-                     f"loss scale now {loss_scale_now:g})", loss_scale_now)
+    if loss_scaled and stuck_at_floor(c.in_a_row, loss_scale_now, max_skipped_steps):
+        return Fault("skipped", c.step,
+                     skipped_headline(c.step - c.in_a_row + 1, c.in_a_row, max_skipped_steps),
+                     loss_scale_now, in_a_row=c.in_a_row, limit=max_skipped_steps)
     return None
 
 

@@ -18,6 +18,7 @@ import threading
 from typing import Callable
 
 
+from app.numerics import rules
 from app.precision import loss_scale
 from app.training import step_stats
 from app.precision import policy as prec
@@ -44,6 +45,8 @@ class StepMonitor:
         self.rows_seen = int(stats.log_count.numpy())
         self.lock = threading.RLock()
         self.pending: BaseException | None = None
+        if watch is not None:   # metrics.json's numerics.skipped_steps, before an epoch ends
+            watch.unrecorded_skips = self.skipped_unrecorded
 
     # every step of the custom loop
     def tick(self, epoch: int):
@@ -64,6 +67,11 @@ class StepMonitor:
         skipped, self.skipped_epoch = self.skipped_epoch, 0
         return skipped
 
+    def skipped_unrecorded(self) -> int:
+        """Steps skipped since the last epoch's record (``take_skipped_epoch``): those of
+        an epoch a fault or a signal ended, which no epoch's row holds."""
+        return self.skipped_epoch + int(self.stats.nonfinite_total.numpy()) - self.skipped_seen
+
     def check(self, epoch: int, log: bool = False, epoch_loss=None, model=None):
         """Skipped steps and divergence (raises TrainingDiverged); with ``log``, the step
         records written since the last drain.  Main thread, between steps.  At the end of
@@ -83,17 +91,18 @@ class StepMonitor:
         total = int(st.nonfinite_total.numpy())
         self.skipped_epoch += total - self.skipped_seen
         self.skipped_seen = total
-        problem = self._divergence(epoch, total, int(st.max_consecutive.numpy()))
+        problem = self._divergence(epoch, total, int(st.consecutive.numpy()))
         st.max_consecutive.assign(st.consecutive)
         if problem:
             raise TrainingDiverged(problem)
 
-    def _divergence(self, epoch: int, total: int, worst_run: int) -> str | None:
+    def _divergence(self, epoch: int, total: int, in_a_row: int) -> str | None:
         if self.watch is not None:
             return None
-        return divergence(f"step {int(self.stats.steps.numpy())} (epoch {epoch + 1})", total,
-                          worst_run, self.loss_scaled, self.max_skipped_steps,
-                          lambda: float(loss_scale.current_loss_scale(self.opt)))
+        return divergence(int(self.stats.steps.numpy()), epoch, total, in_a_row,
+                          self.loss_scaled, self.max_skipped_steps,
+                          lambda: float(loss_scale.current_loss_scale(self.opt)),
+                          command_line=self.stop.repeat_exits)
 
     def drain(self):
         with self.lock:
@@ -130,7 +139,7 @@ def _polling(monitor: StepMonitor, model):
                     monitor.watch.raise_fault(monitor.opt)
                 st = monitor.stats
                 problem = monitor._divergence(monitor.epoch, int(st.nonfinite_total.numpy()),
-                                           int(st.max_consecutive.numpy()))
+                                              int(st.consecutive.numpy()))
             except BaseException as exc:  # e.g. the user's on_step raised
                 problem = exc
             if problem:
@@ -147,19 +156,27 @@ def _polling(monitor: StepMonitor, model):
         thread.join()
 
 
-def divergence(where: str, total: int, worst_run: int, loss_scaled: bool,
-               max_skipped_steps: int, loss_scale_now: Callable[[], float]) -> str | None:
-    """Why training diverged at ``where``, or None.  ``total``: non-finite steps so far;
-    ``worst_run``: the longest run of skipped steps since the last check.  Under loss scaling
-    a skipped step is how it works, until more than ``max_skipped_steps`` come in a row;
-    without loss scaling a single non-finite step is divergence."""
-    if not (total and not loss_scaled) and worst_run <= max_skipped_steps:
-        return None
+def divergence(step: int, epoch: int, total: int, in_a_row: int, loss_scaled: bool,
+               max_skipped_steps: int, loss_scale_now: Callable[[], float],
+               command_line: bool = True) -> str | None:
+    """Why training diverged at ``step`` of ``epoch`` (0-based), or None: the rules without
+    the sentinel.  ``total``: non-finite steps so far; ``in_a_row``: the steps skipped in a
+    row up to now.  Under loss scaling a skipped step is how it works: a run of them above
+    the floor is the scale coming down, and one that ended is the scale recovered; only a
+    run still going at the floor, longer than ``max_skipped_steps``, is divergence
+    (``app.numerics.rules.stuck_at_floor``).  Without loss scaling a single non-finite step
+    is.  ``command_line``: name the setting as ``tfmp train`` takes it, else as
+    ``app.train`` does."""
+    where = f"step {step} (epoch {epoch + 1})"
     if total and not loss_scaled:
         return (f"{where}: non-finite loss/gradients under {prec.global_policy_name()}, "
                 "which has no loss scaling to recover with")
-    return (f"{where}: {worst_run} steps in a row had non-finite gradients (more than "
-            f"--max-skipped-steps {max_skipped_steps}; loss scale now {loss_scale_now():g})")
+    if not (loss_scaled and in_a_row > max_skipped_steps):
+        return None
+    if not rules.stuck_at_floor(in_a_row, loss_scale_now(), max_skipped_steps):
+        return None
+    return f"{where}: " + rules.skipped_headline(step - in_a_row + 1, in_a_row,
+                                                 max_skipped_steps, command_line)
 
 
 def step_record(row: dict, epoch: int) -> dict:

@@ -82,7 +82,8 @@ class SentinelState:
         return rules.Counters(
             step=int(st.steps.numpy()), fault_step=fault_step, fault_code=code,
             fault_scale=_scale_of(scale), run_start=int(self.run_start.numpy()),
-            skipped_total=int(st.nonfinite_total.numpy()), worst_run=int(st.max_consecutive.numpy()))
+            skipped_total=int(st.nonfinite_total.numpy()), worst_run=int(st.max_consecutive.numpy()),
+            in_a_row=int(st.consecutive.numpy()))
 
     def latched(self) -> bool:
         return int(self.fault.numpy()[1]) > 0
@@ -99,14 +100,21 @@ class SentinelState:
         (Keras 2's also counted an optimizer iteration).  Back to the state the faulty
         step started from: the step count before it, the loss scale it ran with (latched:
         ``before``) and the optimizer's iterations then; a ``--resume`` after the fix
-        trains the failing batch again, at a scale that can train.  No latch (a rule's
+        trains the failing batch again, at a scale that can train.  The skipped steps
+        they added to the count are taken off it too (metrics.json's
+        ``numerics.skipped_steps`` counts loss scaling's skips).  No latch (a rule's
         fault, a weight): the counters as they are."""
         step, code, scale, _, iterations = (int(v) for v in self.fault.numpy())
         if code <= 0 or step < 1:
             return int(self.stats.steps.numpy())
+        halted = int(self.stats.steps.numpy()) - (step - 1)
         self.stats.steps.assign(step - 1)
         if loss_scale.is_loss_scaled(opt):
             loss_scale.set_loss_scale(opt, _scale_of(scale))
+            # Each of them was counted a skipped step (handed to the optimizer poisoned):
+            # not loss scaling's overflow, and not in metrics.json's count of it.
+            total = self.stats.nonfinite_total
+            total.assign(tf.maximum(total - halted, 0))
         if iterations >= 0:
             opt.iterations.assign(iterations)
         return step - 1

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from app.core.errors import NumericsFault
 from app.numerics import replay, rules
-from app.numerics.diagnosis import Diagnosis
+from app.numerics.diagnosis import Diagnosis, unreplayed
 from app.numerics.headroom import Headroom, HeadroomProbe
 from app.precision import loss_scale
 from app.task import losses, model_layers
@@ -51,6 +51,8 @@ class SentinelWatch:
         self.probe_seconds = 0.0
         self.on_probe = on_probe
         self.rows = rows   # the training data's rows (app.task.data_rows), or None
+        # Steps skipped that no epoch's row holds yet (the monitor's: StepMonitor sets it).
+        self.unrecorded_skips: Callable[[], int] = lambda: 0
 
     def begin_epoch(self, step: int) -> None:
         self.epoch_start_step = step
@@ -99,21 +101,24 @@ class SentinelWatch:
         status diverged) and its block on stderr; ``fallback``: what to try, when there is
         no batch to replay; ``output``, ``command_line``: the run's folder, and whether
         ``tfmp train`` (else ``app.train``) runs it, for the words of what to do next."""
+        fault = fault.in_words(command_line)
         diag = self.diagnose(fault, epoch)
+        if diag is None:   # a rule's fault, or one the step kept no batch of
+            diag = unreplayed(fault.headline, fault.kind, fault.step, epoch, self.policy,
+                              command_line=command_line, fallback=fallback,
+                              weights=(replay.nonfinite_weights(self.model.weights)
+                                       if fault.kind == "weights" else ()))
         numerics = metrics.setdefault("numerics", {})
         numerics["checkpoint"] = checkpoint
-        if diag is None:
-            numerics["fault"] = {"headline": fault.headline, "kind": fault.kind,
-                                 "step": fault.step}
-            lines, summary = [f"error: training diverged at {fault.headline}"], \
-                f"{fault.headline}; {fallback}"
-        else:
-            numerics["fault"] = diag.to_json()
-            lines, summary = diag.lines(output, command_line), diag.summary()
+        numerics["fault"] = diag.to_json()
+        lines, summary = diag.lines(output, command_line), diag.summary()
         metrics.update(status="diverged", diagnosis=summary)
         print("\n".join(lines), file=sys.stderr, flush=True)
 
     def to_json(self, skipped_steps: int) -> dict:
+        """metrics.json's ``numerics``; ``skipped_steps``: those the epochs recorded hold,
+        to which the steps skipped since are added (an epoch a fault or a signal ended)."""
+        skipped_steps += self.unrecorded_skips()
         return {"sentinel": True, "every": self.every, "skipped_steps": skipped_steps,
                 "headroom": self.headroom.to_json(), "warnings": list(self.warnings),
                 "probe_seconds": round(self.probe_seconds, 3), "fault": None}
