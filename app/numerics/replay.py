@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from app.numerics import diagnosis as dx
-from app.numerics import limits, rules
+from app.numerics import inside, limits, rules
 from app.numerics.tap import Tap, largest_finite
 from app.precision import finite, layer_policy
 from app.task.data_rows import MOST_LISTED, SHOWN, nonfinite_rows
@@ -235,7 +235,10 @@ def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis
         run = run_pass(model, loss_fn, entries, x, y, fault.loss_scale, sample_weight)
         with all_float32(entries, model):
             f32 = run_pass(model, loss_fn, entries, x, y, 1.0, sample_weight)
-    return _verdict(run, f32, failed, done, model, x, y)
+
+        def look_inside(index: int, dtype: str):   # a forward pass more, state kept too
+            return inside.look(model, entries, x, index, dtype)
+        return _verdict(run, f32, failed, done, model, x, y, look_inside)
 
 
 @contextlib.contextmanager
@@ -252,7 +255,8 @@ def state_kept(model):
             v.assign(value)
 
 
-def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, x, y):
+def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, x, y,
+             look_inside=None):
     found = first_bad(run)
     precision = f32.finite and failed.policy != "float32"
     if found is not None:
@@ -263,9 +267,13 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
         facts = dict(float32_finite=f32.finite, largest_before=call.in_max,
                      float32_largest=f32_max)
         if precision:
-            fix = dx.layer_fix(call.path, call.dtype or failed.policy, phase,
-                               epsilon_of(call.layer, call.dtype or ""))
-            return done(where, "precision", fix, layers=[call.path], **facts)
+            dtype = call.dtype or failed.policy
+            cause, op, constant = _cause(run, call, phase, f32_max, dtype, look_inside)
+            epsilon = None if cause == "overflow" else (
+                epsilon_of(call.layer, dtype) or (None if constant is None else (None, constant)))
+            fix = dx.layer_fix(call.path, dtype, phase, epsilon, cause=cause)
+            return done(where, "precision", fix, layers=[call.path], cause=cause, inside_op=op,
+                        **facts)
         return _not_precision(where, failed, done, model, facts)
     if not run.loss_finite:
         in_batch = [int(i) for i in np.flatnonzero(~run.sample_finite)]
@@ -292,6 +300,26 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
                 "the batch that failed is finite when replayed (dropout draws anew, or the "
                 "weights moved since): run `tfmp check --steps N` with the same data, or "
                 "lower --learning-rate", float32_finite=f32.finite)
+
+
+def _cause(run: PassResult, call: CallResult, phase: str, f32_max: Optional[float], dtype: str,
+           look_inside) -> tuple:
+    """(overflow | underflow | None, the op where it began, a constant of the call that is 0
+    in ``dtype``) for the layer where a forward value first went non-finite.  Its magnitudes
+    say overflow when float32's value passes the dtype's largest or what goes in is within
+    4x of it; else they say nothing (a 16-bit softmax over logits its own matmul overflowed
+    stays under 1 in float32, as a 0/0 does): the ops of its call are looked at
+    (``app.numerics.inside``)."""
+    if phase != "forward":
+        return None, None, None
+    limit = limits.largest(dtype)
+    if (f32_max is not None and f32_max >= limit) or call.in_max >= limit / 4:
+        return "overflow", None, None
+    index = next((i for i, c in enumerate(run.calls) if c is call), None)
+    seen = look_inside(index, dtype) if (look_inside and index is not None) else None
+    if seen is None:
+        return None, None, None
+    return seen.cause, seen.op, seen.constant
 
 
 def _name_rows(where: dx.Where, rows, x, y, in_batch: List[int], nonfinite: bool) -> str:

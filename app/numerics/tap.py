@@ -25,6 +25,7 @@ class Call:
     order: int
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
+    ops: list = field(default_factory=list)   # the graph ops its call made (``with_ops``)
 
     @property
     def class_name(self) -> str:
@@ -45,6 +46,18 @@ def floating(values) -> list:
 
     return [t for t in tf.nest.flatten(values)
             if getattr(getattr(t, "dtype", None), "is_floating", False)]
+
+
+def _op_count() -> int:
+    import tensorflow as tf
+
+    return len(tf.compat.v1.get_default_graph().get_operations())
+
+
+def _ops_since(first: int) -> list:
+    import tensorflow as tf
+
+    return tf.compat.v1.get_default_graph().get_operations()[first:]
 
 
 def largest_finite(tensors):
@@ -74,22 +87,25 @@ class Tap:
         local = self._local
 
         def call(*args, **kwargs):
+            first = _op_count() if getattr(local, "with_ops", False) else None
             out = original(*args, **kwargs)
             calls = getattr(local, "calls", None)
             if calls is not None:
                 calls.append(Call(path, layer, len(calls), floating((args, kwargs)),
-                                  floating(out)))
+                                  floating(out), [] if first is None else _ops_since(first)))
             return out
         return call
 
     @contextlib.contextmanager
-    def recording(self):
+    def recording(self, with_ops: bool = False):
+        """``with_ops``: each record keeps the graph ops its call made (traced only:
+        what a layer computes inside, ``app.numerics.inside``)."""
         calls: List[Call] = []
-        self._local.calls = calls
+        self._local.calls, self._local.with_ops = calls, with_ops
         try:
             yield calls
         finally:
-            self._local.calls = None
+            self._local.calls, self._local.with_ops = None, False
 
     def __enter__(self) -> "Tap":
         return self

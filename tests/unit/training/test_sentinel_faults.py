@@ -49,6 +49,30 @@ class RMSNorm(tf.keras.layers.Layer):
         return x / tf.sqrt(mean_square + tf.cast(self.epsilon, x.dtype))
 
 
+class CenteredNorm(tf.keras.layers.Layer):
+    """(x - mean) / sqrt(var + 1e-8), the epsilon written inline: 0 in float16, so a blank
+    sample is 0/0 while every value going in is modest."""
+
+    def call(self, x):
+        mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+        var = tf.reduce_mean(tf.square(x - mean), axis=-1, keepdims=True)
+        return (x - mean) / tf.sqrt(var + self.eps(x.dtype))
+
+    def eps(self, dtype):
+        return tf.cast(1e-8, dtype)
+
+
+class CenteredNormAttribute(CenteredNorm):
+    """The same, its epsilon an attribute."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = 1e-8
+
+    def eps(self, dtype):
+        return tf.cast(self.epsilon, dtype)
+
+
 class ExpFeatures(tf.keras.layers.Layer):
     def call(self, x):
         return tf.exp(x)
@@ -169,6 +193,28 @@ def test_an_epsilon_that_is_zero_in_float16_meets_blank_samples(tmp_path, loop):
     f = _fault(m)
     assert f["where"]["name"] == "rms_norm" and f["verdict"] == "precision"
     assert "epsilon=1e-12 is 0 in float16" in f["fix"] and "--float32-layers rms_norm" in f["fix"]
+    assert f["cause"] == "underflow"
+
+
+@pytest.mark.parametrize("norm,named", [(CenteredNorm, "the constant 1e-08 in its call (an epsilon?)"),
+                                        (CenteredNormAttribute, "its epsilon=1e-08")])
+def test_an_epsilon_that_is_zero_in_float16_is_an_underflow_not_an_overflow(tmp_path, capsys,
+                                                                           norm, named):
+    """The QA pass: an inline epsilon of 1e-8 met a blank row and the report said 'values:
+    ... (4.41e-05x float16's largest, 65504)' and 'keep its output in range: clip it': the
+    fix for an overflow, for a 0/0."""
+    x = _with_rows(_rng_x(), [200, 330, 470], 0.0)
+    m = _train(tmp_path, _model(lambda: norm(name="norm"), _dense()), _data(x), "custom")
+    f = _fault(m)
+    assert f["where"]["name"] == "norm" and f["verdict"] == "precision"
+    assert f["cause"] == "underflow" and f["inside_op"] == "RealDiv", f
+    assert f["fix"].startswith(f"{named} is 0 in float16 (float16's smallest normal is "
+                               "6.1e-05, its smallest subnormal 6e-08)"), f["fix"]
+    assert "--float32-layers norm" in f["fix"] and "clip" not in f["fix"]
+    values = next(line for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("  values: "))
+    assert "not an overflow, but a division (RealDiv) by a value that is 0 in float16" in values
+    assert "x float16's largest" not in values
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -178,7 +224,7 @@ def test_exp_in_a_custom_layer_overflows_on_a_few_samples(tmp_path, loop):
     m = _train(tmp_path, _model(lambda: ExpFeatures(name="exp_features"), _dense()), _data(x), loop)
     f = _fault(m)
     assert f["where"]["name"] == "exp_features" and f["verdict"] == "precision"
-    assert 1.6e5 < f["float32_largest"] < 1.7e5
+    assert 1.6e5 < f["float32_largest"] < 1.7e5 and f["cause"] == "overflow"
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -188,6 +234,9 @@ def test_a_softmax_over_growing_logits_computed_in_16_bit(tmp_path, loop):
     f = _fault(m)
     assert f["where"]["name"] == "predictions" and f["where"]["dtype"] == "float16"
     assert f["verdict"] == "precision" and f["layers"] == ["predictions"]
+    # its output stays under 1 in float32, what goes in is modest: the ops inside tell the
+    # overflow of its matmul from a 0/0
+    assert f["cause"] == "overflow" and "clip it" in f["fix"], f
 
 
 @pytest.mark.parametrize("loop", LOOPS)
