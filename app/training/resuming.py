@@ -85,14 +85,15 @@ _RUN_NAMES = ("model", "model.keras", checkpointing.FINAL_WEIGHTS, checkpointing
 
 
 def _check_holds_none_of_a_runs_names(output: str, said=None) -> None:
-    """Refused when a name a run writes is there and the folder is no run's: it has neither
-    metrics.json nor the lock file a run makes at its first write (a run ended at once by a
-    second Ctrl-C before its first epoch leaves its tensorboard/ and that file)."""
-    from app.run_folder.lock import LOCK_NAME
-
-    if os.path.exists(os.path.join(output, LOCK_NAME)):
-        return
+    """Refused when a name a run writes is there and the folder holds no run's metrics.json,
+    however it came to be: someone's project, or a run's folder whose metrics.json was
+    deleted (its checkpoints and model are still worth keeping; --resume refuses it too, so
+    the user restores the file or picks another folder).  The one exception is what a run
+    leaves when a second Ctrl-C ends it before its first epoch is recorded: its lock file
+    and its ``tensorboard/``, nothing a new run would lose (``_LEFT_BEFORE_THE_FIRST_EPOCH``)."""
     taken = [name for name in _RUN_NAMES if os.path.lexists(os.path.join(output, name))]
+    if _a_runs_own_start(output):
+        taken = [name for name in taken if name not in _LEFT_BEFORE_THE_FIRST_EPOCH]
     if taken:
         raise UsageError(f"output directory {output!r} already holds {', '.join(taken)} and no "
                          "run (no metrics.json): a run writes its model, checkpoints and "
@@ -100,6 +101,20 @@ def _check_holds_none_of_a_runs_names(output: str, said=None) -> None:
                          f"a new {spelled(said, 'output')} (a run's own folder, e.g. "
                          "runs/NAME), or a folder "
                          "without " + ", ".join(_RUN_NAMES))
+
+
+# What a run writes before its first epoch's record (the lock file aside): the TensorBoard
+# folder, opened with the recorder.  Checkpoints, best/ and the model come later, at or after
+# an epoch's end, so a folder holding them is never just a run's aborted start.
+_LEFT_BEFORE_THE_FIRST_EPOCH = ("tensorboard",)
+
+
+def _a_runs_own_start(output: str) -> bool:
+    """The lock file is there: a run of this program began in the folder (the lock file is
+    its first write and stays)."""
+    from app.run_folder.lock import LOCK_NAME
+
+    return os.path.exists(os.path.join(output, LOCK_NAME))
 
 
 def check_same_task(previous: Optional[dict], task: Task, output: str, said=None) -> None:
