@@ -72,14 +72,17 @@ def steps_per_epoch(run) -> int:
     return -(-run.bundle.train_samples // run.dist.global_batch)
 
 
-def trained_in_epoch(run, start: int, step: int) -> int:
+def trained_in_epoch(run, start: int, step: int, began: Optional[int] = None) -> int:
     """The (micro-)batches of epoch ``start`` that the checkpoint's ``step`` updates already
     trained: a checkpoint saved mid-epoch (an interrupt) continues after them, and one saved
-    mid-group at that group's start (a group's sums are not saved).  0 when the count does
-    not fit this run's epochs (another batch size)."""
+    mid-group at that group's start (a group's sums are not saved).  ``began``: the step
+    count the epoch began at, as recorded (None: ``start`` whole epochs of this run's
+    updates; an earlier epoch trained at another batch size ends elsewhere).  0 when the
+    count does not fit this run's epoch.  The caller makes sure the checkpoint's updates
+    are of this run's size (``job._resized``)."""
     n = run.config.accumulate or 1
     updates = -(-steps_per_epoch(run) // n)
-    done = step - start * updates
+    done = step - (start * updates if began is None else began)
     return done * n if 0 < done < updates else 0
 
 
