@@ -44,11 +44,12 @@ def add_task_flags(p, show_env: bool = True):
 
 def require(group, *dests: str) -> None:
     """Make the flags ``dests`` of ``group`` required; their help then says so instead of
-    naming train's default."""
+    naming train's default and its TFMP_ variable (a required flag reads none)."""
     for action in group._group_actions:
         if action.dest in dests:
             action.required = True
-            action.help = re.sub(r"\s*\(default [^)]*\)$", "", action.help) + " (required)"
+            action.help = re.sub(r"\s*\(default [^)]*\)(\s*\[TFMP_\w+\])?$", "",
+                                 action.help) + " (required)"
 
 
 def command_parser(subparsers, name: str, summary: str, description: str, epilog: str):

@@ -38,12 +38,13 @@ def add_parser(subparsers):
                     "and the fastest one, on your model and hardware; write tune.json and "
                     "tune.png.",
         epilog=EPILOG)
-    # The same task and data flags as train (app.core.settings), read from the command line only:
-    # the tune's children get every value explicitly.
-    what = add_task_flags(p, show_env=False)
+    # The same task and data flags as train (app.core.settings), resolved as train resolves
+    # them (flag, TFMP_ variable, default): `train --tuned` in the same environment then
+    # trains what was tuned.  The tune's children get every value explicitly.
+    what = add_task_flags(p)
     what.title = "what to tune"
-    add_setting_flags(p, arguments.TRAIN_SETTINGS, show_env=False, group=what)
-    add_setting_flags(p, ("workspace",), group=what)     # TFMP_WORKSPACE, as train reads it
+    add_setting_flags(p, arguments.TRAIN_SETTINGS, group=what)
+    add_setting_flags(p, ("workspace",), group=what)
     require(what, "model", "dataset")
     how = p.add_argument_group("how to tune")
     how.add_argument("--precision", type=non_empty, metavar="P[,P...]",

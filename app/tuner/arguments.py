@@ -3,6 +3,7 @@ imported: each bad one is one line (``UsageError``), as it is for ``tfmp train``
 trial settings ``tfmp tune`` and ``benchmark --best-batch`` pass on."""
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from app.core import catalog as registry
@@ -71,7 +72,7 @@ def spec_of(obj, what: str) -> str:
 # What a trial trains besides the model and the dataset: the other task settings and these
 # training settings (``app.core.settings`` names), as ``tfmp tune`` and ``benchmark --best-batch``
 # pass them to ``tune()``.
-TRAIN_SETTINGS = ("image_size", "image_dir", "data_dir", "max_train_samples", "offline",
+TRAIN_SETTINGS = ("image_size", "image_dir", "data_dir", "max_train_samples", "offline", "seed",
                   "learning_rate", "jit")
 TRIAL_SETTINGS = tuple(s.name for s in settings_table.SETTINGS
                        if s.task and s.name not in ("model", "dataset")) + TRAIN_SETTINGS
@@ -79,16 +80,33 @@ TRIAL_SETTINGS = tuple(s.name for s in settings_table.SETTINGS
 
 def trial_settings(values: Mapping[str, Any]) -> Dict[str, Any]:
     """``tune()``'s keyword arguments for the trial settings in ``values`` (flags or a
-    benchmark's settings); one not given takes ``TrainConfig``'s default, as train would."""
-    defaults = config.TrainConfig()
-    return {name: getattr(defaults, name) if values.get(name) is None else values[name]
-            for name in TRIAL_SETTINGS}
+    benchmark's settings), None for one not given: ``tune()`` resolves it as train would
+    (``resolve_trial_settings``).  A default filled in here hid its TFMP_ variable."""
+    return {name: values.get(name) for name in TRIAL_SETTINGS}
 
 
-def check_task(model: str, dataset: str, **settings) -> None:
-    """What the trials will train, checked by train's own rules (``config.validate``): a bad
-    value is one line before any trial starts, as it would be for ``tfmp train``."""
-    config.validate(config.TrainConfig(model=model, dataset=dataset, **settings))
+def resolve_trial_settings(model: str, dataset: str, given: Mapping[str, Any],
+                           workspace: Optional[str] = None,
+                           environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """What every trial trains besides the model and the dataset, resolved and checked as
+    ``tfmp train`` resolves it (``config.resolve_config``: a flag or keyword of ``given``,
+    else its TFMP_ variable, else the default), so that ``train --tuned`` in the same
+    environment trains the job that was tuned: TFMP_MAX_TRAIN_SAMPLES=200 under tune and
+    train alike.  A bad value is train's one line, a variable's naming the variable.
+    Returns the trial settings, ``workspace`` (resolved the same way), ``data_dir`` None when
+    neither gave one (the workspace's, made by a download), and ``said``: {setting: its
+    TFMP_ variable} for those a variable gave, for a line a trial says about them."""
+    environ = os.environ if environ is None else environ
+    flags = {name: value for name, value in given.items() if value is not None}
+    flags.update(model=model, dataset=dataset, workspace=workspace)
+    cfg = config.resolve_config(flags, environ, use_tuned=False)   # tune.json is what tune writes
+    resolved = {name: getattr(cfg, name) for name in TRIAL_SETTINGS}
+    if "data_dir" not in cfg.given:
+        resolved["data_dir"] = None
+    resolved["workspace"] = cfg.workspace
+    resolved["said"] = {name: settings_table.BY_NAME[name].env for name in TRIAL_SETTINGS
+                        if flags.get(name) is None and name in cfg.given}
+    return resolved
 
 
 def check_reference_batch(value) -> int:

@@ -85,6 +85,8 @@ def run(req: dict) -> dict:
     task = Task.from_specs(req["model"], req["dataset"], req.get("loss"), req.get("metrics"),
                            parse_input_shape(req.get("input_shape")), req.get("num_classes"),
                            int(req.get("image_size") or 32), req.get("float32_layers"))
+    # A layer name the model lacks is refused as the user gave it (TFMP_FLOAT32_LAYERS).
+    task.float32_said = (req.get("said") or {}).get("float32_layers", task.float32_said)
     max_train = req.get("max_train_samples")
     generated = req["dataset"] == "synthetic" and not max_train
     if generated:

@@ -33,7 +33,8 @@ from app.core.errors import UsageError, unprefixed
 from app.run_folder.lock import RunLock
 from app.training.config import check_variables
 from app.tuner.arguments import (check_margin, check_max_batch, check_reference_batch,
-                                 check_task, check_time_budget, parse_precisions, spec_of)
+                                 check_time_budget, parse_precisions,
+                                 resolve_trial_settings, spec_of)
 from app.tuner import budget as budget_mod
 from app.tuner import output as output_folder
 from app.tuner import plan as plan_mod
@@ -64,10 +65,11 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
          margin: float = DEFAULT_MARGIN, max_batch: Optional[int] = None,
          time_budget: Optional[float] = None, output: Optional[str] = None,
          loss: Optional[str] = None, metrics: Optional[str] = None, input_shape=None,
-         num_classes: Optional[int] = None, image_size: int = 32,
+         num_classes: Optional[int] = None, image_size: Optional[int] = None,
          data_dir: Optional[str] = None, image_dir: Optional[str] = None,
-         max_train_samples: Optional[int] = None, offline: bool = False, seed: int = 0,
-         learning_rate: float = 1e-3, jit: bool = False, steps: int = DEFAULT_STEPS,
+         max_train_samples: Optional[int] = None, offline: Optional[bool] = None,
+         seed: Optional[int] = None, learning_rate: Optional[float] = None,
+         jit: Optional[bool] = None, steps: int = DEFAULT_STEPS,
          warmup_steps: int = DEFAULT_WARMUP, min_seconds: float = DEFAULT_MIN_SECONDS,
          start: int = search.DEFAULT_START, workspace: Optional[str] = None,
          reference_batch_size: Optional[int] = None, float32_layers=None,
@@ -75,6 +77,11 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
          stream=None) -> Dict[str, Any]:
     """Find, per precision, the largest batch that fits the memory budget and the fastest
     one; choose, verify, write ``output``/tune.json and tune.png; return tune.json's dict.
+
+    What the trials train besides the model and the data (``loss`` ... ``jit``,
+    ``float32_layers``, ``workspace``): each keyword not given (None) is its ``TFMP_``
+    variable, else train's default, as ``tfmp train`` resolves it, so ``train --tuned`` in
+    the same environment trains what was tuned (``arguments.resolve_trial_settings``).
 
     ``reference_batch_size``: the batch size ``learning_rate`` was set for (what
     ``train --tuned --scale-lr linear`` scales from); default the train batch size setting
@@ -102,17 +109,13 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
         input_shape = ",".join(str(d) for d in input_shape)
     if isinstance(metrics, (list, tuple)):
         metrics = ",".join(str(m) for m in metrics)
-    if isinstance(float32_layers, (list, tuple)):
-        from app.task import float32_layers as f32
-
-        float32_layers = f32.text(f32.parse(float32_layers))
-    task = dict(loss=loss, metrics=metrics, input_shape=input_shape, num_classes=num_classes,
-                float32_layers=float32_layers,
-                image_size=image_size, data_dir=data_dir, image_dir=image_dir,
-                max_train_samples=max_train_samples, offline=offline, seed=seed,
-                learning_rate=learning_rate, jit=jit)
-    check_task(model, dataset, **task)
-    workspace = workspace or os.environ.get("TFMP_WORKSPACE") or "workspace"
+    resolved = resolve_trial_settings(model, dataset, dict(
+        loss=loss, metrics=metrics, input_shape=input_shape, num_classes=num_classes,
+        float32_layers=float32_layers, image_size=image_size, data_dir=data_dir,
+        image_dir=image_dir, max_train_samples=max_train_samples, offline=offline, seed=seed,
+        learning_rate=learning_rate, jit=jit), workspace)
+    workspace = resolved.pop("workspace")
+    task = resolved   # the trial settings, and ``said``: those a TFMP_ variable gave
     if output:
         output_folder.check_output(output)
         created = not os.path.exists(output)
