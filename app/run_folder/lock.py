@@ -77,16 +77,28 @@ def filesystem_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> str:
     return fstype
 
 
+# What holds a folder (the lock file's "kind"): a training run, or a tune.  A lock file
+# written before the kind was recorded is a run's.
+RUN, TUNE = "run", "tune"
+
+
 class OutputInUse(UsageError):
-    """Another live process holds the output folder (exit status 2, nothing written)."""
+    """Another live process holds the output folder (exit status 2, nothing written); the
+    line says which kind of job holds it, and what stopping it would leave: a run's
+    checkpoints, which --resume continues, or nothing of a tune's (it starts over)."""
 
     def __init__(self, output: str, holder: dict, said=None):
         self.output, self.holder = output, holder
-        super().__init__(f"output directory {output!r} is in use by another run "
+        if holder.get("kind") == TUNE:
+            who, job = "a running tune", "tune"
+            stopped = "a stopped tune leaves nothing to continue: run it again to start over"
+        else:
+            who, job = "another run", "run"
+            stopped = f"its checkpoints let {spelled(said, 'resume')} continue it later"
+        super().__init__(f"output directory {output!r} is in use by {who} "
                          f"({describe_holder(holder)})",
-                         f"another {spelled(said, 'output')}, wait for that run to finish, or "
-                         f"stop it (its checkpoints let {spelled(said, 'resume')} continue it "
-                         "later)")
+                         f"another {spelled(said, 'output')}, wait for that {job} to finish, "
+                         f"or stop it ({stopped})")
 
 
 def describe_holder(holder: dict) -> str:
@@ -110,10 +122,10 @@ def current_command() -> str:
     return " ".join(["python"] + argv)
 
 
-def _this_run(command: Optional[str]) -> dict:
+def _this_run(command: Optional[str], kind: str) -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(),
             "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": command if command is not None else current_command()}
+            "command": command if command is not None else current_command(), "kind": kind}
 
 
 def _try_lock(fd: int) -> bool:
@@ -150,10 +162,12 @@ def _read_holder(path: str) -> dict:
 class RunLock:
     """The lock on one output folder; a context manager that acquires and releases it.
     ``said``: how the user gave the settings (``app.core.settings.given_as``), whose words
-    its refusals use (``output=`` under app.train; None: the flags)."""
+    its refusals use (``output=`` under app.train; None: the flags).  ``kind``: what holds
+    it, ``RUN`` or ``TUNE``, written beside the holder's details for the refusal to name."""
 
-    def __init__(self, output: str, command: Optional[str] = None, said=None):
-        self.output, self.command, self.said = output, command, said
+    def __init__(self, output: str, command: Optional[str] = None, said=None,
+                 kind: str = RUN):
+        self.output, self.command, self.said, self.kind = output, command, said, kind
         self.path = os.path.join(output, LOCK_NAME)
         self.fd: Optional[int] = None
 
@@ -200,7 +214,7 @@ class RunLock:
         try:
             self._lock_or_raise(fd)
             os.ftruncate(fd, 0)
-            os.write(fd, (json.dumps(_this_run(self.command)) + "\n").encode("utf-8"))
+            os.write(fd, (json.dumps(_this_run(self.command, self.kind)) + "\n").encode("utf-8"))
         except BaseException:
             os.close(fd)
             raise

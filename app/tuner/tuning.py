@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional
 
 from app.core import catalog as registry
 from app.core.errors import UsageError, unprefixed
-from app.run_folder.lock import RunLock
+from app.run_folder.lock import TUNE, RunLock
 from app.training.config import check_variables
 from app.tuner.arguments import (check_margin, check_max_batch, check_reference_batch,
                                  check_time_budget, parse_precisions,
@@ -121,7 +121,7 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
         created = not os.path.exists(output)
     else:   # every check is done: the folder is claimed, so the cleanup below is this tune's
         output, created = output_folder.claim_default(model, dataset, workspace), True
-    lock = RunLock(output)
+    lock = RunLock(output, kind=TUNE)
     try:
         lock.acquire()     # a live tune (or run) there: OutputInUse, one line
         output_folder.check_output(output)   # under the lock: a tune may have finished here meanwhile

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -241,3 +240,45 @@ def test_release_and_remove_leaves_no_lock_file(tmp_path):
     lock = RunLock(str(tmp_path)).acquire()
     lock.release_and_remove()
     assert not (tmp_path / LOCK_NAME).exists() and not lock.held
+
+
+# ---- what holds the folder: a run or a tune --------------------------------------------------
+
+def _refusal_by(out, kind: str, command: str, said=None) -> str:
+    """The line a second run (or tune) into ``out`` gets while ``kind`` holds it."""
+    from app.run_folder.lock import describe_holder
+
+    with RunLock(str(out), command=command, kind=kind):
+        holder = json.loads((out / LOCK_NAME).read_text())
+        assert holder["kind"] == kind
+        with pytest.raises(OutputInUse) as err:
+            RunLock(str(out), said=said).check_free()
+    return err.value.line().replace(describe_holder(holder), "DETAILS")
+
+
+def test_a_folder_a_tune_holds_says_so_with_no_word_of_resuming(tmp_path):
+    """It said "stop it (its checkpoints let --resume continue it later)": a tune has no
+    checkpoints and no --resume (a QA pass)."""
+    from app.core import settings
+    from app.run_folder.lock import TUNE
+
+    out = tmp_path / "tuned"
+    line = _refusal_by(out, TUNE, "tfmp tune --output tuned")
+    assert line == (f"error: output directory {str(out)!r} is in use by a running tune "
+                    "(DETAILS); allowed: another --output, wait for that tune to finish, or stop "
+                    "it (a stopped tune leaves nothing to continue: run it again to start over)")
+    under_api = _refusal_by(out, TUNE, "python tune.py", settings.GivenAs(keyword=True))
+    assert "allowed: another output=..., wait for that tune" in under_api
+    assert "resume" not in line + under_api and "checkpoint" not in line + under_api
+
+
+def test_a_folder_a_run_holds_is_refused_as_before(tmp_path):
+    from app.run_folder.lock import RUN
+
+    out = tmp_path / "run"
+    assert _refusal_by(out, RUN, "tfmp train --output run") == (
+        f"error: output directory {str(out)!r} is in use by another run (DETAILS); allowed: "
+        "another --output, wait for that run to finish, or stop it (its checkpoints let "
+        "--resume continue it later)")
+    # A lock file written before the kind was recorded is a run's.
+    assert "in use by another run" in OutputInUse(str(out), {"pid": 1}).line()

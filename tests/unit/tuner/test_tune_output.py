@@ -193,7 +193,8 @@ def test_the_tune_holds_the_lock_while_it_searches(tmp_path, fake):
         seen["refused"] = err.value.line()
     fake.during = second_tune_meanwhile
     run_tune(out)
-    assert "in use by another run" in seen["refused"]
+    assert "in use by a running tune" in seen["refused"]   # no word of checkpoints
+    assert "resume" not in seen["refused"]
     assert (out / "tune.json").exists()
     RunLock(str(out)).check_free()     # released at the end
 
