@@ -123,6 +123,10 @@ def validate(args):
     """Every check that can fail, before anything is created.  Returns (settings, policies)."""
     from app.training import config
 
+    # Its runs are trains, and so is what a user runs next in this environment: a variable
+    # train refuses is train's one line here too (as for tune), also one the benchmark does
+    # not read (TFMP_EPOCHS, TFMP_PRECISION: --epochs and --policies set its runs').
+    config.check_variables()
     policies = parse_policies(args.policies)
     if args.repeats < 1:
         raise UsageError(f"repeats must be at least 1. Received: repeats={args.repeats}",

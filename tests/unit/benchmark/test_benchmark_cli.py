@@ -58,6 +58,22 @@ def test_bad_arguments_one_line_exit_2_nothing_written(tmp_path, capsys, argv, w
     assert not out.exists()
 
 
+@pytest.mark.parametrize("name, value", [("TFMP_EPOCHS", "lots"), ("TFMP_PRECISION", "fp16"),
+                                         ("TFMP_SCALE_LR", "cubic")])
+def test_a_bad_variable_the_benchmark_does_not_read_is_refused_as_train_refuses_it(
+        tmp_path, capsys, monkeypatch, name, value):
+    """TFMP_EPOCHS and TFMP_PRECISION are the benchmark's own (--epochs, --policies), so it
+    does not read them; a bad one was ignored without a word (a full report, rc 0), where
+    train and tune refuse it."""
+    monkeypatch.setenv(name, value)
+    out = tmp_path / "bench"
+    rc = cli.main(["benchmark", "--model", "mlp", "--dataset", "synthetic", "--output", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: ") and f"{name}={value!r}" in err, err   # train's line
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("doc, words", [
     ('{"schema": ', "not a usable tune file"),
     (json.dumps({"schema": "tfmp.tune/1", "task": {"model": "resnet", "dataset": "cifar10"}}),
