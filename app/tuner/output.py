@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 from typing import Callable, Optional
 
@@ -46,9 +47,14 @@ def check_output(path: str) -> None:
         return [n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in names
                 if os.path.lexists(os.path.join(path, n))]
 
-    if there(("tune.json",)):
-        raise UsageError(f"output directory {path!r} already holds a tune",
-                         "a new --output, or delete the old tune.json")
+    old_tune = there(TUNE_NAMES)
+    if "tune.json" in old_tune:
+        # Every file of the old tune named, to be deleted by the user's word, never by a tune:
+        # "delete the old tune.json" alone left tune.png and trials/, and the next refusal.
+        rm = " ".join(shlex.quote(os.path.join(path, n.rstrip("/"))) for n in old_tune)
+        raise UsageError(f"output directory {path!r} already holds a tune "
+                         f"({', '.join(old_tune)})",
+                         f"a new --output, or the old tune deleted first: rm -r {rm}")
     run = there(RUN_NAMES)
     if run:
         raise UsageError(f"output directory {path!r} holds a training run ({', '.join(run)})",
