@@ -193,7 +193,7 @@ def _with_tune(cfg: TrainConfig, given: Mapping[str, Any],
     cfg = replace(cfg, precision=applied.precision, batch_size=applied.batch_size,
                   learning_rate=applied.learning_rate, tuning=applied.record,
                   accumulate=applied.accumulate or cfg.accumulate)
-    validate(cfg, said=said)
+    validate(cfg, words=said)
     return cfg
 
 
@@ -365,6 +365,7 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
     if cfg.dataset == "images" and not cfg.image_dir:
         raise UsageError(f"dataset 'images' needs {flag('image_dir')}",
                          "a folder with one subfolder of images per class")
+    check_data_dir(cfg, named.get("data_dir") or settings.listed(words, "data_dir"))
     if cfg.num_classes is not None and (not isinstance(cfg.num_classes, int) or cfg.num_classes < 1):
         raise UsageError(f"{said('num_classes')} must be at least 1. Received: "
                          f"{said('num_classes')}={cfg.num_classes!r}",
@@ -380,6 +381,18 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
     problem = registry.pairing_problem(cfg.model, cfg.dataset)   # pairs that cannot work
     if problem:
         raise UsageError(*problem)
+
+
+def check_data_dir(cfg: TrainConfig, said: str = "--data-dir") -> None:
+    """A data folder the user named must exist, whatever the dataset: synthetic data and a
+    dataset function took a missing one without a word.  ``said``: the setting as they gave
+    it (TFMP_DATA_DIR, --data-dir, data_dir)."""
+    if not data_dir_chosen(cfg) or os.path.isdir(cfg.data_dir):
+        return
+    what = "is a file, not a folder" if os.path.exists(cfg.data_dir) else "does not exist"
+    raise UsageError(f"{said} {cfg.data_dir!r} {what}",
+                     "an existing folder holding the dataset files, or none given (then "
+                     f"{default_data_dir(cfg.workspace)!r})")
 
 
 def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
