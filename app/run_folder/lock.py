@@ -16,6 +16,13 @@ opened read-write; and NFSv3 locks need the lock daemon (``lockd``/``rpc.statd``
 ends, while a ``nolock`` mount keeps locks local to each host (docs/distributed.md).  A
 file system that cannot lock at all is one line naming the folder and the file system.
 
+The lock file is created as any other file of the run (``0o666`` less the umask), so a
+team sharing a group and ``umask 002`` shares run folders, lock included, as it shares
+metrics.json.  A lock file this user cannot open read-write (another user's, under a
+stricter umask) cannot be taken: that is a refusal naming its owner, never a write fault
+(``LockOfAnotherUser``); a read-only descriptor still tells whether a run holds it now,
+where the file system locks one (local disks: then the refusal names that run).
+
     lock = RunLock(output)
     lock.check_free()        # before validation ends: refuses, creates nothing
     ...
@@ -75,6 +82,27 @@ def filesystem_of(path: str, mountinfo: str = "/proc/self/mountinfo") -> str:
         if inside and len(point) >= len(best):
             best, fstype = point, right.split()[0]
     return fstype
+
+
+class LockOfAnotherUser(UsageError):
+    """The folder's lock file exists and this user cannot open it to lock it: another
+    user's, whose run may hold the folder.  Exit status 2, nothing written."""
+
+    def __init__(self, output: str, path: str, said=None):
+        owner = _owner_of(path)
+        super().__init__(f"output directory {output!r} is locked by another user: its lock "
+                         f"file {path!r} belongs to UID {owner}, which this user (UID "
+                         f"{os.geteuid()}) cannot open, and may be in use by their run; "
+                         "nothing was written",
+                         f"another {spelled(said, 'output')}, or the folder's owner makes it "
+                         f"writable for this user (chmod g+w {path!r} for a shared group)")
+
+
+def _owner_of(path: str) -> str:
+    try:
+        return str(os.stat(path).st_uid)
+    except OSError:
+        return "?"
 
 
 # What holds a folder (the lock file's "kind"): a training run, or a tune.  A lock file
@@ -184,6 +212,8 @@ class RunLock:
             fd = os.open(self.path, os.O_RDWR)
         except FileNotFoundError:
             return
+        except PermissionError:
+            self._refuse_anothers_lock()
         except OSError:
             return  # not writable: acquire() will say why, with the path
         try:
@@ -191,6 +221,24 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def _refuse_anothers_lock(self) -> None:
+        """The lock file exists and this user may not open it read-write: raise
+        ``OutputInUse`` when a read-only look finds a run holding it (the holder named, as
+        for a lock of this user's), else ``LockOfAnotherUser``.  Locks nothing."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            raise LockOfAnotherUser(self.output, self.path, self.said) from None
+        try:
+            free = _try_lock(fd)
+        except OSError:   # NFS: no exclusive lock on a read-only descriptor, nothing known
+            free = True
+        finally:
+            os.close(fd)   # closing drops the lock this look may have taken
+        if not free:
+            raise OutputInUse(self.output, _read_holder(self.path), self.said)
+        raise LockOfAnotherUser(self.output, self.path, self.said)
 
     def _lock_or_raise(self, fd: int) -> None:
         """Take the exclusive lock on ``fd`` without waiting, or raise: ``OutputInUse`` naming
@@ -208,7 +256,15 @@ class RunLock:
             return self
         folders.make_folder(self.output)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Like every other file of the run: 0o666 less the umask (module docstring).
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:
+            if os.path.lexists(self.path):
+                self._refuse_anothers_lock()
+            # The folder refuses a new file though it looked writable (check_writable):
+            # its line, the one a folder that cannot be written at all gets.
+            raise UsageError(f"output directory {self.output!r} is not writable (cannot "
+                             f"create {self.path!r})", folders.ALLOWED) from None
         except OSError as exc:
             raise LockUnavailable(self.output, self.path, exc, self.said) from None
         try:

@@ -232,13 +232,14 @@ def _local_replicas(strategy) -> int:
 def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
                   on_step: StepCallback | None = None,
                   previous_steps: Optional[list] = None, start: int = 0,
-                  skip: int = 0) -> Recorder:
-    """The run's recorder (``open()`` it: its first write into the output folder).
-    ``start``, ``skip``: a resumed run's first epoch and the batches of it already trained."""
+                  skip: int = 0, folder_lock: Optional[RunLock] = None) -> Recorder:
+    """The run's recorder (``open()`` it, the folder's lock held: its first write into the
+    output folder).  ``start``, ``skip``: a resumed run's first epoch and the batches of it
+    already trained.  ``folder_lock``: the chief's lock on the folder."""
     recorder = Recorder(run.output, metrics, parts, epochs=run.config.epochs,
                         train_samples=run.bundle.train_samples, is_chief=run.dist.is_chief,
                         plain=plain_lines(run.config.progress), on_step=on_step,
-                        previous_steps=previous_steps)
+                        previous_steps=previous_steps, folder_lock=folder_lock)
     recorder.resumed = ResumedEpoch.at(start, skip, accumulate.steps_per_epoch(run),
                                        run.dist.global_batch, run.bundle.train_samples)
     if run.config.early_stop:
@@ -314,18 +315,22 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         start, skip, previous_steps = _resume(run, parts, metrics)
         if run.dist.is_chief and run.default_base:
             run = _claim_default_folder(run, parts, metrics, stop)
-        recorder = make_recorder(run, parts, metrics, on_step, previous_steps, start, skip)
-        monitor = make_monitor(run, parts, recorder, stop, built_weights_max)
         # The chief holds the folder from its first write until it ends (app/run_folder/lock.py);
         # workers of a multi-worker job write only their own temporary folders.
         lock = RunLock(run.output, said=said)
-        with _output_faults_described(recorder, repeat_signal_exits), \
-                contextlib.ExitStack() as held:
+        recorder = make_recorder(run, parts, metrics, on_step, previous_steps, start, skip,
+                                 folder_lock=lock)
+        monitor = make_monitor(run, parts, recorder, stop, built_weights_max)
+        with contextlib.ExitStack() as held:
+            # Taken before a failed write is described: describing one cleans the folder and
+            # records "failed" in it, which a run refused the folder must never do (its
+            # refusal, OutputInUse or LockOfAnotherUser, says so in one line, exit 2).
             if run.dist.is_chief:
                 held.enter_context(lock)
                 if not run.config.resume:
                     # Another run may have finished here since prepare() looked.
                     check_holds_no_run(run.output, said)
+            held.enter_context(_output_faults_described(recorder, repeat_signal_exits))
             recorder.open()
             # A second signal ends the process at once: metrics.json must not say "running".
             stop.on_stop_at_once = recorder.record_stop_at_once

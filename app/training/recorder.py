@@ -157,16 +157,26 @@ class ResumedEpoch:
                 f"and samples/s are of the last {rest} ({self.train_samples:,} samples)")
 
 
+class FolderNotHeld(RuntimeError):
+    """A recorder asked to open a folder whose lock this run does not hold: a bug here,
+    never the user's (the lock is taken before ``open()``)."""
+
+
 class Recorder:
     """Records a run into its output folder; ``open()`` is the run's first write.
 
     ``parts`` (``training.TrainingParts``) gives the optimizer (loss scale, learning rate),
-    the step counter and the checkpointer."""
+    the step counter and the checkpointer.  ``folder_lock``: the chief's ``RunLock`` on the
+    folder.  Nothing is written before ``open()``, and ``open()`` refuses while that lock
+    is not held: a run refused the folder (another's live run, another user's lock) can
+    record no "failed", no "interrupted", over the metrics.json of the run that holds it."""
 
     def __init__(self, output: str, metrics: dict, parts, *, epochs: int, train_samples: int,
                  is_chief: bool, plain: bool, on_step: StepCallback | None = None,
-                 previous_steps: Optional[list] = None):
+                 previous_steps: Optional[list] = None, folder_lock=None):
         self.output, self.metrics, self.parts = output, metrics, parts
+        self.folder_lock = folder_lock
+        self.opened = False   # open() passed: the folder is this run's to write
         self.epochs, self.train_samples, self.is_chief, self.plain = (
             epochs, train_samples, is_chief, plain)
         self.on_step = on_step
@@ -186,7 +196,11 @@ class Recorder:
         self.summaries.scalars(step, scalars, defer=True)
 
     def open(self) -> "Recorder":
-        """Create the output folder and the TensorBoard writer (after every check passed)."""
+        """Create the output folder and the TensorBoard writer (after every check passed,
+        the folder's lock held)."""
+        if self.is_chief and not (self.folder_lock is not None and self.folder_lock.held):
+            raise FolderNotHeld(f"the run does not hold the lock on {self.output!r}")
+        self.opened = True
         folders.make_folder(self.output)
         logdir = os.path.join(self.output, "tensorboard")
         self.summaries = Summaries(logdir if self.is_chief else None)
@@ -262,6 +276,8 @@ class Recorder:
     def write_metrics(self):
         if not self.is_chief:
             return  # multi-worker: only the chief writes metrics.json
+        if not self.opened:
+            return  # the folder is not this run's (yet): a refused run writes nothing
         self.metrics["peak_memory"] = peak_memory()
         self.metrics["numerics"] = numerics_block(self.metrics, self.watch)
         self.metrics["steps"] = (self.previous_steps + self.step_log)[-1000:]
@@ -272,7 +288,10 @@ class Recorder:
             self._put(text)
 
     def _put(self, text: str) -> None:
-        """metrics.json replaced by ``text`` (the caller holds ``_writing``)."""
+        """metrics.json replaced by ``text`` (the caller holds ``_writing``); only once
+        ``open()`` passed (a second signal's record comes from another thread)."""
+        if not self.opened:
+            return
         files.write_atomic(os.path.join(self.output, "metrics.json"), text)
         self.on_disk = text
 
