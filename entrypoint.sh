@@ -68,7 +68,7 @@
 #   HELPER_CMD          the same for the image's own programs the start runs as the user
 #                       (tfmp-home, tfmp notebooks, ...): no user site, no secret (user_cmd)
 #   PRIVATE_VARS        start-up secrets never passed to user processes
-#   log/info/warn/fatal, is_root, secret_from_env, refuse_user_path,
+#   log/info/warn/fatal, is_root, has_cap, secret_from_env, refuse_user_path,
 #   check_port_var NAME                                                (below)
 #   service NAME LABEL HEALTH_JSON FUNCTION          register a supervised process
 #   announce LINE                                    a "==>" line once services run
@@ -110,6 +110,78 @@ fatal() {
 }
 
 is_root() { [[ $(id -u) -eq 0 ]]; }
+
+# --- hardened starts: dropped capabilities, a read-only root --------------------------
+
+# The names of capabilities (linux/capability.h) that the effective set $1 (CapEff of
+# /proc/<pid>/status: hex) lacks, of those named after it, separated by spaces.  Decoded
+# here: capsh is not in every image built on this one.
+caps_missing() {
+  local -A bit=([CHOWN]=0 [DAC_OVERRIDE]=1 [DAC_READ_SEARCH]=2 [FOWNER]=3 [KILL]=5
+    [SETGID]=6 [SETUID]=7 [NET_BIND_SERVICE]=10 [SYS_CHROOT]=18 [SYS_ADMIN]=21)
+  local set=$1 name missing=()
+  [[ $set =~ ^[0-9a-fA-F]{1,16}$ ]] || set=0
+  shift
+  for name in "$@"; do
+    (((16#$set >> bit[$name]) & 1)) || missing+=("$name")
+  done
+  printf '%s' "${missing[*]}"
+}
+
+# has_cap NAME: whether the root start holds capability NAME (for the parts: SSH asks for
+# SYS_CHROOT).  A --user start holds none and asks for none.
+CAP_EFF=0
+has_cap() { [[ -z $(caps_missing "$CAP_EFF" "$1") ]]; }
+
+# A root start with capabilities dropped (--cap-drop ALL, a Kubernetes securityContext)
+# failed half-way with a tool's "Operation not permitted", or misjudged what it could not
+# read (a home of another UID looked empty, or mounted by someone else).  Checked once,
+# before any change.  The start needs CHOWN (/run/tfmp, a home and a workspace handed to
+# NB_UID), DAC_OVERRIDE (to look into a home or workspace of another UID; DAC_READ_SEARCH
+# does as well) and SETUID, SETGID (setpriv: everything the user runs).  Without KILL its
+# SIGTERM never reaches the user's jobs at `docker stop` (root signalling another UID), and
+# without SYS_CHROOT sshd refuses every login (serve/20-ssh.sh): the start goes on, warned.
+check_capabilities() {
+  local missing
+  is_root || return 0
+  CAP_EFF=$(awk '/^CapEff:/ {print $2}' /proc/self/status)
+  readonly CAP_EFF
+  missing=$(caps_missing "$CAP_EFF" CHOWN DAC_OVERRIDE SETUID SETGID)
+  if [[ $missing == *DAC_OVERRIDE* ]] && has_cap DAC_READ_SEARCH; then
+    missing=$(caps_missing "$CAP_EFF" CHOWN SETUID SETGID)
+  fi
+  if [[ -n $missing ]]; then
+    fatal "started as root without the capabilities $missing (--cap-drop): the start hands /run/tfmp, the home and the workspace to NB_UID (CHOWN), looks into folders of other UIDs (DAC_OVERRIDE) and runs everything as the user $NB_USER (SETUID, SETGID); allowed: --cap-add ${missing// / --cap-add } (docs/image.md, \"Hardened starts\"), or --user UID:GID, a start without root, which needs none"
+  fi
+  if ! has_cap KILL; then
+    warn "no KILL capability (--cap-drop): at docker stop the user's jobs get no SIGTERM from the start, so tfmp train saves no checkpoint and is killed at the stop timeout; add --cap-add KILL"
+  fi
+}
+
+# Whether / is mounted read-only (--read-only): the options of mount point / in mountinfo.
+root_fs_read_only() {
+  awk '$5 == "/" { n = split($6, o, ","); for (i = 1; i <= n; i++) if (o[i] == "ro") ro = 1 }
+    END { exit !ro }' /proc/self/mountinfo
+}
+
+# A read-only root (--read-only) stopped a root start at its first write with a tool's own
+# error (groupmod, chown, mktemp) and odd exit codes.  A root start writes /etc (the user's
+# IDs, the sessions' environment, sudo and SSH settings): refused, before any change.  A
+# --user start writes only $STATE_DIR and /tmp (a private HOME, Jupyter's runtime files):
+# refused when either is not writable, naming the tmpfs to add.
+check_root_fs() {
+  local dir missing=()
+  root_fs_read_only || return 0
+  if is_root; then
+    fatal "the root file system is read-only (--read-only) and a root start writes /etc (the user's IDs, SSH) and $STATE_DIR; allowed: --read-only with --user UID:GID (a start without root), --tmpfs $STATE_DIR --tmpfs /tmp, and volumes for $USER_HOME and $WORKSPACE (docs/image.md, \"Hardened starts\")"
+  fi
+  for dir in "$STATE_DIR" /tmp; do
+    [[ -d $dir && -w $dir ]] || missing+=("--tmpfs $dir")
+  done
+  if ((${#missing[@]})); then
+    fatal "the root file system is read-only (--read-only) and a start with --user writes $STATE_DIR and /tmp; add ${missing[*]} (docs/image.md, \"Hardened starts\")"
+  fi
+}
 
 # A file root reads at start (a secret, a key, a certificate) must not be one the user
 # controls: in the home or the workspace the user could make it a link to /etc/shadow or an
@@ -231,7 +303,7 @@ remap_user() {
     local why owner
     owner=$(stat -c %u:%g "$WORKSPACE")
     if [[ ${owner%:*} != 0 && $owner != 1000:0 && $NB_IDS_GIVEN != yes ]]; then
-      fatal "the workspace $WORKSPACE belongs to UID ${owner%:*}, not NB_UID=$NB_UID, and UID $NB_UID may not write there: set NB_UID=${owner%:*} (and NB_GID=${owner#*:}), or mount a folder of UID $NB_UID; a folder of another user is never re-owned"
+      fatal "the workspace $WORKSPACE belongs to UID ${owner%:*}, not NB_UID=$NB_UID, and UID $NB_UID may not write there: set $(ids_advice "${owner%:*}" "${owner#*:}"), or mount a folder of UID $NB_UID; a folder of another user is never re-owned"
     fi
     if why=$(chown "$NB_UID:$NB_GID" "$WORKSPACE" 2>&1); then
       info "made $WORKSPACE writable for UID $NB_UID (top directory only)"
@@ -257,11 +329,23 @@ remap_user() {
 # docker-stacks' NB_GID; dialout, 20, as a Mac's staff) gives anything.  Looked for at
 # start, not listed at build: an image built FROM this one adds files and rules of its own.
 refuse_privileged_gid() {
-  local name file rule terminals
-  # find's test: the group may read, write or run it and others may not.
-  local rights=(-group "$NB_GID" ! -type l \( \( -perm -g+r ! -perm -o+r \) -o
-    \( -perm -g+w ! -perm -o+w \) -o \( -perm -g+x ! -perm -o+x \) \))
+  local what name
+  what=$(privileged_gid "$NB_GID") || return 0
   name=$(getent group "$NB_GID" | cut -d: -f1) || true
+  [[ -z $name ]] || name=" '$name'"
+  fatal "NB_GID=$NB_GID is the image's group$name, which $what: the user would get them; allowed: your host's \`id -g\` when it is not such a group, else another GID (e.g. 1000; files in mounted folders then take it)"
+}
+
+# The judgement of refuse_privileged_gid, for GID $1: prints what the group gives and
+# succeeds when it is refused; fails for a GID that gives nothing.  Also asked before a FATAL
+# advises the IDs of a mounted folder's owner (ids_advice): its advice is never a GID the
+# start refuses.
+privileged_gid() {
+  local gid=$1 name file rule terminals
+  # find's test: the group may read, write or run it and others may not.
+  local rights=(-group "$gid" ! -type l \( \( -perm -g+r ! -perm -o+r \) -o
+    \( -perm -g+w ! -perm -o+w \) -o \( -perm -g+x ! -perm -o+x \) \))
+  name=$(getent group "$gid" | cut -d: -f1) || true
   local mounted=()
   mapfile -t mounted < <(mounted_paths)
   file=$(find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path "$USER_HOME" \
@@ -273,14 +357,29 @@ refuse_privileged_gid() {
   [[ -n $file ]] || file=$(find /dev "${rights[@]}" -print -quit 2>/dev/null) || true
   terminals=$(awk '$3 == "devpts" { n = split($4, o, ",")
     for (i = 1; i <= n; i++) if (o[i] ~ /^gid=/) { print substr(o[i], 5); exit } }' /proc/mounts) || true
-  rule=$(grep -shE "^[[:space:]]*%(#$NB_GID${name:+|$name})[[:space:]]" /etc/sudoers \
+  rule=$(grep -shE "^[[:space:]]*%(#$gid${name:+|$name})[[:space:]]" /etc/sudoers \
     /etc/sudoers.d/* | head -n 1) || true
-  [[ -z $file && -z $rule && $terminals != "$NB_GID" ]] && return 0
+  [[ -z $file && -z $rule && $terminals != "$gid" ]] && return 1
   local what="gives rights others lack on $file"
-  [[ $terminals != "$NB_GID" ]] || what="gives rights others lack on every terminal (/dev/pts, gid=$NB_GID: an admin's docker exec -it among them)"
+  [[ $terminals != "$gid" ]] || what="gives rights others lack on every terminal (/dev/pts, gid=$gid: an admin's docker exec -it among them)"
   [[ -z $rule ]] || what="a sudo rule names"
+  printf '%s' "$what"
+}
+
+# The settings that make a folder of UID $1, GID $2 the user's, for a FATAL's advice:
+# "NB_UID=U (and NB_GID=G)", or NB_UID alone when G is a group the start refuses as NB_GID
+# (root's 0, shadow, ...): that advice was followed by a second FATAL.  The user then
+# keeps a GID of its own, and the folder its group (fit_home uses it as it is).
+ids_advice() {
+  local name
+  if ! privileged_gid "$2" >/dev/null; then
+    printf 'NB_UID=%s (and NB_GID=%s)' "$1" "$2"
+    return 0
+  fi
+  name=$(getent group "$2" | cut -d: -f1) || true
   [[ -z $name ]] || name=" '$name'"
-  fatal "NB_GID=$NB_GID is the image's group$name, which $what: the user would get them; allowed: your host's \`id -g\` when it is not such a group, else another GID (e.g. 1000; files in mounted folders then take it)"
+  printf "NB_UID=%s with an NB_GID of your own (not %s, the folder's group%s, which NB_GID may not be)" \
+    "$1" "$2" "$name"
 }
 
 # find's "-o -path MOUNT" for every mount point but / (one a line, in pairs): what the admin
@@ -379,7 +478,7 @@ fit_home() {
       info "the home $USER_HOME has GID $old_gid, not NB_GID=$NB_GID: used as it is (a folder you mounted is never re-owned)"
       return 0
     fi
-    fatal "the home $USER_HOME belongs to UID $old_uid, not NB_UID=$NB_UID: set NB_UID=$old_uid (and NB_GID=$old_gid) or mount a folder of UID $NB_UID; a folder you mounted is never re-owned"
+    fatal "the home $USER_HOME belongs to UID $old_uid, not NB_UID=$NB_UID: set $(ids_advice "$old_uid" "$old_gid") or mount a folder of UID $NB_UID; a folder you mounted is never re-owned"
   fi
   # Re-owned only for IDs given: a job started without them (UID 1000) that mounts the home
   # volume of a stack running as another UID would take the home from under that stack.
@@ -669,9 +768,35 @@ user_home() {
   elif [[ -w $USER_HOME ]]; then
     export HOME=$USER_HOME
   else
-    warn "$USER_HOME is not writable by UID $NB_UID, GID $NB_GID: HOME is /tmp/home-$NB_UID, lost with the container (start with GID 0, --user $NB_UID:0, or mount a folder that UID may write on $USER_HOME)"
+    warn "$USER_HOME is not writable by UID $NB_UID, GID $NB_GID: $(home_not_writable_why); HOME is /tmp/home-$NB_UID, lost with the container"
     export HOME=/tmp/home-$NB_UID
     install -d -m 700 "$HOME"
+  fi
+}
+
+# Why a --user start may not write $USER_HOME, and what works, for user_home's WARN.  The
+# advice "--user UID:0" holds only for the image's own home (group 0, writable by it); a home
+# volume a root start handed to an NB_UID belongs to that UID and group, and that advice,
+# given to a start that already had GID 0, sent it in a circle.  Only a --user start asks:
+# it looks at the top as the user itself (root never calls this; `top` keeps the path as the
+# user's own, outside tests/image/test_static.py's rule for root).
+home_not_writable_why() {
+  local top=$USER_HOME owner mode
+  ! is_root || return 0
+  if ! owner=$(stat -c %u:%g "$top" 2>/dev/null); then
+    printf 'it cannot be read; mount a folder that UID may write on %s' "$top"
+    return 0
+  fi
+  mode=$(stat -c %a "$top")
+  if root_fs_read_only && ! awk -v top="$top" '$5 == top { found = 1 } END { exit !found }' \
+    /proc/self/mountinfo; then
+    printf 'it is on the read-only root file system (--read-only): mount a volume on %s' "$top"
+  elif [[ ${owner#*:} == 0 && $NB_GID != 0 && $((8#$mode & 8#020)) != 0 ]]; then
+    printf 'it belongs to UID:GID %s (mode %s), writable by GID 0: start with --user %s:0, or mount a folder that UID may write on %s' \
+      "$owner" "$mode" "$NB_UID" "$top"
+  else
+    printf 'it belongs to UID:GID %s (mode %s): start with --user %s, or as root with NB_UID=%s (and NB_GID) to re-own a home the image made (a volume; a folder you mounted never is), or mount a folder that UID may write on %s' \
+      "$owner" "$mode" "$owner" "$NB_UID" "$top"
   fi
 }
 
@@ -697,6 +822,8 @@ main() {
     self-test) MODE=self-test ;;
     *) MODE="command" ;;
   esac
+  check_root_fs
+  check_capabilities
   check_unset_vars
   stacks_not_read
   if is_root; then

@@ -588,3 +588,110 @@ def test_k8s_example_validates_against_a_current_kubernetes_schema():
     for doc in docs:
         kubernetes_validate.validate(doc, version, strict=True)  # raises on any error
     assert int(version.split(".")[1]) >= 30, version
+
+
+# --- hardened starts: --cap-drop and --read-only (docs/image.md, "Hardened starts") ---------
+
+# docs/image.md's minimal set for a root start with SSH: what the start itself needs, KILL
+# (its SIGTERM to the user's jobs at docker stop) and SYS_CHROOT (sshd's logins).
+MINIMAL_CAPS = ("CHOWN", "DAC_OVERRIDE", "SETUID", "SETGID", "KILL", "SYS_CHROOT")
+
+
+def _caps(*without: str) -> list[str]:
+    return ["--cap-drop", "ALL", *[arg for cap in MINIMAL_CAPS if cap not in without
+                                   for arg in ("--cap-add", cap)]]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cap-drop", "ALL", "-e", "NB_UID=2030", "-e", "NB_GID=2030"],
+     "started as root without the capabilities CHOWN DAC_OVERRIDE SETUID SETGID (--cap-drop)"),
+    (["--cap-drop", "ALL", "--cap-add", "CHOWN", "--cap-add", "SETUID"],
+     "allowed: --cap-add DAC_OVERRIDE --cap-add SETGID (docs/image.md, \"Hardened starts\"), "
+     "or --user UID:GID, a start without root, which needs none"),
+    (["--read-only", "-e", "NB_UID=2020", "-e", "NB_GID=2020"],
+     "the root file system is read-only (--read-only) and a root start writes /etc"),
+    (["--read-only", "--tmpfs", "/run", "--tmpfs", "/tmp", "--user", "1000:100"],
+     "a start with --user writes /run/tfmp and /tmp; add --tmpfs /run/tfmp ("),
+], ids=["cap-drop-all", "two-caps-missing", "read-only-root", "read-only-user-no-state-tmpfs"])
+def test_a_hardened_start_that_cannot_work_stops_with_one_fatal_line(image, args, message):
+    """--cap-drop ALL said a fresh home volume was someone else's (or ended in setpriv's
+    "Operation not permitted", exit 1); --read-only ended in groupmod's or chown's or mktemp's
+    own error, exit 10 or 1.  Now one FATAL line with what works, before any change."""
+    _assert_one_fatal(docker_run(image, *args, command=["true"], timeout=60), message)
+
+
+def test_hardened_starts_that_work_say_what_is_missing_and_go_on(image):
+    """The documented minimal set (a batch job: no WARN about capabilities); without KILL one
+    WARN (jobs get no SIGTERM at docker stop); --read-only with --user and the two tmpfs runs."""
+    minimal = docker_run(image, *_caps(), command=["true"], timeout=60)
+    assert minimal.returncode == 0 and "capabilit" not in minimal.stderr, minimal.stderr[-2000:]
+    proc = docker_run(image, *_caps("KILL"), command=["true"], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("WARN  no KILL capability (--cap-drop): at docker stop the user's jobs get no SIGTERM "
+            "from the start") in proc.stderr, proc.stderr[-2000:]
+    ro = docker_run(image, "--read-only", "--tmpfs", "/run/tfmp", "--tmpfs", "/tmp",
+                    "--user", "1000:100", command=["bash", "-c", "echo $HOME"], timeout=60)
+    assert ro.returncode == 0 and ro.stdout.strip() == "/tmp/home-1000", ro.stderr[-2000:]
+    assert ("/home/tf is not writable by UID 1000, GID 100: it is on the read-only root file "
+            "system (--read-only): mount a volume on /home/tf") in ro.stderr, ro.stderr[-2000:]
+
+
+def test_without_sys_chroot_ssh_is_off_with_one_warn_line(image):
+    """sshd chroots every login: without SYS_CHROOT each login failed while the container was
+    healthy.  SSH is off with one WARN (as for --user), Jupyter serves."""
+    name = start_container(f"tfmp-nochroot-{uuid.uuid4().hex[:8]}", image, *_caps("SYS_CHROOT"),
+                           "-e", "SSH_PASSWORD=pw-12345678")
+    try:
+        wait_until(lambda: health(name).startswith("healthy"), 120, what=f"{name} healthy")
+        logs = _logs(name)
+        assert ("WARN  SSH: the container lacks the SYS_CHROOT capability (--cap-drop), which "
+                "sshd needs for every login, so only JupyterLab runs") in logs, logs[-2000:]
+        assert "SSH host key" not in logs and "FATAL" not in logs, logs[-2000:]
+    finally:
+        run(["docker", "rm", "-f", name], check=False, timeout=60)
+
+
+@pytest.mark.parametrize("where, ids, message", [
+    ("/home/tf", ["-e", "NB_UID=2030", "-e", "NB_GID=2030"],
+     "the home /home/tf belongs to UID 1234, not NB_UID=2030: set NB_UID=1234 with an NB_GID "
+     "of your own (not 0, the folder's group 'root', which NB_GID may not be) or mount"),
+    ("/workspace", [],
+     "the workspace /workspace belongs to UID 1234, not NB_UID=1000, and UID 1000 may not write "
+     "there: set NB_UID=1234 with an NB_GID of your own (not 0, the folder's group 'root'"),
+])
+def test_the_advice_for_a_folder_of_another_user_names_no_refused_gid(image, tmp_path, where,
+                                                                       ids, message):
+    """A mounted folder of UID 1234, group 0: the FATAL said "set NB_UID=1234 (and NB_GID=0)",
+    and NB_GID=0 is refused.  Following the new advice starts (NB_GID of one's own)."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("x\n")
+    folder.chmod(0o755)
+    for path in (folder, folder / "notes.txt"):
+        os.chown(path, 1234, 0)
+    _assert_one_fatal(docker_run(image, *ids, "-v", f"{folder}:{where}", command=["true"],
+                                 timeout=60), message)
+    if where == "/home/tf":
+        proc = docker_run(image, "-e", "TFMP_QUIET=1", "-e", "NB_UID=1234", "-e", "NB_GID=2030",
+                          "-v", f"{folder}:{where}", command=["true"], timeout=60)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_user_start_on_a_home_of_another_uid_names_its_owner(image):
+    """The home volume re-owned for NB_UID=2005, then --user 12345:0: the WARN told to start
+    with --user 12345:0, as it was.  Now it names the owner and a start that works."""
+    volume = f"qa-ff-home-{uuid.uuid4().hex[:8]}"
+    try:
+        first = docker_run(image, "-e", "TFMP_QUIET=1", "-e", "NB_UID=2005", "-e", "NB_GID=2005",
+                           "-v", f"{volume}:/home/tf", command=["true"], timeout=60)
+        assert first.returncode == 0, first.stderr[-2000:]
+        proc = docker_run(image, "-e", "TFMP_QUIET=1", "--user", "12345:0",
+                          "-v", f"{volume}:/home/tf", command=["bash", "-c", "echo $HOME"],
+                          timeout=60)
+        assert proc.returncode == 0 and proc.stdout.strip() == "/tmp/home-12345", proc.stderr
+        assert ("WARN  /home/tf is not writable by UID 12345, GID 0: it belongs to UID:GID "
+                "2005:2005 (mode 775): start with --user 2005:2005, or as root with NB_UID=12345"
+                ) in proc.stderr, proc.stderr[-2000:]
+        assert "--user 12345:0" not in proc.stderr
+    finally:
+        run(["docker", "volume", "rm", "-f", volume], check=False, timeout=60)

@@ -147,6 +147,11 @@ SSH_ON=${ENABLE_SSH:-$SSH_ON}
 check_port_var SSH_HOST_PORT
 if [[ $SSH_ON == 1 ]] && ! is_root; then
   warn "started as a non-root user (--user): SSH needs root to switch users, so only JupyterLab runs"
+elif [[ $SSH_ON == 1 ]] && ! has_cap SYS_CHROOT; then
+  # sshd confines every login's pre-authentication process with chroot(2): without the
+  # capability each login fails ("chroot: Operation not permitted") while the start looked
+  # healthy.  Off, as for --user, rather than a server nobody can log in to.
+  warn "SSH: the container lacks the SYS_CHROOT capability (--cap-drop), which sshd needs for every login, so only JupyterLab runs; add --cap-add SYS_CHROOT, or ENABLE_SSH=0 to turn SSH off without this line"
 elif [[ $SSH_ON == 1 ]]; then
   setup_ssh
 fi

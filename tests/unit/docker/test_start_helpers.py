@@ -231,3 +231,21 @@ def test_run_hooks_needs_exactly_one_folder(tmp_path):
                               capture_output=True, text=True, timeout=60)
         assert proc.stdout.strip() == "rc=2", (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "ERROR" in proc.stderr, proc.stderr
+
+
+# --- entrypoint.sh's caps_missing: CapEff decoded without capsh ---------------------------
+
+@pytest.mark.host_only(reason="the image ships no entrypoint.sh beside tests/")
+@pytest.mark.parametrize("cap_eff, missing", [
+    ("00000000a80425fb", ""),                        # Docker's default set
+    ("0000000000000000", "CHOWN DAC_OVERRIDE SETUID SETGID KILL SYS_CHROOT"),   # --cap-drop ALL
+    ("00000000000400e3", ""),                        # the documented minimal set
+    ("00000000000000c1", "DAC_OVERRIDE KILL SYS_CHROOT"),   # CHOWN SETUID SETGID
+    ("000001ffffffffff", ""),                        # --privileged
+    ("not hex", "CHOWN DAC_OVERRIDE SETUID SETGID KILL SYS_CHROOT"),
+])
+def test_caps_missing_decodes_the_effective_set(cap_eff, missing):
+    script = (f"eval \"$(sed -n '/^caps_missing() {{/,/^}}/p' {ROOT / 'entrypoint.sh'})\"; "
+              f"caps_missing '{cap_eff}' CHOWN DAC_OVERRIDE SETUID SETGID KILL SYS_CHROOT")
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == missing, (proc.stdout, proc.stderr)
