@@ -9,19 +9,8 @@ import subprocess
 import pytest
 
 from app.core.errors import UsageError
-from app.tuner import tuning
-from tests.unit.tuner.test_tune_output import FakeRunner, run_tune
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    FakeRunner.instances, FakeRunner.during, FakeRunner.verify_outcome = [], None, None
-    FakeRunner.fits_up_to, FakeRunner.data_limit = 16, None
-    monkeypatch.setattr(tuning, "TrialRunner", FakeRunner)
-    monkeypatch.setattr(tuning, "collect_environment",
-                        lambda: {"hardware": {"gpus": []},
-                                 "auto_precision": {"policy": "float32"}})
-    return FakeRunner
+# fake: the trials that do not run, one fixture for every tune test file
+from tests.unit.tuner.test_tune_output import fake, run_tune  # noqa: F401
 
 
 def test_the_advice_for_a_folder_holding_a_tune_works_when_followed(tmp_path, fake):

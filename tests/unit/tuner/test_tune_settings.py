@@ -14,27 +14,14 @@ from app import cli
 from app.core.errors import UsageError
 from app.training import config
 from app.tuner import arguments
-
-from app.tuner import tuning
-from tests.unit.tuner.test_tune_output import FakeRunner, run_tune
+# fake: the trials that do not run, one fixture for every tune test file
+from tests.unit.tuner.test_tune_output import fake, run_tune  # noqa: F401
 
 # A value train takes for each trial setting, none of them its default.
 VALUES = {"loss": "mse", "metrics": "mae", "input_shape": "28,28,1", "num_classes": "7",
           "float32_layers": "logits", "image_size": "48", "image_dir": "pics",
           "data_dir": "DATA", "max_train_samples": "200", "offline": "1", "seed": "5",
           "learning_rate": "0.002", "jit": "1"}
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    """Trials that do not run (``test_tune_output.FakeRunner``), on a CPU."""
-    FakeRunner.instances, FakeRunner.during, FakeRunner.verify_outcome = [], None, None
-    FakeRunner.fits_up_to, FakeRunner.data_limit = 16, None
-    monkeypatch.setattr(tuning, "TrialRunner", FakeRunner)
-    monkeypatch.setattr(tuning, "collect_environment",
-                        lambda: {"hardware": {"gpus": []},
-                                 "auto_precision": {"policy": "float32"}})
-    return FakeRunner
 
 
 def _set(monkeypatch, tmp_path, names):
