@@ -79,7 +79,7 @@ def trained_in_epoch(run, start: int, step: int, began: Optional[int] = None) ->
     count the epoch began at, as recorded (None: ``start`` whole epochs of this run's
     updates; an earlier epoch trained at another batch size ends elsewhere).  0 when the
     count does not fit this run's epoch.  The caller makes sure the checkpoint's updates
-    are of this run's size (``job._resized``)."""
+    are of this run's size (``resuming._resized``)."""
     n = run.config.accumulate or 1
     updates = -(-steps_per_epoch(run) // n)
     done = step - (start * updates if began is None else began)

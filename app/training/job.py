@@ -56,8 +56,9 @@ from app.numerics.replay import weights_max
 from app.training.recorder import (Recorder, ResumedEpoch, StepCallback, continue_metrics,
                                    new_metrics, plain_lines)
 from app.run_folder.lock import RunLock
-from app.training.resuming import (check_holds_no_run, check_same_task, counted_class_weights,
-                                   read_previous_metrics, resumed_class_weight,
+from app.training.resuming import (check_holds_no_run, check_same_task, continue_the_epoch,
+                                   counted_class_weights, read_previous_metrics,
+                                   resumed_class_weight,
                                    resumed_float32_layers, resumed_learning_rate,
                                    resumed_precision, set_learning_rate)
 from app.training.runnable import runnable_by_kinds, runnable_when_built
@@ -456,7 +457,7 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     step = int(parts.checkpointer.step.numpy())
     parts.stats.steps.assign(step)
     previous_steps = continue_metrics(metrics, run.previous, start, step)
-    skip = 0 if run.dist.multi_worker else _continue_the_epoch(run, metrics, start, step)
+    skip = 0 if run.dist.multi_worker else continue_the_epoch(run, metrics, start, step)
     if parts.accumulator is not None:
         parts.accumulator.start_at(skip)
     cfg = run.config
@@ -480,84 +481,6 @@ def _resume(run: Prepared, parts: TrainingParts, metrics: dict):
     where = f" after {skip} batch(es) of epoch {start + 1}" if skip else f" at epoch {start + 1}"
     print(f"resuming from {parts.checkpointer.restored_path}{where}", file=sys.stderr)
     return start, skip, previous_steps
-
-
-# metrics.json's record of an epoch a --resume at another --batch-size or --accumulate started
-# over: {"epoch": N, "at_step": S}, S the step count it started from.  Its batches are counted
-# from there by a later --resume inside that epoch (the steps before S were of the other size).
-EPOCH_STARTED_OVER = "epoch_started_over"
-
-
-def _continue_the_epoch(run: Prepared, metrics: dict, start: int, step: int) -> int:
-    """The (micro-)batches of epoch ``start + 1`` the checkpoint's ``step`` already trained,
-    which this run skips; 0 when it starts that epoch from its first batch.  A checkpoint
-    saved inside the epoch at another --batch-size or --accumulate counts batches of that
-    size: the epoch starts over (skipping that many batches of this size would skip the
-    wrong ones), a note says so and metrics.json records where it started
-    (``EPOCH_STARTED_OVER``)."""
-    began = _epoch_began_at(run, metrics, start)
-    resized = _resized(run)
-    skip = 0 if resized else accumulate.trained_in_epoch(run, start, step, began)
-    if not skip:
-        cut = _say_a_cut_epoch_starts_over(metrics["epochs"], start, step, resized, began)
-        if cut and resized:
-            metrics[EPOCH_STARTED_OVER] = {"epoch": start + 1, "at_step": step}
-    return skip
-
-
-def _epoch_began_at(run: Prepared, metrics: dict, start: int) -> Optional[int]:
-    """The step count epoch ``start + 1`` began at: where a --resume at another size started
-    it over (kept in metrics.json for the next --resume inside it), else the step count the
-    epoch before it ended at, as recorded.  None: not recorded (an older metrics.json)."""
-    over = (run.previous or {}).get(EPOCH_STARTED_OVER)
-    if isinstance(over, dict) and over.get("epoch") == start + 1 and \
-            isinstance(over.get("at_step"), int):
-        metrics[EPOCH_STARTED_OVER] = dict(over)
-        return over["at_step"]
-    if start == 0:
-        return 0
-    ended = [e.get("steps") for e in metrics["epochs"] if e.get("epoch") == start]
-    return ended[0] if ended and isinstance(ended[0], int) else None
-
-
-def _resized(run: Prepared) -> bool:
-    """Does this run count an epoch's batches otherwise than the run it continues (another
-    --batch-size or --accumulate)?  Unknown (an older metrics.json): assumed so."""
-    previous = run.previous or {}
-    then = previous.get("accumulation")
-    if isinstance(then, dict):
-        return (then.get("micro_batch"), then.get("accumulate")) != (
-            run.dist.global_batch, run.config.accumulate or 1)
-    batch = (previous.get("config") or {}).get("batch_size")
-    return batch is None or batch != run.config.batch_size
-
-
-def _say_a_cut_epoch_starts_over(epochs: list, start: int, step: int,
-                                 resized: bool = True, began: Optional[int] = None) -> bool:
-    """A checkpoint saved inside epoch ``start + 1`` whose batches this run cannot count:
-    that epoch trains from its first batch again.  Said, where it was silent; the weights
-    keep what those batches taught them (True: said).  ``resized``: another --batch-size or
-    --accumulate is why; else the checkpoint came after the epoch's last batch and before
-    its end was recorded (a signal then), and that is what is said (a sentinel fault's
-    checkpoint is never one: it holds the step before the fault).  ``began``: the step
-    count the epoch began at (None: the recorded end of the one before)."""
-    if began is not None:
-        ended = began
-    else:
-        ended = epochs[start - 1].get("steps") if 0 < start <= len(epochs) else 0
-    if not (isinstance(ended, int) and step > ended):
-        return False
-    if resized:
-        print(f"note: the checkpoint was saved {step - ended} step(s) into epoch {start + 1}, "
-              "at the batch size the run had then; at this run's batch size that epoch "
-              "starts over from its first batch (the weights keep what those steps "
-              "taught them)", file=sys.stderr, flush=True)
-    else:
-        print(f"note: the checkpoint was saved after the last of epoch {start + 1}'s "
-              f"{step - ended} step(s), before the epoch was recorded; it trains again from "
-              "its first batch (the weights keep what those steps taught them)",
-              file=sys.stderr, flush=True)
-    return True
 
 
 @contextlib.contextmanager

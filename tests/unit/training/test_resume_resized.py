@@ -13,7 +13,8 @@ import signal
 
 import pytest
 
-from app.training.job import EPOCH_STARTED_OVER, train
+from app.training.job import train
+from app.training.resuming import EPOCH_STARTED_OVER
 
 NOTE = re.compile(r"note: the checkpoint was saved (\d+) step\(s\) into epoch 1, at the batch "
                   r"size the run had then; at this run's batch size that epoch starts over "

@@ -698,7 +698,7 @@ def test_the_epoch_starts_over_note_blames_the_batch_size_only_when_it_changed(c
     The note said "at the batch size the run had then" after a fault whose checkpoint held
     a later step (the QA pass), though the batch size had not changed; with the same batch
     size such a checkpoint is one saved after an epoch's last batch, before its record."""
-    from app.training.job import _say_a_cut_epoch_starts_over
+    from app.training.resuming import _say_a_cut_epoch_starts_over
 
     epochs = [{"epoch": 1, "steps": 48}]
     _say_a_cut_epoch_starts_over(epochs, 1, 96, resized=False)
