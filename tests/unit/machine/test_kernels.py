@@ -261,9 +261,11 @@ def no_bf16_convs(monkeypatch):
 def test_train_refuses_a_builtin_before_any_data_loads(no_bf16_convs, tiny_config, tmp_path):
     from app.training.job import prepare
 
-    # mnist offline with no data folder would fail with another line if data were loaded
+    # mnist offline from an empty data folder would fail with another line if data were
+    # loaded (a folder that does not exist is refused earlier, with the other settings)
+    (tmp_path / "empty").mkdir()
     cfg = tiny_config(model="cnn", dataset="mnist", precision=BF16,
-                      data_dir=str(tmp_path / "nothing-here"))
+                      data_dir=str(tmp_path / "empty"))
     with pytest.raises(PrecisionUnsupported) as err:
         prepare(cfg)
     assert err.value.line().startswith("error: mixed_bfloat16 cannot run the Conv2D layers of "
