@@ -38,13 +38,15 @@ def build_parser() -> OneLineParser:
 def program() -> NoReturn:
     """The process's entry point: ``tfmp`` (pip's script and the image's) and ``python -m app``.
 
-    Once the status is decided, a Ctrl-C while the interpreter tears down (TensorFlow's
-    teardown takes a moment) ends the process at once with Ctrl-C's status, as a second
-    Ctrl-C does while a command runs; Python's own handler made it a KeyboardInterrupt and a
-    death by SIGINT (-2) after a run had saved and announced its checkpoint.  Not in main():
-    tests and notebooks call that in their own process, whose Ctrl-C is theirs."""
+    Once the status is decided, a Ctrl-C changes nothing: it is ignored while the
+    interpreter and TensorFlow tear down (a moment), and the process ends with that status.
+    Python's own handler made it a KeyboardInterrupt, and a handler of ours is no better:
+    the interpreter's finalization resets every Python-level handler to the default, and a
+    Ctrl-C after that (TensorFlow's teardown) killed the process by SIGINT (-2) after a run
+    had saved and announced its checkpoint.  An ignored signal is left ignored.  Not in
+    main(): tests and notebooks call that in their own process, whose Ctrl-C is theirs."""
     status = main()
-    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_SIGINT))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise SystemExit(status)
 
 

@@ -434,15 +434,15 @@ def _entry_point_code(entry):
 
 
 @pytest.mark.parametrize("entry", ["python -m app", "the tfmp script", "pip's console script"])
-def test_a_ctrl_c_during_teardown_ends_with_ctrl_cs_status_whatever_started_the_program(entry):
-    """The status decided, TensorFlow's teardown can take a moment, and a Ctrl-C then must end
-    the process with 130 at once: not a KeyboardInterrupt traceback and a status of 0, nor a
-    death by SIGINT.  An atexit hook sends the Ctrl-C while the interpreter tears down."""
+def test_a_ctrl_c_during_teardown_leaves_the_decided_status_whatever_started_the_program(entry):
+    """The status decided, TensorFlow's teardown can take a moment, and a Ctrl-C then must
+    change nothing: not a KeyboardInterrupt traceback, nor a death by SIGINT.  An atexit hook
+    sends the Ctrl-C while the interpreter tears down; the command's status (0) stands."""
     late_ctrl_c = ("import atexit, os, signal, sys, time; sys.argv = ['tfmp', 'notebooks']; "
-                   "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))")
+                   "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(1)))")
     proc = subprocess.run([sys.executable, "-c", late_ctrl_c + "\n" + _entry_point_code(entry)],
                           capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
     assert "notebooks shipped in" in proc.stdout   # the command itself ran
