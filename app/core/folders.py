@@ -73,3 +73,43 @@ def _cannot_create(path: str, what: str, exc: OSError) -> UsageError:
     why = os.strerror(exc.errno) if exc.errno else str(exc)
     where = f" ({exc.filename!r})" if exc.filename and exc.filename != path else ""
     return UsageError(f"{what} {path!r} cannot be created: {why}{where}", ALLOWED)
+
+
+def current_umask() -> int:
+    """This process's umask.  Read from /proc (Linux 4.7+): setting it to 0 and back, the
+    only other way, lets a thread that creates a file at that moment make it 0666."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+# The mode TensorFlow's POSIX file system gives every folder it makes (checkpoints/,
+# tensorboard/, a SavedModel's variables/), whatever the umask.
+TENSORFLOW_FOLDER_MODE = 0o755
+
+
+def follow_umask(root: str) -> None:
+    """Give this user's folders under ``root`` that TensorFlow made the mode the umask asks
+    for, as the files in them have.  Under a team's ``umask 002`` those folders were 0755
+    while the files were 0664: a teammate could replace metrics.json but not write the next
+    checkpoint, so ``--resume`` of a shared run failed.  A folder with any other mode was
+    chosen by someone and stays; nothing happens under the usual umask 022."""
+    wanted = 0o777 & ~current_umask()
+    if wanted == TENSORFLOW_FOLDER_MODE:
+        return
+    me = os.geteuid()
+    for top, dirs, _ in os.walk(root):    # links are not followed
+        for path in [top] + [os.path.join(top, d) for d in dirs]:
+            try:
+                st = os.lstat(path)
+                if st.st_uid == me and st.st_mode & 0o777 == TENSORFLOW_FOLDER_MODE:
+                    os.chmod(path, (st.st_mode & 0o7000) | wanted)   # setgid kept
+            except OSError:
+                continue   # removed meanwhile, or not ours to change: left as it is

@@ -282,6 +282,9 @@ class Recorder:
         self.metrics["numerics"] = numerics_block(self.metrics, self.watch)
         self.metrics["steps"] = (self.previous_steps + self.step_log)[-1000:]
         self._write(json_text(self.metrics))
+        # After each checkpoint, the final model and a fault's state: the folders
+        # TensorFlow made for them as the umask says (a team's shared run folder).
+        folders.follow_umask(self.output)
 
     def _write(self, text: str) -> None:
         with self._writing:

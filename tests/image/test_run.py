@@ -163,6 +163,36 @@ def test_a_read_only_workspace_is_a_warning_and_the_command_runs(image, tmp_path
             "(TFMP_OUTPUT) another folder") in proc.stderr, proc.stderr[-2000:]
 
 
+TEAM_RUN = """
+set -eu
+mkdir -p /tmp/team && chgrp 4010 /tmp/team && chmod 2775 /tmp/team
+as() {  # as UID $1 of the team's group, umask 002, in the team's folder
+  uid=$1; shift
+  setpriv --reuid "$uid" --regid 4010 --clear-groups env HOME=/tmp/team/home-$uid \\
+    bash -c 'umask 002; mkdir -p "$HOME"; cd /tmp/team; "$@"' team "$@"
+}
+train="tfmp train --model mlp --dataset synthetic --max-train-samples 256 --offline
+       --max-val-samples 64 --precision float32 --batch-size 32 --progress lines
+       --output run --workspace ws"
+as 4011 $train --epochs 1 >/dev/null
+as 4012 $train --epochs 2 --resume >/dev/null
+stat -c '%u %a %n' /tmp/team/run/checkpoints /tmp/team/run/checkpoints/* /tmp/team/run/model | sort -k3
+"""
+
+
+def test_a_teammate_resumes_a_run_another_member_of_the_group_started(image):
+    """A team's shared run folder (one group, umask 002): TensorFlow made checkpoints/ and
+    the saved model's folders 0755 whatever the umask, so the second member's --resume
+    failed to write the next checkpoint.  The run's folders follow the umask now."""
+    proc = docker_run(image, "--user", "0", "--entrypoint", "bash", "-e", "TFMP_QUIET=1",
+                      command=["-c", TEAM_RUN], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert any(uid == "4012" for uid, _, _ in rows), rows    # the teammate's checkpoint
+    assert {mode for _, mode, name in rows if name.endswith(("/checkpoints", "/model"))} <= {
+        "775", "2775"}, rows
+
+
 # --- bad settings: one clear line, non-zero exit -------------------------------------
 
 @pytest.mark.parametrize("env, message", [
