@@ -295,9 +295,12 @@ def spelled(said: Optional[Mapping[str, str]], name: str, value: Optional[str] =
     """Setting ``name`` as the user writes it in what they called (``said``: ``given_as``'s
     answer; a plain mapping or None is the command line's): ``--resume`` or
     ``resume=True``, ``--output DIR`` or ``output=DIR`` (``value`` None: the flag alone,
-    ``output=...``).  A line about --resume under app.train named a flag the user never
-    typed."""
+    ``output=...``), or its ``TFMP_`` variable when that is how they gave it (``said``
+    says so): ``TFMP_RESUME``, ``TFMP_OUTPUT=DIR``.  A line about --resume under app.train,
+    or under TFMP_RESUME=1 in a Compose file, named a flag the user never typed."""
     s = BY_NAME[name]
+    if said is not None and said.get(name) == s.env:
+        return s.env if s.switch or value is None else f"{s.env}={value}"
     if getattr(said, "keyword", False):
         if s.switch:   # --no-save-model is save_model=False
             return f"{name}={not s.flag.startswith('--no-')}"

@@ -83,6 +83,21 @@ def test_resume_finding_no_checkpoint(tmp_path, capsys):
         "output=... of a run that saved a checkpoint")
 
 
+def test_a_setting_given_by_its_variable_is_named_by_it(tmp_path, capsys, monkeypatch):
+    """TFMP_RESUME=1 in a Compose file: the line said --resume, which nobody typed."""
+    said = settings.given_as({"output": "r"}, {"TFMP_RESUME": "1", "TFMP_OUTPUT": "x"})
+    assert settings.spelled(said, "resume") == "TFMP_RESUME"
+    assert settings.spelled(said, "output", "DIR") == "--output DIR"   # the flag won
+    assert settings.spelled(settings.given_as({}, {"TFMP_OUTPUT": "x"}), "output",
+                            "DIR") == "TFMP_OUTPUT=DIR"
+    out = tmp_path / "run"
+    out.mkdir()
+    monkeypatch.setenv("TFMP_RESUME", "1")
+    assert _cli_line(capsys, "--output", str(out)) == (
+        f"error: TFMP_RESUME found no checkpoint in {str(out / 'checkpoints')!r}; allowed: "
+        "TFMP_RESUME with the --output of a run that saved a checkpoint")
+
+
 def test_the_resume_checks_name_the_keywords(tmp_path):
     """The lines of app/training/resuming.py, app/run_folder/lock.py and checkpoints.py:
     given app.train's ``said``, not one flag; without it, the flags as before."""
