@@ -156,6 +156,16 @@ def _this_run(command: Optional[str], kind: str) -> dict:
             "command": command if command is not None else current_command(), "kind": kind}
 
 
+def _still_the_lock_file(fd: int, path: str) -> bool:
+    """Whether the file ``fd`` locked is still the one at ``path`` (not removed meanwhile)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino)
+
+
 def _try_lock(fd: int) -> bool:
     """True when locked, False when another open file holds the lock; any other failure
     (ENOLCK: no lock service, EBADF, ...) is raised for the caller to name."""
@@ -208,19 +218,23 @@ class RunLock:
 
         Opened read-write like ``acquire``: on NFS an exclusive lock on a read-only
         descriptor fails (EBADF) whatever the folder holds."""
-        try:
-            fd = os.open(self.path, os.O_RDWR)
-        except FileNotFoundError:
-            return
-        except PermissionError:
-            self._refuse_anothers_lock()
-        except OSError:
-            return  # not writable: acquire() will say why, with the path
-        try:
-            self._lock_or_raise(fd)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        for _ in range(10):
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                return
+            except PermissionError:
+                self._refuse_anothers_lock()
+            except OSError:
+                return  # not writable: acquire() will say why, with the path
+            try:
+                self._lock_or_raise(fd)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                if _still_the_lock_file(fd, self.path):
+                    return
+            finally:
+                os.close(fd)
+            # A file its holder removed (release_and_remove): look at the path's new one.
 
     def _refuse_anothers_lock(self) -> None:
         """The lock file exists and this user may not open it read-write: raise
@@ -255,6 +269,27 @@ class RunLock:
         if self.fd is not None:
             return self
         folders.make_folder(self.output)
+        for _ in range(10):
+            fd = self._open_and_lock()
+            if _still_the_lock_file(fd, self.path):
+                break
+            # Locked after its holder removed it (release_and_remove): that file is
+            # nobody's lock any more, and a run opening the path now makes a new one.
+            os.close(fd)
+        else:
+            raise LockUnavailable(self.output, self.path,
+                                  OSError(0, "the lock file kept being replaced"), self.said)
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(_this_run(self.command, self.kind)) + "\n").encode("utf-8"))
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        return self
+
+    def _open_and_lock(self) -> int:
+        """The lock file opened (created if missing) and locked, or the refusal."""
         try:
             # Like every other file of the run: 0o666 less the umask (module docstring).
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -269,13 +304,10 @@ class RunLock:
             raise LockUnavailable(self.output, self.path, exc, self.said) from None
         try:
             self._lock_or_raise(fd)
-            os.ftruncate(fd, 0)
-            os.write(fd, (json.dumps(_this_run(self.command, self.kind)) + "\n").encode("utf-8"))
         except BaseException:
             os.close(fd)
             raise
-        self.fd = fd
-        return self
+        return fd
 
     def release(self) -> None:
         # The file stays: unlinking a lock file lets a third process lock a new inode while
@@ -290,9 +322,9 @@ class RunLock:
 
     def release_and_remove(self) -> None:
         """Release after a run that wrote nothing else: the lock file goes too.  Unlinked while
-        still locked, so a process that opened it before is refused (every lock here is
-        non-blocking: nobody waits on the old file) and one that opens it after makes a new
-        one."""
+        still locked: a process that opened it before and locks it after finds it is no longer
+        the path's file and opens the path again (``acquire``); one that opens it after makes
+        a new one."""
         if self.fd is None:
             return
         try:

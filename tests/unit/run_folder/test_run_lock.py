@@ -282,3 +282,29 @@ def test_a_folder_a_run_holds_is_refused_as_before(tmp_path):
         "--resume continue it later)")
     # A lock file written before the kind was recorded is a run's.
     assert "in use by another run" in OutputInUse(str(out), {"pid": 1}).line()
+
+
+@pytest.mark.parametrize("look", ["acquire", "check_free"])
+def test_a_lock_file_removed_between_open_and_lock_is_not_taken_as_the_lock(tmp_path,
+                                                                           monkeypatch, look):
+    """A (a failed tune) releases and removes its lock file after B opened it but before B
+    locked it, and C takes the path's new file: B's lock on the removed file guarded
+    nothing, so B and C both held the folder.  B now looks at the path's file again."""
+    import app.run_folder.lock as lock_module
+
+    out = str(tmp_path / "run")
+    a, c = RunLock(out).acquire(), RunLock(out)
+    real_try_lock, moved = lock_module._try_lock, []
+
+    def a_lets_go_and_c_starts_first(fd):
+        if not moved:
+            moved.append(fd)
+            a.release_and_remove()      # B has A's file open; A lets go of it now
+            c.acquire()                 # and C makes and locks a new one
+        return real_try_lock(fd)
+
+    monkeypatch.setattr(lock_module, "_try_lock", a_lets_go_and_c_starts_first)
+    with pytest.raises(OutputInUse):
+        getattr(RunLock(out), look)()   # B
+    assert c.held
+    c.release()
