@@ -86,12 +86,6 @@ def parse_cpuinfo_flags(text: str) -> frozenset[str]:
     return frozenset()
 
 
-def parse_memory_limit(desc: str) -> int | None:
-    """Parse ``memory_limit: 15843721216`` out of a logical device description, if present."""
-    m = re.search(r"memory_limit:\s*(\d+)", desc or "")
-    return int(m.group(1)) if m else None
-
-
 # ---- edge: asks the machine -------------------------------------------------------------
 
 def read_cpu_flags() -> frozenset[str]:

@@ -42,10 +42,6 @@ class Checkpointer:
         self.read_dir = os.path.join(output, CHECKPOINT_DIR)
         self.manager = tf.train.CheckpointManager(self.ckpt, self.read_dir, max_to_keep=KEEP)
 
-    @property
-    def latest_checkpoint(self):
-        return newest_complete(self.read_dir)
-
     def save(self, completed_epochs: int, global_step: int) -> str:
         self.epoch.assign(completed_epochs)
         self.step.assign(global_step)

@@ -169,7 +169,6 @@ def find_max_batch(run_trial: Callable[[int], Outcome], *, budget_bytes: int, ma
     result = SearchResult(cap=round_down(cap))
     if result.cap < STEP:
         raise ValueError(f"cap {cap} is below {STEP}")
-    seen: Dict[int, Trial] = {}
 
     def out_of_time() -> bool:
         if deadline is not None and clock() >= deadline:
@@ -184,7 +183,6 @@ def find_max_batch(run_trial: Callable[[int], Outcome], *, budget_bytes: int, ma
             result.cap = min(result.cap, updates_limit(outcome.data_limit))
         trial = judge(batch, outcome, limit)
         result.trials.append(trial)
-        seen[batch] = trial
         on_trial(trial)
         return trial
 
