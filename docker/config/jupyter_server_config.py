@@ -24,7 +24,7 @@ c.ServerApp.allow_root = False
 c.ServerApp.allow_remote_access = True
 c.ServerApp.terminado_settings = {"shell_command": ["/bin/bash", "-l"]}
 # /nbconvert/ pages get `sandbox` in their CSP (CVE-2026-44727; jupyter_server
-# on Python 3.8 predates the fix): docker/tfmp_nbconvert_csp.py.
+# on Python 3.8 predates the fix): docker/python/tfmp_nbconvert_csp.py.
 c.ServerApp.jpserver_extensions.update({"tfmp_nbconvert_csp": True})
 # A fresh cookie-signing secret at every start, never written to disk: login
 # cookies end with the server (jupyter_server < 2.18 keeps one secret file
