@@ -298,6 +298,13 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
     def flag(name: str, value: str | None = None) -> str:
         return settings.spelled(words, name, value)
 
+    def subject(name: str, value: str | None = None) -> str:
+        # A line about two settings names both as the user gives them: "--early-stop-on
+        # applies with --early-stop only", not "early_stop_on applies with --early-stop".
+        if name in named:
+            return named[name] if value is None else f"{named[name]}={value}"
+        return flag(name, value)
+
     for name, value in cfg.to_dict().items():
         if (isinstance(value, str) and not value.strip()   # the API's output="" and the like
                 and name not in settings.EMPTY_IS_NONE):
@@ -318,7 +325,7 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
                              f"{said('profile_steps')}={cfg.profile_steps!r}",
                              settings.STEP_RANGE_FORM) from None
     if cfg.scale_lr != "none" and not cfg.tuned:
-        raise UsageError(f"scale_lr {cfg.scale_lr!r} applies with {flag('tuned')} only",
+        raise UsageError(f"{subject('scale_lr', cfg.scale_lr)} applies with {flag('tuned')} only",
                          f"{flag('scale_lr', 'linear')} together with "
                          f"{flag('tuned', 'DIR/tune.json')}")
     for name in ("epochs", "batch_size", "log_every", "max_skipped_steps", "steps_per_execution",
@@ -328,7 +335,8 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
             raise UsageError(f"{said(name)} must be at least 1. Received: {said(name)}={v!r}",
                              "an integer >= 1")
     if cfg.steps_per_execution > 1 and cfg.loop != "fit":
-        raise UsageError(f"{said('steps_per_execution')} applies to {flag('loop', 'fit')} only. "
+        raise UsageError(f"{subject('steps_per_execution')} applies to {flag('loop', 'fit')} "
+                         "only. "
                          f"Received: {said('steps_per_execution')}={cfg.steps_per_execution}, "
                          f"{said('loop')}={cfg.loop!r}",
                          f"{flag('loop', 'fit')} with {flag('steps_per_execution')}, or leave "
@@ -340,7 +348,7 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
                          "an integer >= 1, the epochs without a better val_loss before "
                          "stopping, or 0 (the default) for no early stop")
     if cfg.early_stop_on != "val_loss" and not cfg.early_stop:
-        raise UsageError(f"{said('early_stop_on')} applies with {flag('early_stop')} only. "
+        raise UsageError(f"{subject('early_stop_on')} applies with {flag('early_stop')} only. "
                          f"Received: {said('early_stop_on')}={cfg.early_stop_on!r}",
                          f"{flag('early_stop', 'N')} together with "
                          f"{flag('early_stop_on', 'METRIC')}")

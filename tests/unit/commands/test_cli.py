@@ -51,11 +51,17 @@ def assert_usage_error(proc, needle, *not_created):
     (["--initial-loss-scale", "1e300"], "initial_loss_scale must be a finite number > 0. "
                                         "Received: initial_loss_scale=1e+300"),
     (["--loop", "custom", "--steps-per-execution", "4"],
-     "steps_per_execution applies to --loop fit only. Received: steps_per_execution=4, "
+     "--steps-per-execution applies to --loop fit only. Received: steps_per_execution=4, "
      "loop='custom'; allowed: --loop fit with --steps-per-execution, or leave it at 1"),
     (["--seed", "4294967296"], "seed must be an integer from 0 to 2**32 - 1. Received: "
                                "seed=4294967296"),
     (["--accumulate", "0"], "accumulate must be at least 1. Received: accumulate=0"),
+    # a line about two settings names both as given (it said "early_stop_on applies with
+    # --early-stop only", "scale_lr 'linear' applies with --tuned only")
+    (["--early-stop-on", "val_accuracy"], "--early-stop-on applies with --early-stop only. "
+                                          "Received: early_stop_on='val_accuracy'"),
+    (["--scale-lr", "linear"], "--scale-lr linear applies with --tuned only; allowed: "
+                               "--scale-lr linear together with --tuned DIR/tune.json"),
     (["--global-batch", "100", "--batch-size", "32"],
      "global_batch 100 is not a multiple of the micro-batch 32 (--batch-size 32); allowed: "
      "--global-batch 96 or 128"),

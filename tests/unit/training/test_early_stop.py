@@ -129,6 +129,6 @@ def test_a_bad_patience_or_number_to_watch_is_one_line(tmp_path):
     assert str(caught.value) == ("error: early_stop_on 'val_auc' is not a number this run "
                                  "records; allowed: one of val_loss, val_accuracy")
     # the other setting named as app.train takes it, not as the command line's flag
-    with pytest.raises(UsageError, match=r"early_stop_on applies with early_stop=\.\.\. only"):
+    with pytest.raises(UsageError, match=r"early_stop_on=\.\.\. applies with early_stop=\.\.\. only"):
         _train(tmp_path / "run", early_stop=0, early_stop_on="val_accuracy")
     assert not (tmp_path / "run").exists()
