@@ -347,7 +347,7 @@ privileged_gid() {
     \( -perm -g+w ! -perm -o+w \) -o \( -perm -g+x ! -perm -o+x \) \))
   name=$(getent group "$gid" | cut -d: -f1) || true
   local mounted=()
-  mapfile -t mounted < <(mounted_paths)
+  mapfile -t mounted < <(mounts_below /)
   file=$(find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path "$USER_HOME" \
     -o -path "$WORKSPACE" "${mounted[@]}" \) -prune -o "${rights[@]}" -print -quit \
     2>/dev/null) || true
@@ -382,21 +382,40 @@ ids_advice() {
     "$1" "$2" "$name"
 }
 
-# find's "-o -path MOUNT" for every mount point but / (one a line, in pairs): what the admin
-# mounted (-v DATA:/data, a single file, Docker's /etc/hosts) is not the image's.  A host
-# folder of the user's own group with rights only that group has (mode 750, umask 027) is
-# what NB_GID=$(id -g) is for; -xdev keeps find out of a mount but still judged its top.
-# mountinfo writes a space, tab, newline and backslash as octal escapes; a glob character
-# in a path is escaped for -path.
-mounted_paths() {
+# Every mount point of the kernel's table, decoded, NUL-terminated: mountinfo writes a space,
+# tab, newline and backslash as octal escapes (a volume on "/home/tf/my data" is
+# "/home/tf/my\040data" there).  The one reader of the table's mount points: the
+# privileged-group search, the home's re-owning walk and the --user home check use it.
+mount_points() {
   local point
   while read -r _ _ _ _ point _; do
-    point=$(printf '%b' "$point")
-    [[ $point == / ]] && continue
+    printf '%b\0' "$point"
+  done </proc/self/mountinfo
+}
+
+is_mount_point() {
+  local point
+  while IFS= read -r -d '' point; do
+    [[ $point == "$1" ]] && return 0
+  done < <(mount_points)
+  return 1
+}
+
+# find's "-o -path POINT" for every mount point below folder $1 (for "/", every one but /
+# itself), one argument a line (in pairs, for mapfile -t), a glob character in a path
+# escaped for -path.  Below the home, what is mounted (a data folder, an authorized_keys
+# file) is not the home's; below /, what the admin mounted (-v DATA:/data, Docker's
+# /etc/hosts) is not the image's: a host folder of the user's own group with rights only
+# that group has (mode 750, umask 027) is what NB_GID=$(id -g) is for, and -xdev keeps find
+# out of a mount but still judged its top.
+mounts_below() {
+  local top=${1%/}/ point
+  while IFS= read -r -d '' point; do
+    [[ $point != "$top" && $point == "$top"* ]] || continue
     point=${point//\\/\\\\}; point=${point//\*/\\*}; point=${point//\?/\\?}
     point=${point//\[/\\[}
     printf '%s\n' -o -path "$point"
-  done </proc/self/mountinfo
+  done < <(mount_points)
 }
 
 # The home's owner, when it is not NB_UID:NB_GID.  Everything below $USER_HOME is the
@@ -437,13 +456,10 @@ readonly HOME_MARKER=.local/state/tfmp/home-owner
 # find's PATH is the system's own: -execdir refuses to run with a relative PATH entry (the
 # walk would then be skipped without a word), and root looks in no folder the user can write.
 reown_home() {
-  local old_uid=$1 old_gid=$2 path=/usr/sbin:/usr/bin:/sbin:/bin point mounts=()
-  # Mounts below the home, from the kernel's table: a volume or host folder mounted there is
-  # usually on the same disk as the home (-xdev alone would walk it), and is not the image's.
-  while IFS= read -r point; do
-    point=$(printf '%b' "$point" | sed 's/[][*?\]/\\&/g')   # \040 -> " "; a glob, escaped
-    mounts+=(-o -path "$point")
-  done < <(awk -v home="$USER_HOME/" 'index($5, home) == 1 { print $5 }' /proc/self/mountinfo)
+  local old_uid=$1 old_gid=$2 path=/usr/sbin:/usr/bin:/sbin:/bin mounts=()
+  # Mounts below the home: a volume or host folder mounted there is usually on the same
+  # disk as the home (-xdev alone would walk it), and is not the image's.
+  mapfile -t mounts < <(mounts_below "$USER_HOME")
   env PATH="$path" find "$USER_HOME" -xdev \( -false "${mounts[@]}" \) -prune -o -uid "$old_uid" \
     -execdir chown -h --from="$old_uid" "$NB_UID:$NB_GID" -- {} + 2>/dev/null || true
   env PATH="$path" find "$USER_HOME" -xdev \( -false "${mounts[@]}" \) -prune -o -gid "$old_gid" \
@@ -788,8 +804,7 @@ home_not_writable_why() {
     return 0
   fi
   mode=$(stat -c %a "$top")
-  if root_fs_read_only && ! awk -v top="$top" '$5 == top { found = 1 } END { exit !found }' \
-    /proc/self/mountinfo; then
+  if root_fs_read_only && ! is_mount_point "$top"; then
     printf 'it is on the read-only root file system (--read-only): mount a volume on %s' "$top"
   elif [[ ${owner#*:} == 0 && $NB_GID != 0 && $((8#$mode & 8#020)) != 0 ]]; then
     printf 'it belongs to UID:GID %s (mode %s), writable by GID 0: start with --user %s:0, or mount a folder that UID may write on %s' \
