@@ -23,8 +23,11 @@
 * ``image_self_tested(reason)``-marked tests (long end-to-end runs whose TF 2.9 run is the one
   that counts) run once a session: in the image's self-test when the session runs it
   (tests/image/test_run.py, with a Docker engine: CI), else on the host.
-* ``in_containers(reason)``-marked tests (``host_only`` runs whose twins in tests/image drive
-  the same runs in real containers) skip on the host when the session runs tests/image.
+* ``in_containers(reason, twins=(...))``-marked tests (``host_only`` runs whose twins in
+  tests/image drive the same runs in real containers) skip on the host when the session runs
+  one of their twins: each a test file (``tests/image/test_x.py``) or one test in it
+  (``tests/image/test_x.py::test_y``), from the repository root.  A twin that is not there
+  fails the host test; with no twins named, any test of tests/image but the self-test skips it.
 * ``TFMP_TEST_REVERSE=1`` runs the collected tests in reverse order: each test sets up what it
   needs (tests/image shares one image and one stack), so both orders must pass.
 """
@@ -120,6 +123,9 @@ def pytest_runtest_setup(item):
     docker_fail = getattr(item, "_tfmp_docker_fail", None)
     if docker_fail:
         pytest.fail(docker_fail, pytrace=False)
+    missing_twin = getattr(item, "_tfmp_missing_twin", None)
+    if missing_twin:
+        pytest.fail(missing_twin, pytrace=False)
     marker = item.get_closest_marker("bf16_kernels")
     if marker is not None:
         reason = bf16_missing(marker.args)
@@ -129,6 +135,8 @@ def pytest_runtest_setup(item):
 
 
 IMAGE_TESTS = Path(__file__).resolve().parent / "image"
+# The repository root, which in_containers twins are named from.
+ROOT = IMAGE_TESTS.parents[1]
 
 
 # tryfirst: before pytest-xdist's own hook reads the xdist_group marks (--dist loadgroup).
@@ -185,31 +193,67 @@ def pytest_collection_modifyitems(config, items):
 SELF_TEST = "test_self_test_runs_the_apps_unit_tests_in_the_image"
 
 
+def _twins(marker) -> list:
+    """An ``in_containers`` marker's twins: (file, test name or None for the whole file)."""
+    twins = []
+    for twin in marker.kwargs.get("twins", ()):
+        path, _, name = twin.partition("::")
+        twins.append((ROOT / path, name or None))
+    return twins
+
+
+def _missing_twin(marker) -> str | None:
+    """Why a twin the marker names is not there, else None: a renamed or moved image test
+    would otherwise leave its host twin running beside it in every session, unnoticed."""
+    for twin, (path, name) in zip(marker.kwargs.get("twins", ()), _twins(marker)):
+        if not path.is_file() or (name and f"def {name}(" not in path.read_text(encoding="utf-8")):
+            return f"in_containers names a twin that does not exist: {twin}"
+    return None
+
+
+def _is_twin(item, twins) -> bool:
+    path = Path(item.path).resolve()
+    return any(path == twin_path and name in (None, getattr(item, "originalname", item.name))
+               for twin_path, name in twins)
+
+
 def pytest_collection_finish(session):
     """``image_self_tested`` tests skip on the host when this session also runs the image's
     self-test (selected, and a Docker engine to run it): it runs them on the TF 2.9 the image
     ships.  ``in_containers`` tests (host-only runs whose twins in tests/image drive the same
-    runs in real containers) skip on the host when this session runs those image tests.
+    runs in real containers) skip on the host when this session runs one of their twins (any
+    image test but the self-test when the marker names none).
     Decided here, on the final selection: a self-test or image test left out by ``-k`` or
-    ``--deselect`` runs nothing, so they run here, as without the image tests or an engine."""
+    ``--deselect`` runs nothing, so they run here, as without the image tests or an engine;
+    so does a host test whose twins are not selected, though other image tests are."""
     if session.config.getoption("--image-self-test"):
         return
     items = session.items
+    for item in items:
+        marker = item.get_closest_marker("in_containers")
+        if marker is not None:
+            item._tfmp_missing_twin = _missing_twin(marker)
     if not any(item.get_closest_marker(name) for item in items
                for name in ("image_self_tested", "in_containers")) or _docker_problem():
         return
     in_image = [item for item in items if IMAGE_TESTS in Path(item.path).resolve().parents]
-    runs = {"image_self_tested": ("run by the image's self-test in this session, on TF 2.9",
-                                  any(SELF_TEST in item.name for item in in_image)),
-            "in_containers": ("left to tests/image in this session",
-                              any(SELF_TEST not in item.name for item in in_image))}
+    self_test_runs = any(SELF_TEST in item.name for item in in_image)
+    image_tests_run = any(SELF_TEST not in item.name for item in in_image)
     for item in items:
-        for name, (where, ran) in runs.items():
-            marker = item.get_closest_marker(name)
-            if marker is not None and ran:
-                item.add_marker(pytest.mark.skip(
-                    reason=f"{where}: {marker.kwargs.get('reason', '')} "
-                           "(tests/unit alone runs it here)"))
+        marker = item.get_closest_marker("image_self_tested")
+        if marker is not None and self_test_runs:
+            item.add_marker(pytest.mark.skip(
+                reason="run by the image's self-test in this session, on TF 2.9: "
+                       f"{marker.kwargs.get('reason', '')} (tests/unit alone runs it here)"))
+        marker = item.get_closest_marker("in_containers")
+        if marker is None or item._tfmp_missing_twin:
+            continue
+        twins = _twins(marker)
+        twin_runs = any(_is_twin(other, twins) for other in in_image) if twins else image_tests_run
+        if twin_runs:
+            item.add_marker(pytest.mark.skip(
+                reason=f"left to tests/image in this session: {marker.kwargs.get('reason', '')} "
+                       "(tests/unit alone runs it here)"))
 
 
 # --- the image's self-test: no hidden skips --------------------------------------------------

@@ -395,7 +395,9 @@ def _user_benchmark(tmp_path, model, dataset, *extra):
 
 @pytest.mark.slow
 @pytest.mark.host_only(reason=BENCHMARKED_IN_THE_IMAGE)
-@pytest.mark.in_containers(reason=BENCHMARKED_IN_THE_IMAGE)
+@pytest.mark.in_containers(
+    reason=BENCHMARKED_IN_THE_IMAGE,
+    twins=("tests/image/test_your_model.py::test_user_model_is_benchmarked_over_ssh",))
 def test_user_model_and_dataset_benchmark(tmp_path):
     (tmp_path / "nets").mkdir()
     (tmp_path / "nets" / "small.py").write_text(USER_MODEL)

@@ -11,6 +11,12 @@ from tests.unit.helpers import ONCE_IN_THE_IMAGE, error_lines, run_app
 # The image's self-test leaves this to a real container: tests/image/test_interrupt_image.py
 # stops a training container (SIGTERM, SIGINT) on TF 2.9 and resumes it in a new one.
 IN_CONTAINERS = "signals to a training container are tested on TF 2.9 by test_interrupt_image.py"
+# Each signal's twin there: a session that runs one of them skips only that signal here.
+STOPPED_IN_A_CONTAINER = {
+    "SIGTERM": "tests/image/test_interrupt_image.py::"
+               "test_docker_stop_saves_a_checkpoint_and_a_new_container_resumes",
+    "SIGINT": "tests/image/test_interrupt_image.py::test_sigint_to_a_training_container_exits_130",
+}
 
 SMALL = ["--dataset", "synthetic", "--max-train-samples", "256", "--max-val-samples", "64",
          "--batch-size", "32", "--precision", "float32", "--progress", "lines", "--offline",
@@ -36,9 +42,10 @@ def test_a_diverging_run_exits_3_with_its_diagnosis(tmp_path, loop):
 
 @pytest.mark.slow
 @pytest.mark.host_only(reason=IN_CONTAINERS)
-@pytest.mark.in_containers(reason=IN_CONTAINERS)
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
-                         ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum, code", [
+    pytest.param(signum, code, id=name, marks=pytest.mark.in_containers(
+        reason=IN_CONTAINERS, twins=(STOPPED_IN_A_CONTAINER[name],)))
+    for name, signum, code in [("SIGTERM", signal.SIGTERM, 143), ("SIGINT", signal.SIGINT, 130)]])
 def test_a_signal_stops_with_its_code_and_a_checkpoint_and_resume_finishes(tmp_path, signum,
                                                                           code):
     """``docker stop`` (SIGTERM) and Ctrl-C (SIGINT) inside epoch 2: exit 128+N, a checkpoint,

@@ -17,6 +17,12 @@ from tests.paths import ROOT
 
 TWINS = ("the same two runs are driven in real containers on TF 2.9 by "
          "tests/image/test_interrupt_image.py and test_stack.py")
+# Each drives both runs (a second run refused, a killed one's folder free for --resume).
+TWIN_TESTS = (
+    "tests/image/test_interrupt_image.py::"
+    "test_two_jobs_on_one_volume_one_trains_and_docker_kill_frees_the_folder",
+    "tests/image/test_stack.py::test_one_run_per_output_folder_over_ssh",
+)
 
 
 # A child that takes the lock, says so, and sleeps until killed.
@@ -121,7 +127,7 @@ def _snapshot(folder):
 
 @pytest.mark.slow
 @pytest.mark.host_only(reason=TWINS)
-@pytest.mark.in_containers(reason=TWINS)
+@pytest.mark.in_containers(reason=TWINS, twins=TWIN_TESTS)
 def test_second_train_into_a_live_runs_folder_exits_2_and_touches_nothing(tmp_path):
     from tests.unit.helpers import run_app
     from tests.unit.training_process import TrainingProcess
@@ -152,7 +158,7 @@ def test_second_train_into_a_live_runs_folder_exits_2_and_touches_nothing(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.host_only(reason=TWINS)
-@pytest.mark.in_containers(reason=TWINS)
+@pytest.mark.in_containers(reason=TWINS, twins=TWIN_TESTS)
 def test_a_run_killed_with_sigkill_leaves_the_folder_free_for_resume(tmp_path):
     from tests.unit.helpers import run_app
     from tests.unit.training_process import TrainingProcess

@@ -31,7 +31,8 @@ TWIN = ("tests/image/test_tune_image.py runs the same tune and train --tuned ins
 
 
 @pytest.mark.host_only(reason=TWIN)
-@pytest.mark.in_containers(reason=TWIN)
+@pytest.mark.in_containers(
+    reason=TWIN, twins=("tests/image/test_tune_image.py::test_tune_under_a_container_memory_limit",))
 def test_both_precisions_find_a_boundary_and_a_size_beyond_it_did_not_fit(tmp_path):
     out = tmp_path / "tune"
     proc = run_app("tune", "--model", MODEL, "--dataset", "synthetic", "--input-shape", "90,90,3",
