@@ -99,6 +99,10 @@ def _setting_value(name: str, value, field_type: str):
     setting = settings.BY_NAME.get(name)
     if isinstance(value, str) and setting is not None:
         try:
+            if "bool" in kinds:
+                # In the keyword's own sense: sentinel="false" is off, though its variable
+                # (TFMP_NO_SENTINEL) and flag (--no-sentinel) say the opposite word.
+                return settings.parse_bool(value)
             return setting.read_env(value)
         except ValueError:
             raise UsageError(f"{name}={value!r} is not valid", setting.allowed) from None

@@ -95,6 +95,18 @@ def test_text_and_paths_are_read_as_the_command_line_reads_them(captured, tmp_pa
     assert cfg.dataset == "synthetic"
 
 
+@pytest.mark.parametrize("text, on", [("false", False), ("0", False), ("off", False),
+                                      ("true", True), ("1", True), ("yes", True)])
+def test_a_yes_no_keyword_given_as_text_keeps_the_keywords_sense(captured, tmp_path, text, on):
+    """sentinel="false" left the sentinel on and sentinel="true" turned it off (and so for
+    save_model): the text was read as the variable that says the opposite word
+    (TFMP_NO_SENTINEL, --no-save-model)."""
+    app.train("mlp", "synthetic", epochs=1, sentinel=text, save_model=text, jit=text,
+              output=tmp_path / "run")
+    cfg = captured["cfg"]
+    assert (cfg.sentinel, cfg.save_model, cfg.jit) == (on, on, on)
+
+
 @pytest.mark.parametrize("call", ["check", "tune"])
 def test_check_and_tune_name_an_unknown_keyword_in_one_line(call):
     with pytest.raises(UsageError) as caught:
