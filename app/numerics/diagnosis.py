@@ -39,6 +39,9 @@ class Where:
     rows: List[int] = field(default_factory=list)      # the samples' rows
     bad_rows: List[int] = field(default_factory=list)  # every non-finite row (the first 1000)
     bad_rows_total: Optional[int] = None
+    # The loss: it returns one value for the whole batch (it reduces itself), so no sample
+    # of the batch can be named.
+    whole: bool = False
 
     def text(self) -> str:
         if self.kind == "layer":
@@ -55,6 +58,9 @@ class Where:
             extra = (f" for {_samples_at(self.samples)} of the epoch{self._rows()}"
                      if self.samples else "")
             named = f" ({self.name})" if self.name else ""
+            if self.whole:
+                extra = (" as a whole (it returns one value for the batch, so no sample can be "
+                         "named)")
             return f"the loss{named}: non-finite{extra} while every layer's output is finite"
         if self.kind == "unreplayed":
             return "not replayed: no batch of the failing step was kept"

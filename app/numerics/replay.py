@@ -54,7 +54,9 @@ class CallResult:
 class PassResult:
     calls: List[CallResult]
     loss_finite: bool
-    sample_finite: np.ndarray      # per sample of the batch: its loss is finite
+    # Per sample of the batch: its loss is finite; None when the loss function returns no
+    # value per sample (a loss that reduces itself to a scalar): the loss as a whole.
+    sample_finite: Optional[np.ndarray]
     bad_variables: List[str]       # variables whose gradient is not finite, backward order
     bad_objects: list = None       # the same variables
 
@@ -70,6 +72,7 @@ def run_pass(model, loss_fn, entries, x, y, scale: float, sample_weight=None) ->
     as training weighed it)."""
     variables = list(model.trainable_variables)
     meta: list = []
+    meta_rank: list = []   # the rank of what the loss function returns (None: unknown)
 
     @tf.function
     def run(x, y, scale, sample_weight):
@@ -94,7 +97,11 @@ def run_pass(model, loss_fn, entries, x, y, scale: float, sample_weight=None) ->
                 tf.cast(finite.all_finite(c.outputs), tf.float32), largest_finite(c.outputs),
                 largest_finite(c.inputs), tf.cast(finite.all_finite(g_out), tf.float32),
                 tf.cast(finite.all_finite(g_in), tf.float32)]))
-        sample = tf.reshape(tf.cast(per_example, tf.float32), [tf.shape(per_example)[0], -1])
+        # Each sample's loss, one row a sample: a loss of any rank (a loss that reduces
+        # itself to a scalar is one row, the batch as a whole).
+        lead = tf.reduce_prod(tf.shape(per_example)[:1])
+        sample = tf.reshape(tf.cast(per_example, tf.float32), [lead, -1])
+        meta_rank[:] = [per_example.shape.rank]
         return (tf.stack(per_call) if per_call else tf.zeros([0, 5]),
                 tf.math.is_finite(loss),
                 tf.reduce_all(tf.math.is_finite(sample), axis=1),
@@ -106,7 +113,22 @@ def run_pass(model, loss_fn, entries, x, y, scale: float, sample_weight=None) ->
     calls = [CallResult(c.path, c.class_name, c.dtype, c.layer, bool(r[0]), float(r[1]),
                         float(r[2]), bool(r[3]), bool(r[4])) for c, r in zip(meta, per_call)]
     bad = list(reversed([v for v, ok in zip(variables, var_ok.numpy()) if not ok]))
-    return PassResult(calls, bool(loss_ok), sample_ok.numpy(), [v.name for v in bad], bad)
+    sample_ok = sample_ok.numpy()
+    # Per sample only when the loss returns a value for each sample of the batch: a scalar
+    # (or a loss whose first dimension is not the batch's) names no sample.
+    per_sample = (meta_rank[0] if meta_rank else None) != 0 and \
+        sample_ok.shape[0] == batch_size(x)
+    return PassResult(calls, bool(loss_ok), sample_ok if per_sample else None,
+                      [v.name for v in bad], bad)
+
+
+def batch_size(x) -> Optional[int]:
+    """The number of samples in the batch ``x`` (any structure), None when unknown."""
+    for t in tf.nest.flatten(x):
+        shape = getattr(t, "shape", None)
+        if shape is not None and len(shape) and shape[0] is not None:
+            return int(shape[0])
+    return None
 
 
 @contextlib.contextmanager
@@ -276,8 +298,10 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
                         **facts)
         return _not_precision(where, failed, done, model, facts)
     if not run.loss_finite:
-        in_batch = [int(i) for i in np.flatnonzero(~run.sample_finite)]
-        where = dx.Where("loss", failed.loss_name, samples=[failed.position + i for i in in_batch])
+        whole = run.sample_finite is None
+        in_batch = [] if whole else [int(i) for i in np.flatnonzero(~run.sample_finite)]
+        where = dx.Where("loss", failed.loss_name, samples=[failed.position + i for i in in_batch],
+                         whole=whole)
         _name_rows(where, failed.rows, x, y, in_batch[:MOST_ROWS_SEARCHED], nonfinite=False)
         if precision:
             return done(where, "precision", "compute the loss in float32: cast the predictions "
@@ -367,7 +391,7 @@ def _not_precision(where, failed: FailedStep, done, model, facts):
     if where.kind == "loss":
         return done(where, "model", "the loss is non-finite in float32 too: guard it (e.g. "
                     "tf.math.log(tf.maximum(p, 1e-7)), tf.math.divide_no_nan), or check the "
-                    "labels of those samples", **facts)
+                    + ("batch's labels" if where.whole else "labels of those samples"), **facts)
     return done(where, "model", f"layer '{where.name}' computes a non-finite value in float32 "
                 "too: look in it for log(0), a division by 0, sqrt of a negative or exp of a "
                 "large value; or lower --learning-rate", **facts)

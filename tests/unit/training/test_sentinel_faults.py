@@ -389,6 +389,46 @@ def test_log_of_zero_in_a_custom_loss(tmp_path, loop, given, capsys):
     assert set(f["where"]["rows"]) <= {250, 420} and f["where"]["bad_rows_total"] is None
 
 
+def log_weighted_ce_mean(y_true, y_pred):
+    """The same, reduced by the loss itself to one value for the batch (valid Keras)."""
+    return tf.reduce_mean(log_weighted_ce(y_true, y_pred))
+
+
+def test_log_of_zero_in_a_loss_that_returns_a_scalar(tmp_path, capsys):
+    """The QA pass: a loss that reduces itself to a scalar crashed the replay (a reshape by
+    the batch's first dimension of a 0-d tensor): exit 1, a traceback, no metrics.json.  The
+    loss is named as a whole: it has no per-sample values to name a sample by.  (fit only:
+    the custom loop's step takes per-sample losses, tf.nn.compute_average_loss.)"""
+    loop = "fit"
+    x = _rng_x()
+    y = np.where(x[:, 0] > 0.5, 1, 2).astype("int32")
+    y[[250, 420]] = 0
+    m = _train(tmp_path, _model(_dense()), _data(x, y), loop, precision="float32",
+               loss=log_weighted_ce_mean, num_classes=3)
+    f = _fault(m)
+    assert f["where"]["kind"] == "loss" and f["verdict"] == "model", f
+    assert f["where"]["name"] == "log_weighted_ce_mean" and f["where"]["whole"] is True
+    assert f["where"]["samples"] == [] and f["where"]["rows"] == [], f["where"]
+    err = capsys.readouterr().err
+    assert ("  where it began: the loss (log_weighted_ce_mean): non-finite as a whole (it "
+            "returns one value for the batch, so no sample can be named) while every layer's "
+            "output is finite") in err, err[-2000:]
+    assert "  fix: the loss is non-finite in float32 too" in err and "those samples" not in err
+    assert (tmp_path / f"run-{loop}" / "metrics.json").exists()
+
+
+def test_check_names_a_loss_that_returns_a_scalar_as_a_whole():
+    """`tfmp check` replays the same way: a blocker, not a traceback."""
+    def nan_mean(y_true, y_pred):
+        return tf.reduce_mean(tf.math.log(y_pred * 0.0))
+    report = app.check(model=_model(_dense()), data=_data(), loss=nan_mean, precision="float32",
+                       steps=4, batch_size=16, verbose=False)
+    blockers = [f for f in report["findings"] if f["severity"] == "blocker"]
+    assert [f["check"] for f in blockers] == ["nonfinite"], report["findings"]
+    assert "the loss (nan_mean): non-finite as a whole" in blockers[0]["what"], blockers[0]
+    assert report["numerics"]["where"]["whole"] is True and report["numerics"]["verdict"] == "model"
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_loss_scale_driven_to_its_floor(tmp_path, loop):
     m = _train(tmp_path, _model(_dense(), lambda: Boost(name="boost")), _data(), loop,
