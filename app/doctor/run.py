@@ -409,7 +409,8 @@ def _numerics_finding(report: dict, task, model, entries, loss_fn, batch, fault,
     from app.task.losses import name_of
 
     failed = replay.FailedStep(fault, 1, (fault.step - 1) * batch_size, policy,
-                               name_of(loss_fn), start_weights_max, rows=rows)
+                               name_of(loss_fn), start_weights_max, rows=rows,
+                               float32_layers=tuple(task.float32_layers))
     diag = replay.diagnose(model, loss_fn, entries, batch, failed)
     report["numerics"] = diag.to_json()
     after = (f"after {fault.step} training step(s) under {policy}: " if fault.step > 1 else "")

@@ -90,7 +90,9 @@ class Diagnosis:
     float32_finite: Optional[bool] = None
     largest_before: Optional[float] = None   # the largest finite magnitude going into it
     float32_largest: Optional[float] = None  # the same value computed in float32
-    layers: List[str] = field(default_factory=list)   # for the --float32-layers flag
+    # For the --float32-layers flag: the whole set to give it, the layers the run computes in
+    # float32 already (the flag's value replaces them) and the one found (``float32_set``).
+    layers: List[str] = field(default_factory=list)
     replica: Optional[int] = None
     worker: Optional[int] = None
     seconds: Optional[float] = None
@@ -202,12 +204,24 @@ def _samples_at(samples: List[int]) -> str:
 
 
 
+def float32_set(kept: Sequence[str], path: str) -> List[str]:
+    """The layers to run in float32 once the layer at ``path`` is: the run's own float32
+    layers ``kept`` (as the run names them: --float32-layers replaces them, so a flag naming
+    the new one alone would put them back in 16 bits), then ``path`` unless one of them
+    names it already (its full path, or its last parts)."""
+    kept = list(kept)
+    if any(path == name or path.endswith("/" + name) for name in kept):
+        return kept
+    return kept + [path]
+
+
 def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None,
-              cause: Optional[str] = None) -> str:
+              cause: Optional[str] = None, kept: Sequence[str] = ()) -> str:
     """The fix for a layer whose 16-bit value is the cause.  ``epsilon``: (its attribute, or
     None for a constant written in its call, the value) that is 0 in ``dtype``; ``cause``:
-    underflow (a division by a value 0 in 16 bits) or overflow, None when not known."""
-    flag = float32_layers.flag([path])
+    underflow (a division by a value 0 in 16 bits) or overflow, None when not known;
+    ``kept``: the layers the run computes in float32 already (``float32_set``)."""
+    flag = float32_layers.flag(float32_set(kept, path))
     holds = (f"{dtype}'s smallest normal is {limits.SMALLEST_NORMAL.get(dtype, 0):.2g}, its "
              f"smallest subnormal {limits.SMALLEST.get(dtype, 0):.2g}")
     if epsilon is not None:

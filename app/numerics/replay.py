@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -213,6 +213,9 @@ class FailedStep:
     # The weights' largest as the model was built, before a resumed run's checkpoint put
     # its own in; None: the run began from those (start_weights_max).
     built_weights_max: Optional[float] = None
+    # The layers the run computes in float32 (--float32-layers, as the run names them): a
+    # fix naming another layer names them too, since the flag's value replaces them.
+    float32_layers: Sequence[str] = ()
 
     @property
     def reference_weights_max(self) -> Optional[float]:
@@ -293,9 +296,11 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
             cause, op, constant = _cause(run, call, phase, f32_max, dtype, look_inside)
             epsilon = None if cause == "overflow" else (
                 epsilon_of(call.layer, dtype) or (None if constant is None else (None, constant)))
-            fix = dx.layer_fix(call.path, dtype, phase, epsilon, cause=cause)
-            return done(where, "precision", fix, layers=[call.path], cause=cause, inside_op=op,
-                        **facts)
+            fix = dx.layer_fix(call.path, dtype, phase, epsilon, cause=cause,
+                               kept=failed.float32_layers)
+            return done(where, "precision", fix,
+                        layers=dx.float32_set(failed.float32_layers, call.path), cause=cause,
+                        inside_op=op, **facts)
         return _not_precision(where, failed, done, model, facts)
     if not run.loss_finite:
         whole = run.sample_finite is None
@@ -314,8 +319,9 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
                  if owner is not None else dx.Where("weights", run.bad_variables[0], phase="backward"))
         if precision and owner is not None:
             return done(where, "precision", dx.layer_fix(owner.path, owner.dtype or "float16",
-                                                         "backward"),
-                        layers=[owner.path], float32_finite=True)
+                                                         "backward", kept=failed.float32_layers),
+                        layers=dx.float32_set(failed.float32_layers, owner.path),
+                        float32_finite=True)
         if precision:
             return done(where, "precision", f"the gradient of {run.bad_variables[0]} overflows "
                         "in 16 bits: clip it, or run its layer in float32", float32_finite=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -91,9 +91,10 @@ class SentinelWatch:
         if fault is not None:
             raise NumericsFault(fault)
 
-    def diagnose(self, fault: rules.Fault, epoch: int):
-        """The replay's diagnosis (``diagnose`` below), or None with nothing to replay."""
-        return diagnose(self, fault, epoch)
+    def diagnose(self, fault: rules.Fault, epoch: int, float32_layers: Sequence[str] = ()):
+        """The replay's diagnosis (``diagnose`` below), or None with nothing to replay;
+        ``float32_layers``: the layers the run computes in float32 (--float32-layers)."""
+        return diagnose(self, fault, epoch, float32_layers)
 
     def report(self, fault: rules.Fault, metrics: dict, *, epoch: int, checkpoint: str,
                fallback: str, output: Optional[str] = None, command_line: bool = True) -> None:
@@ -102,7 +103,7 @@ class SentinelWatch:
         no batch to replay; ``output``, ``command_line``: the run's folder, and whether
         ``tfmp train`` (else ``app.train``) runs it, for the words of what to do next."""
         fault = fault.in_words(command_line)
-        diag = self.diagnose(fault, epoch)
+        diag = self.diagnose(fault, epoch, run_float32_layers(metrics))
         if diag is None:   # a rule's fault, or one the step kept no batch of
             diag = unreplayed(fault.headline, fault.kind, fault.step, epoch, self.policy,
                               command_line=command_line, fallback=fallback,
@@ -124,12 +125,26 @@ class SentinelWatch:
                 "probe_seconds": round(self.probe_seconds, 3), "fault": None}
 
 
-def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int):
+def run_float32_layers(metrics: dict) -> tuple:
+    """The layers the run computes in float32, as it names them: metrics.json's
+    ``task.float32_layers`` (--float32-layers, app.train's float32_layers=, or those a
+    --resume kept), what a fix naming another layer must name too."""
+    from app.core.errors import UsageError
+    from app.task import float32_layers
+
+    try:
+        return float32_layers.parse((metrics.get("task") or {}).get("float32_layers"))
+    except UsageError:
+        return ()
+
+
+def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int,
+             float32_layers: Sequence[str] = ()):
     """Replay the stashed batch of each local replica (the first whose replay shows the
     fault is the one named); None without a stash (a rule's fault, not the latch's).
     Several workers: each replays its own replicas' batches, and all of them take the first
     worker's that shows the fault (``pool``), so the chief's metrics.json names it."""
-    found = _diagnose_here(watch, fault, epoch)
+    found = _diagnose_here(watch, fault, epoch, tuple(float32_layers))
     if watch.pool is None:
         return found
     everyone = [d for d in watch.pool(None if found is None else found.to_json()) if d]
@@ -139,7 +154,8 @@ def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int):
     return found
 
 
-def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int):
+def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int,
+                   float32_layers: tuple = ()):
     batches = watch.state.batches() if watch.state.latched() else []
     in_epoch = max(0, fault.step - watch.epoch_start_step - 1)
     local = max(1, len(watch.state.stash))
@@ -155,7 +171,8 @@ def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int):
         failed = replay.FailedStep(
             fault, epoch, first, watch.policy, losses.name_of(watch.loss_fn),
             watch.start_weights_max, replica=i if len(batches) > 1 else None,
-            worker=watch.worker, rows=watch.rows, built_weights_max=watch.built_weights_max)
+            worker=watch.worker, rows=watch.rows, built_weights_max=watch.built_weights_max,
+            float32_layers=float32_layers)
         found = replay.diagnose(watch.model, watch.loss_fn, watch.entries, batch, failed)
         if found.verdict != "not reproduced":
             return found

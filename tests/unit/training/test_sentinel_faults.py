@@ -638,6 +638,45 @@ def test_resume_with_the_flag_the_sentinel_printed_finishes_the_run(tmp_path):
     assert again["numerics"]["headroom"]["amplify"]["dtype"] == "float32"
 
 
+class Grow(tf.keras.layers.Layer):
+    """exp(12 x): past float16's 65504 where x is near 1."""
+
+    def call(self, x):
+        return tf.exp(x * 12.0)
+
+
+def _grow_then_head(input_shape, num_classes):
+    """'grow' overflows float16; run in float32, its output (~1.6e5) makes the float16 'head'
+    after it overflow in turn."""
+    inp = tf.keras.Input(input_shape)
+    h = tf.keras.layers.Dense(16, name="d1", kernel_initializer="ones")(inp)
+    h = Grow(name="grow")(tf.keras.layers.Activation("tanh", name="t")(h))
+    h = tf.keras.layers.Dense(num_classes, name="head")(h)
+    return tf.keras.Model(inp, tf.keras.layers.Activation("linear", dtype="float32",
+                                                          name="out")(h))
+
+
+def test_a_fault_after_the_float32_layers_fix_names_them_with_the_new_one(tmp_path):
+    """The QA pass: after a resume with --float32-layers grow the next fault's fix said
+    --float32-layers head, and the flag replaces the run's float32 layers: pasted, it put
+    grow back in float16, and so on back and forth.  The fix names the whole set."""
+    m = _train(tmp_path, _grow_then_head, _data(), "fit", epochs=1)
+    f = m["numerics"]["fault"]
+    assert f["where"]["name"] == "grow" and f["layers"] == ["grow"], f
+    again = _train(tmp_path, _grow_then_head, _data(), "fit", epochs=1, resume=True,
+                   float32_layers=f["layers"])
+    f = again["numerics"]["fault"]
+    assert f["where"]["name"] == "head" and f["verdict"] == "precision", f
+    assert f["layers"] == ["grow", "head"] and f["flag"] == "--float32-layers grow,head", f
+    assert "grow" in f["fix"] and "head" in f["fix"], f["fix"]
+    # `check` of the same model, as that run trains it: the blocker's fix names both too.
+    report = app.check(model=_grow_then_head, data=_data(), float32_layers=["grow"], steps=2,
+                       batch_size=16, verbose=False)
+    (blocker,) = [f for f in report["findings"] if f["severity"] == "blocker"]
+    assert blocker["layer"] == "head" and "--float32-layers grow,head" in blocker["fix"], blocker
+    assert report["numerics"]["layers"] == ["grow", "head"]
+
+
 # ---- the checkpoint at a fault, and the resume from it -----------------------------------
 
 class Spike(tf.keras.layers.Layer):
