@@ -54,7 +54,8 @@ def train_steps(model, loss_fn, optimizer, step, batches, policy: str, x_eval, y
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         kind = _faulty(loss, [g for g, _ in pairs], optimizer)
         if kind is not None:
-            fault = {"fault": rules.Fault(kind, i, rules.headline(kind, policy=policy), scale),
+            fault = {"fault": rules.Fault(kind, i, rules.headline(
+                kind, policy=policy, loss_scaled=loss_scale.is_loss_scaled(optimizer)), scale),
                      "batch": batch}
             losses.append(finite_float(loss))
             break

@@ -15,6 +15,7 @@ Verdicts:
 """
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Sequence
@@ -215,13 +216,24 @@ def float32_set(kept: Sequence[str], path: str) -> List[str]:
     return kept + [path]
 
 
+def float32_words(paths: Sequence[str], command_line: bool = True) -> str:
+    """The setting that runs ``paths`` in float32, in the words of what runs the run:
+    ``--float32-layers a,b`` (``tfmp train``) or ``float32_layers=["a", "b"]``
+    (``app.train``)."""
+    if command_line:
+        return float32_layers.flag(paths)
+    return f"float32_layers=[{', '.join(json.dumps(p) for p in paths)}]"
+
+
 def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None,
-              cause: Optional[str] = None, kept: Sequence[str] = ()) -> str:
+              cause: Optional[str] = None, kept: Sequence[str] = (),
+              command_line: bool = True) -> str:
     """The fix for a layer whose 16-bit value is the cause.  ``epsilon``: (its attribute, or
     None for a constant written in its call, the value) that is 0 in ``dtype``; ``cause``:
     underflow (a division by a value 0 in 16 bits) or overflow, None when not known;
-    ``kept``: the layers the run computes in float32 already (``float32_set``)."""
-    flag = float32_layers.flag(float32_set(kept, path))
+    ``kept``: the layers the run computes in float32 already (``float32_set``);
+    ``command_line``: ``tfmp train``'s words (flags), else ``app.train``'s (keywords)."""
+    flag = float32_words(float32_set(kept, path), command_line)
     holds = (f"{dtype}'s smallest normal is {limits.SMALLEST_NORMAL.get(dtype, 0):.2g}, its "
              f"smallest subnormal {limits.SMALLEST.get(dtype, 0):.2g}")
     if epsilon is not None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
 from app.core.catalog import SIXTEEN_BIT
 from app.numerics import limits
+from app.numerics.diagnosis import float32_set, float32_words
 from app.numerics.tap import Tap, largest_finite
 from app.precision import finite
 
@@ -77,8 +78,11 @@ class Headroom:
         self.layers: Dict[str, dict] = {}
         self.warned: set = set()
 
-    def update(self, step: int, measured: Dict[str, tuple]) -> List[str]:
-        """Record one probe; returns the warnings it gives (each layer warns once)."""
+    def update(self, step: int, measured: Dict[str, tuple], command_line: bool = True,
+               kept: Sequence[str] = ()) -> List[str]:
+        """Record one probe; returns the warnings it gives (each layer warns once), naming
+        the setting as ``tfmp train`` (``command_line``) or ``app.train`` takes it, with the
+        run's own float32 layers ``kept``."""
         warnings = []
         for path, (dtype, largest, finite) in measured.items():
             if dtype not in SIXTEEN_BIT and dtype not in limits.LARGEST:
@@ -92,7 +96,8 @@ class Headroom:
                 rec.update(least_bits=_round(bits), least_at_step=step)
             if bits is not None and bits < limits.WARN_BITS and path not in self.warned:
                 self.warned.add(path)
-                warnings.append(warning_text(path, dtype, largest, finite, bits, step))
+                warnings.append(warning_text(path, dtype, largest, finite, bits, step,
+                                             command_line, kept))
         return warnings
 
     def scalars(self) -> Dict[str, float]:
@@ -106,15 +111,19 @@ class Headroom:
 
 
 def warning_text(path: str, dtype: str, largest: float, finite: bool, bits: float,
-                 step: int) -> str:
+                 step: int, command_line: bool = True, kept: Sequence[str] = ()) -> str:
+    """The warning for one layer; the setting that runs it in float32 in the words of what
+    runs the run, naming the run's own float32 layers ``kept`` too (its value replaces
+    them: ``app.numerics.diagnosis.float32_set``)."""
     limit = limits.largest(dtype)
+    setting = float32_words(float32_set(kept, path), command_line)
     if not finite:
         return (f"layer '{path}' gave a non-finite output on the probe batch at step {step} "
                 f"({dtype}, largest finite {limit:g}); if training follows it will stop there: "
-                f"run it in float32 with --float32-layers {path}")
+                f"run it in float32 with {setting}")
     return (f"layer '{path}' output reached {largest:.4g} of {dtype}'s largest {limit:g} at "
             f"step {step} (headroom {bits:.1f} bits, under {limits.WARN_BITS:g}); if it keeps "
-            f"growing it will overflow: --float32-layers {path} runs it in float32")
+            f"growing it will overflow: {setting} runs it in float32")
 
 
 def _round(bits: Optional[float]) -> Optional[float]:

@@ -216,6 +216,8 @@ class FailedStep:
     # The layers the run computes in float32 (--float32-layers, as the run names them): a
     # fix naming another layer names them too, since the flag's value replaces them.
     float32_layers: Sequence[str] = ()
+    # The run is tfmp train's (the fix names flags), else app.train's (its keywords).
+    command_line: bool = True
 
     @property
     def reference_weights_max(self) -> Optional[float]:
@@ -297,7 +299,7 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
             epsilon = None if cause == "overflow" else (
                 epsilon_of(call.layer, dtype) or (None if constant is None else (None, constant)))
             fix = dx.layer_fix(call.path, dtype, phase, epsilon, cause=cause,
-                               kept=failed.float32_layers)
+                               kept=failed.float32_layers, command_line=failed.command_line)
             return done(where, "precision", fix,
                         layers=dx.float32_set(failed.float32_layers, call.path), cause=cause,
                         inside_op=op, **facts)
@@ -319,7 +321,8 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
                  if owner is not None else dx.Where("weights", run.bad_variables[0], phase="backward"))
         if precision and owner is not None:
             return done(where, "precision", dx.layer_fix(owner.path, owner.dtype or "float16",
-                                                         "backward", kept=failed.float32_layers),
+                                                         "backward", kept=failed.float32_layers,
+                                                         command_line=failed.command_line),
                         layers=dx.float32_set(failed.float32_layers, owner.path),
                         float32_finite=True)
         if precision:

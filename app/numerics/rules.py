@@ -3,7 +3,8 @@
 Loss scaling skips a step now and then and lowers the scale: that is how it works, and it
 is never an alarm (the count goes into metrics.json).  A fault is
 * ``forward``: a step's loss was not finite (a non-finite value in the forward pass, which
-  loss scaling cannot help: it scales the backward pass only);
+  loss scaling cannot help: it scales the backward pass only; a run without loss scaling
+  is told so without that clause);
 * ``gradients``: non-finite gradients without loss scaling (float32, mixed_bfloat16);
 * ``floor``: the loss scale reached its floor and steps are still skipped;
 * ``skipped``: more steps in a row skipped than ``--max-skipped-steps``, the loss scale at its
@@ -68,9 +69,13 @@ class Fault:
             self.step - self.in_a_row + 1, self.in_a_row, self.limit, command_line))
 
 
-def headline(kind: str, *, policy: str = "", run_start: int = 0) -> str:
-    """What a latched fault of ``kind`` means, in one line (train and check say the same)."""
+def headline(kind: str, *, policy: str = "", run_start: int = 0,
+             loss_scaled: bool = True) -> str:
+    """What a latched fault of ``kind`` means, in one line (train and check say the same);
+    ``loss_scaled``: the run scales its loss (else no word of loss scaling)."""
     if kind == "forward":
+        if not loss_scaled:
+            return "the loss was not finite (a non-finite value in the forward pass)"
         return ("the loss was not finite (a non-finite value in the forward pass, which loss "
                 "scaling cannot help)")
     if kind == "gradients":
@@ -99,8 +104,8 @@ def fault(c: Counters, *, loss_scaled: bool, policy: str, max_skipped_steps: int
     diagnosis puts the step and epoch in front of it."""
     kind = KIND_CODES.get(c.fault_code)
     if kind is not None:
-        return Fault(kind, c.fault_step, headline(kind, policy=policy, run_start=c.run_start),
-                     c.fault_scale)
+        return Fault(kind, c.fault_step, headline(kind, policy=policy, run_start=c.run_start,
+                                                  loss_scaled=loss_scaled), c.fault_scale)
     if loss_scaled and stuck_at_floor(c.in_a_row, loss_scale_now, max_skipped_steps):
         return Fault("skipped", c.step,
                      skipped_headline(c.step - c.in_a_row + 1, c.in_a_row, max_skipped_steps),

@@ -26,11 +26,16 @@ class SentinelWatch:
                  pool: Optional[Callable[[object], list]] = None,
                  warn: Optional[Callable[[str], None]] = None,
                  on_probe: Optional[Callable[[int, dict], None]] = None, rows=None,
-                 built_weights_max: Optional[float] = None):
+                 built_weights_max: Optional[float] = None, command_line: bool = True,
+                 float32_layers: Sequence[str] = ()):
         # worker/workers: this worker's index and their number (multi-worker; worker None
         # otherwise); pool: every worker's JSON value, in worker order (Distribution.pool_json).
         # built_weights_max: a resumed run's weights' largest as the model was built, before
         # the checkpoint's were restored (the replay measures growth from there).
+        # command_line, float32_layers: the run is tfmp train's (else app.train's) and the
+        # layers it computes in float32, for the words of the headroom warnings (a fault's
+        # report takes both from report()'s arguments and metrics.json).
+        self.command_line, self.float32_layers = command_line, tuple(float32_layers)
         self.state, self.model, self.loss_fn = state, model, loss_fn
         self.every, self.policy, self.loss_scaled = every, policy, loss_scaled
         self.max_skipped_steps, self.global_batch, self.worker, self.workers = (
@@ -72,7 +77,8 @@ class SentinelWatch:
             self.last_probe = step - step % self.every
             t0 = time.perf_counter()
             probed = self.probe.measure(self.probe_x)
-            for line in self.headroom.update(step, probed.layers):
+            for line in self.headroom.update(step, probed.layers, self.command_line,
+                                             self.float32_layers):
                 self.warnings.append(line)
                 self.warn(line)
             if self.on_probe is not None:
@@ -91,10 +97,12 @@ class SentinelWatch:
         if fault is not None:
             raise NumericsFault(fault)
 
-    def diagnose(self, fault: rules.Fault, epoch: int, float32_layers: Sequence[str] = ()):
+    def diagnose(self, fault: rules.Fault, epoch: int, float32_layers: Sequence[str] = (),
+                 command_line: bool = True):
         """The replay's diagnosis (``diagnose`` below), or None with nothing to replay;
-        ``float32_layers``: the layers the run computes in float32 (--float32-layers)."""
-        return diagnose(self, fault, epoch, float32_layers)
+        ``float32_layers``: the layers the run computes in float32 (--float32-layers);
+        ``command_line``: the fix in tfmp train's words, else app.train's."""
+        return diagnose(self, fault, epoch, float32_layers, command_line)
 
     def report(self, fault: rules.Fault, metrics: dict, *, epoch: int, checkpoint: str,
                fallback: str, output: Optional[str] = None, command_line: bool = True) -> None:
@@ -103,7 +111,7 @@ class SentinelWatch:
         no batch to replay; ``output``, ``command_line``: the run's folder, and whether
         ``tfmp train`` (else ``app.train``) runs it, for the words of what to do next."""
         fault = fault.in_words(command_line)
-        diag = self.diagnose(fault, epoch, run_float32_layers(metrics))
+        diag = self.diagnose(fault, epoch, run_float32_layers(metrics), command_line)
         if diag is None:   # a rule's fault, or one the step kept no batch of
             diag = unreplayed(fault.headline, fault.kind, fault.step, epoch, self.policy,
                               command_line=command_line, fallback=fallback,
@@ -139,12 +147,12 @@ def run_float32_layers(metrics: dict) -> tuple:
 
 
 def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int,
-             float32_layers: Sequence[str] = ()):
+             float32_layers: Sequence[str] = (), command_line: bool = True):
     """Replay the stashed batch of each local replica (the first whose replay shows the
     fault is the one named); None without a stash (a rule's fault, not the latch's).
     Several workers: each replays its own replicas' batches, and all of them take the first
     worker's that shows the fault (``pool``), so the chief's metrics.json names it."""
-    found = _diagnose_here(watch, fault, epoch, tuple(float32_layers))
+    found = _diagnose_here(watch, fault, epoch, tuple(float32_layers), command_line)
     if watch.pool is None:
         return found
     everyone = [d for d in watch.pool(None if found is None else found.to_json()) if d]
@@ -155,7 +163,7 @@ def diagnose(watch: SentinelWatch, fault: rules.Fault, epoch: int,
 
 
 def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int,
-                   float32_layers: tuple = ()):
+                   float32_layers: tuple = (), command_line: bool = True):
     batches = watch.state.batches() if watch.state.latched() else []
     in_epoch = max(0, fault.step - watch.epoch_start_step - 1)
     local = max(1, len(watch.state.stash))
@@ -172,7 +180,7 @@ def _diagnose_here(watch: SentinelWatch, fault: rules.Fault, epoch: int,
             fault, epoch, first, watch.policy, losses.name_of(watch.loss_fn),
             watch.start_weights_max, replica=i if len(batches) > 1 else None,
             worker=watch.worker, rows=watch.rows, built_weights_max=watch.built_weights_max,
-            float32_layers=float32_layers)
+            float32_layers=float32_layers, command_line=command_line)
         found = replay.diagnose(watch.model, watch.loss_fn, watch.entries, batch, failed)
         if found.verdict != "not reproduced":
             return found

@@ -180,6 +180,7 @@ def test_an_activation_that_grows_past_float16(tmp_path, loop):
     assert f["verdict"] == "precision" and f["float32_finite"] is True
     assert f["flag"] == "--float32-layers amplify"
     assert f["float32_largest"] > 65504 and f["largest_before"] < 65504
+    assert f["headline"].endswith("which loss scaling cannot help)"), f["headline"]
     if loop == "custom":   # probed at the step logs: warned once, before the fault
         warned = [w for w in m["numerics"]["warnings"] if w.startswith("layer 'amplify'")]
         assert len(warned) == 1 and "--float32-layers amplify" in warned[0]
@@ -192,7 +193,7 @@ def test_an_epsilon_that_is_zero_in_float16_meets_blank_samples(tmp_path, loop):
     m = _train(tmp_path, _model(lambda: RMSNorm(name="rms_norm"), _dense()), _data(x), loop)
     f = _fault(m)
     assert f["where"]["name"] == "rms_norm" and f["verdict"] == "precision"
-    assert "epsilon=1e-12 is 0 in float16" in f["fix"] and "--float32-layers rms_norm" in f["fix"]
+    assert "epsilon=1e-12 is 0 in float16" in f["fix"] and 'float32_layers=["rms_norm"]' in f["fix"]
     assert f["cause"] == "underflow"
 
 
@@ -210,9 +211,12 @@ def test_an_epsilon_that_is_zero_in_float16_is_an_underflow_not_an_overflow(tmp_
     assert f["cause"] == "underflow" and f["inside_op"] == "RealDiv", f
     assert f["fix"].startswith(f"{named} is 0 in float16 (float16's smallest normal is "
                                "6.1e-05, its smallest subnormal 6e-08)"), f["fix"]
-    assert "--float32-layers norm" in f["fix"] and "clip" not in f["fix"]
-    values = next(line for line in capsys.readouterr().err.splitlines()
-                  if line.startswith("  values: "))
+    # app.train's words, as its then: line's (resume=True): the keyword, not the flag
+    assert 'float32_layers=["norm"]' in f["fix"] and "--float32-layers" not in f["fix"], f["fix"]
+    assert "clip" not in f["fix"] and f["flag"] == "--float32-layers norm"
+    err = capsys.readouterr().err
+    assert '  fix: ' + f["fix"] in err and "with resume=True continues" in err
+    values = next(line for line in err.splitlines() if line.startswith("  values: "))
     assert "not an overflow, but a division (RealDiv) by a value that is 0 in float16" in values
     assert "x float16's largest" not in values
 
@@ -408,6 +412,8 @@ def test_log_of_zero_in_a_loss_that_returns_a_scalar(tmp_path, capsys):
     f = _fault(m)
     assert f["where"]["kind"] == "loss" and f["verdict"] == "model", f
     assert f["where"]["name"] == "log_weighted_ce_mean" and f["where"]["whole"] is True
+    # float32 has no loss scaling: no word of it
+    assert f["headline"] == "the loss was not finite (a non-finite value in the forward pass)"
     assert f["where"]["samples"] == [] and f["where"]["rows"] == [], f["where"]
     err = capsys.readouterr().err
     assert ("  where it began: the loss (log_weighted_ce_mean): non-finite as a whole (it "
@@ -668,7 +674,7 @@ def test_a_fault_after_the_float32_layers_fix_names_them_with_the_new_one(tmp_pa
     f = again["numerics"]["fault"]
     assert f["where"]["name"] == "head" and f["verdict"] == "precision", f
     assert f["layers"] == ["grow", "head"] and f["flag"] == "--float32-layers grow,head", f
-    assert "grow" in f["fix"] and "head" in f["fix"], f["fix"]
+    assert 'float32_layers=["grow", "head"]' in f["fix"], f["fix"]   # app.train's words
     # `check` of the same model, as that run trains it: the blocker's fix names both too.
     report = app.check(model=_grow_then_head, data=_data(), float32_layers=["grow"], steps=2,
                        batch_size=16, verbose=False)

@@ -117,6 +117,29 @@ def test_the_latched_floor_says_since_when_every_step_was_skipped():
     assert f.headline == "the loss scale reached its floor (1); every step since step 1 was skipped"
 
 
+def test_a_forward_fault_without_loss_scaling_says_nothing_of_it():
+    """The QA pass: a float32 run said 'which loss scaling cannot help', and it has none."""
+    c = counters(step=4, fault_step=3, fault_code=rules.CODE_OF["forward"])
+    assert fault(c, loss_scaled=False, policy="float32").headline == (
+        "the loss was not finite (a non-finite value in the forward pass)")
+    assert fault(c).headline.endswith("which loss scaling cannot help)")
+
+
+def test_the_headroom_warning_names_the_setting_as_the_run_takes_it_with_its_float32_layers():
+    """app.train's keyword under app.train, the flag under tfmp train; either way the run's
+    own float32 layers with the new one (the setting's value replaces them)."""
+    from app.numerics.headroom import Headroom
+
+    probed = {"head": ("float16", 30000.0, True)}
+    (line,) = Headroom().update(5, probed, command_line=False, kept=("grow",))
+    assert line.endswith('if it keeps growing it will overflow: float32_layers=["grow", "head"] '
+                         "runs it in float32"), line
+    (line,) = Headroom().update(5, {"head": ("float16", 1.0, False)}, kept=("grow",))
+    assert line.endswith("run it in float32 with --float32-layers grow,head"), line
+    (line,) = Headroom().update(5, probed)
+    assert line.endswith("--float32-layers head runs it in float32"), line
+
+
 def test_a_non_finite_loss_is_a_fault_under_loss_scaling_too():
     """Loss scaling scales the backward pass only: a forward value past float16 is a fault."""
     f = fault(counters(fault_step=62, fault_code=rules.CODE_OF["forward"], fault_scale=512.0))
