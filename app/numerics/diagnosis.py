@@ -101,6 +101,8 @@ class Diagnosis:
     # (a division by a value that is 0 in 16 bits), None when unknown; the op where it began.
     cause: Optional[str] = None
     inside_op: Optional[str] = None
+    # An overflow inside the layer (``inside_op``): what that op's value reaches in float32.
+    inside_float32_largest: Optional[float] = None
 
     @property
     def flag(self) -> Optional[str]:
@@ -120,6 +122,8 @@ class Diagnosis:
             parts[-1:] = [f"{parts[-1] if parts else 'its inputs are finite'}{reaches}, far under "
                           f"{self.where.dtype}'s largest ({limit:g}): not an overflow, but a "
                           f"division{op} by a value that is 0 in {self.where.dtype}"]
+        elif self.cause == "overflow" and self.inside_op:
+            parts.append(self._overflow_inside(limit))
         elif self.float32_largest is not None:
             parts.append(f"in float32 the value reaches {self.float32_largest:.4g} "
                          f"({self.float32_largest / limit:.3g}x {self.where.dtype}'s "
@@ -127,6 +131,17 @@ class Diagnosis:
         else:
             parts.append(f"{self.where.dtype}'s largest finite value is {limit:g}")
         return "; ".join(parts)
+
+    def _overflow_inside(self, limit: float) -> str:
+        """An op of the layer's call overflowed (its output stays in range in float32, so
+        its own value says nothing): the op, and what its value reaches in float32."""
+        dtype = self.where.dtype
+        reaches = ("" if self.inside_float32_largest is None else
+                   f": in float32 its value reaches {self.inside_float32_largest:.4g} "
+                   f"({self.inside_float32_largest / limit:.3g}x {dtype}'s largest, {limit:g})")
+        out = ("" if self.float32_largest is None else
+               f", though the layer's output in float32 reaches only {self.float32_largest:.4g}")
+        return f"inside the layer, {self.inside_op} overflows {dtype}{reaches}{out}"
 
     def lines(self, output: Optional[str] = None, command_line: bool = True) -> List[str]:
         """The console block: the first line is the error, the rest indented.  ``output``:

@@ -34,6 +34,10 @@ class Inside:
     cause: str                       # underflow | overflow
     op: str                          # the op's type where it began, e.g. RealDiv
     constant: Optional[float] = None  # a constant of the call that is 0 in the dtype
+    occurrence: int = 0              # which op of that type the call made (0: its first)
+    # An overflow: the largest magnitude that op's output reaches with the layer in float32
+    # (``float32_largest``), None when not measured.
+    float32_largest: Optional[float] = None
 
 
 def look(model, entries, x, index: int, dtype: str) -> Optional[Inside]:
@@ -58,12 +62,37 @@ def look(model, entries, x, index: int, dtype: str) -> Optional[Inside]:
 
     stats = run(x).numpy()
     seen = {name: (bool(r[0]), float(r[1])) for name, r in zip(meta["names"], stats)}
+    of_type: dict = {}   # op type -> how many of that type the call made before
     for (op_type, _name, inputs, made), name in zip(meta["tensors"], meta["names"]):
-        if not made or seen[name][0]:
+        if not made:
+            continue
+        if seen[name][0]:
+            of_type[op_type] = of_type.get(op_type, 0) + 1
             continue
         return Inside(_cause(op_type, inputs, seen), op_type,
-                      meta["constants"][0] if meta["constants"] else None)
+                      meta["constants"][0] if meta["constants"] else None,
+                      occurrence=of_type.get(op_type, 0))
     return None
+
+
+def largest_of(model, entries, x, index: int, op_type: str, occurrence: int) -> Optional[float]:
+    """The largest finite magnitude of the output of the ``occurrence``-th op of type
+    ``op_type`` that the ``index``-th layer call of a forward pass of ``x`` makes, as the
+    layers' policies are now (run under ``replay.all_float32``: what the op that overflowed
+    in 16 bits reaches in float32); None when the call makes no such op."""
+    @tf.function
+    def run(x):
+        with Tap(entries) as tap, tap.recording(with_ops=True) as calls:
+            model(x, training=True)
+        ops = calls[index].ops if index < len(calls) else []
+        made = [t for t, by_call in _float_tensors(ops) if by_call and t.op.type == op_type]
+        if occurrence >= len(made):
+            return tf.constant(-1.0)
+        t = tf.abs(tf.cast(made[occurrence], tf.float32))
+        return tf.reduce_max(tf.where(tf.math.is_finite(t), t, 0.0))
+
+    value = float(run(x).numpy())
+    return None if value < 0 else value
 
 
 def _float_tensors(ops) -> list:

@@ -264,7 +264,12 @@ def diagnose(model, loss_fn, entries, batch, failed: FailedStep) -> dx.Diagnosis
             f32 = run_pass(model, loss_fn, entries, x, y, 1.0, sample_weight)
 
         def look_inside(index: int, dtype: str):   # a forward pass more, state kept too
-            return inside.look(model, entries, x, index, dtype)
+            seen = inside.look(model, entries, x, index, dtype)
+            if seen is not None and seen.cause == "overflow":   # and its value in float32
+                with all_float32(entries, model):
+                    seen.float32_largest = inside.largest_of(model, entries, x, index,
+                                                             seen.op, seen.occurrence)
+            return seen
         return _verdict(run, f32, failed, done, model, x, y, look_inside)
 
 
@@ -295,14 +300,15 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
                      float32_largest=f32_max)
         if precision:
             dtype = call.dtype or failed.policy
-            cause, op, constant = _cause(run, call, phase, f32_max, dtype, look_inside)
+            cause, op, constant, op_largest = _cause(run, call, phase, f32_max, dtype,
+                                                     look_inside)
             epsilon = None if cause == "overflow" else (
                 epsilon_of(call.layer, dtype) or (None if constant is None else (None, constant)))
             fix = dx.layer_fix(call.path, dtype, phase, epsilon, cause=cause,
                                kept=failed.float32_layers, command_line=failed.command_line)
             return done(where, "precision", fix,
                         layers=dx.float32_set(failed.float32_layers, call.path), cause=cause,
-                        inside_op=op, **facts)
+                        inside_op=op, inside_float32_largest=op_largest, **facts)
         return _not_precision(where, failed, done, model, facts)
     if not run.loss_finite:
         whole = run.sample_finite is None
@@ -338,21 +344,22 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
 def _cause(run: PassResult, call: CallResult, phase: str, f32_max: Optional[float], dtype: str,
            look_inside) -> tuple:
     """(overflow | underflow | None, the op where it began, a constant of the call that is 0
-    in ``dtype``) for the layer where a forward value first went non-finite.  Its magnitudes
+    in ``dtype``, what that op's value reaches in float32 when it overflowed) for the layer
+    where a forward value first went non-finite.  Its magnitudes
     say overflow when float32's value passes the dtype's largest or what goes in is within
     4x of it; else they say nothing (a 16-bit softmax over logits its own matmul overflowed
     stays under 1 in float32, as a 0/0 does): the ops of its call are looked at
     (``app.numerics.inside``)."""
     if phase != "forward":
-        return None, None, None
+        return None, None, None, None
     limit = limits.largest(dtype)
     if (f32_max is not None and f32_max >= limit) or call.in_max >= limit / 4:
-        return "overflow", None, None
+        return "overflow", None, None, None
     index = next((i for i, c in enumerate(run.calls) if c is call), None)
     seen = look_inside(index, dtype) if (look_inside and index is not None) else None
     if seen is None:
-        return None, None, None
-    return seen.cause, seen.op, seen.constant
+        return None, None, None, None
+    return seen.cause, seen.op, seen.constant, seen.float32_largest
 
 
 def _name_rows(where: dx.Where, rows, x, y, in_batch: List[int], nonfinite: bool) -> str:

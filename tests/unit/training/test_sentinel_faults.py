@@ -243,6 +243,40 @@ def test_a_softmax_over_growing_logits_computed_in_16_bit(tmp_path, loop):
     assert f["cause"] == "overflow" and "clip it" in f["fix"], f
 
 
+class ManualSoftmax(tf.keras.layers.Layer):
+    """exp(x) / sum(exp(x)) written out: its exp overflows float16 while its output stays
+    under 1."""
+
+    def call(self, x):
+        e = tf.exp(x)
+        return e / tf.reduce_sum(e, -1, keepdims=True)
+
+
+def test_an_overflow_inside_a_layer_names_its_op_and_the_value(tmp_path, capsys):
+    """The QA pass: metrics.json said cause overflow, inside_op Exp, but the values line said
+    neither, and gave a ratio of the layer's output (0.25) to float16's largest."""
+    def build(input_shape, num_classes):
+        inp = tf.keras.Input(input_shape)
+        h = tf.keras.layers.Dense(num_classes, name="logits",
+                                  kernel_initializer=tf.keras.initializers.Constant(3.0))(inp)
+        out = ManualSoftmax(name="smax")(h)
+        return tf.keras.Model(inp, tf.keras.layers.Activation("linear", dtype="float32",
+                                                              name="out")(out))
+    m = _train(tmp_path, build, _data(), "fit", epochs=1)
+    f = m["numerics"]["fault"]
+    assert f["where"]["name"] == "smax" and f["verdict"] == "precision", f
+    assert f["cause"] == "overflow" and f["inside_op"] == "Exp", f
+    largest = float(np.exp(3.0 * _rng_x().sum(axis=1)).max())
+    assert f["inside_float32_largest"] > 65504, f
+    assert f["inside_float32_largest"] <= largest * 1.01
+    values = next(line for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("  values: "))
+    assert ("; inside the layer, Exp overflows float16: in float32 its value reaches "
+            f"{f['inside_float32_largest']:.4g} (") in values, values
+    assert "x float16's largest, 65504), though the layer's output in float32 reaches only " \
+        in values, values
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_nan_in_a_few_samples_of_the_data(tmp_path, loop):
     x = _with_rows(_rng_x(), [97, 301], np.nan)
