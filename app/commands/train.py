@@ -28,14 +28,15 @@ def run(args) -> int:
     from app.training.config import resolve_config
 
     flags = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
-    cfg = resolve_config(flags)  # UsageError -> exit 2 (before TensorFlow is even imported)
+    # How each setting was given: a refusal names it so (--seed, TFMP_SEED).
+    said = settings.given_as(flags, os.environ)
+    cfg = resolve_config(flags, said=said)  # UsageError -> exit 2, before TensorFlow loads
     from app.training.distribute import parse_logical_cpus, parse_tf_config
 
     cluster = parse_tf_config(os.environ.get("TF_CONFIG"))  # malformed: exit 2, no TF import
     parse_logical_cpus(os.environ)
 
-    # How each setting was given, for a value refused only once the model is built.
-    code = _train(cfg, settings.given_as(flags, os.environ))
+    code = _train(cfg, said)   # and for a value refused only once the model is built
     if cluster is not None and cluster.num_workers > 1:
         _exit_without_teardown(code)
     return code

@@ -163,12 +163,13 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
         from app.task import float32_layers
 
         values["float32_layers"] = float32_layers.text(float32_layers.parse(
-            values["float32_layers"], from_variables.get("float32_layers", "float32_layers")))
+            values["float32_layers"], _as_given("float32_layers", from_variables, said)))
     if "class_weight" in values:   # "balanced", "3=10" or a dict -> its text (UsageError)
         from app.task import class_weights
 
         values["class_weight"] = class_weights.text(class_weights.parse(
-            values["class_weight"], from_variables.get("class_weight", class_weights.FLAG)))
+            values["class_weight"], _as_given("class_weight", from_variables, said,
+                                              class_weights.FLAG)))
     cfg = TrainConfig(**values, given=tuple(sorted(values)))
     validate(cfg, from_variables, said)
     if cfg.tuned:
@@ -176,6 +177,17 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None =
     if cfg.data_dir is None:
         cfg.data_dir = default_data_dir(cfg.workspace)
     return cfg
+
+
+def _as_given(name: str, from_variables: Mapping[str, str], said: Mapping[str, str] | None,
+              default: str | None = None) -> str:
+    """Setting ``name`` as the user gave it: its TFMP_ variable, its flag (``said``: tfmp
+    train's), app.train's keyword, else ``default`` (the setting's name)."""
+    if name in from_variables:
+        return from_variables[name]
+    if said is not None and name in said:
+        return said[name]
+    return default or name
 
 
 def _with_tune(cfg: TrainConfig, given: Mapping[str, Any],
@@ -293,7 +305,8 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
     named = dict(from_variables or {})
 
     def said(name: str) -> str:
-        return named.get(name, name)
+        # "--numerics-every must be at least 1", not numerics_every, which nobody typed
+        return _as_given(name, named, words)
 
     def flag(name: str, value: str | None = None) -> str:
         return settings.spelled(words, name, value)

@@ -27,43 +27,43 @@ def assert_usage_error(proc, needle, *not_created):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--precision", "fp8"], "precision must be one of float32, mixed_float16, mixed_bfloat16, "
-                             "auto. Received: precision='fp8'"),
+    (["--precision", "fp8"], "--precision must be one of float32, mixed_float16, mixed_bfloat16, "
+                             "auto. Received: --precision='fp8'"),
     (["--model", "vgg"], "model must be one of mlp, cnn, resnet"),
     (["--dataset", "imagenet"], "dataset must be one of"),
     (["--loop", "manual"], "loop must be one of fit, custom"),
-    (["--batch-size", "0"], "batch_size must be at least 1"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
     (["--epochs", "0"], "epochs must be at least 1"),
-    (["--image-size", "0"], "image_size must be at least 1"),
-    (["--initial-loss-scale", "0"], "initial_loss_scale must be a finite number > 0"),
-    (["--initial-loss-scale", "nan"], "initial_loss_scale must be a finite number > 0"),
+    (["--image-size", "0"], "--image-size must be at least 1"),
+    (["--initial-loss-scale", "0"], "--initial-loss-scale must be a finite number > 0"),
+    (["--initial-loss-scale", "nan"], "--initial-loss-scale must be a finite number > 0"),
     (["--epochs", "two"], "invalid int value: 'two'; allowed: an integer; see: tfmp train"),
     (["--learning-rate", "fast"], "invalid float value: 'fast'; allowed: a number; see: "),
     # inf, and what float32 rounds to inf or to 0, trains nothing or diverges at step 1
-    (["--learning-rate", "inf"], "learning_rate must be a finite number > 0 that float32 "
-                                 "holds. Received: learning_rate=inf; allowed: a number from "
+    (["--learning-rate", "inf"], "--learning-rate must be a finite number > 0 that float32 "
+                                 "holds. Received: --learning-rate=inf; allowed: a number from "
                                  "1.4e-45 to 3.4e+38, e.g. 0.001"),
-    (["--learning-rate", "1e308"], "Received: learning_rate=1e+308; allowed: a number from "),
-    (["--learning-rate", "1e-320"], "Received: learning_rate=1e-320; allowed: a number from "),
+    (["--learning-rate", "1e308"], "Received: --learning-rate=1e+308; allowed: a number from "),
+    (["--learning-rate", "1e-320"], "Received: --learning-rate=1e-320; allowed: a number from "),
     # numpy and TensorFlow take 32-bit unsigned seeds (a traceback from numpy before)
-    (["--seed", "-1"], "seed must be an integer from 0 to 2**32 - 1. Received: seed=-1; "
+    (["--seed", "-1"], "--seed must be an integer from 0 to 2**32 - 1. Received: --seed=-1; "
                        "allowed: an integer from 0 to 4294967295, e.g. 0"),
-    (["--initial-loss-scale", "1e300"], "initial_loss_scale must be a finite number > 0. "
-                                        "Received: initial_loss_scale=1e+300"),
+    (["--initial-loss-scale", "1e300"], "--initial-loss-scale must be a finite number > 0. "
+                                        "Received: --initial-loss-scale=1e+300"),
     (["--loop", "custom", "--steps-per-execution", "4"],
-     "--steps-per-execution applies to --loop fit only. Received: steps_per_execution=4, "
-     "loop='custom'; allowed: --loop fit with --steps-per-execution, or leave it at 1"),
-    (["--seed", "4294967296"], "seed must be an integer from 0 to 2**32 - 1. Received: "
-                               "seed=4294967296"),
-    (["--accumulate", "0"], "accumulate must be at least 1. Received: accumulate=0"),
-    # a line about two settings names both as given (it said "early_stop_on applies with
-    # --early-stop only", "scale_lr 'linear' applies with --tuned only")
+     "--steps-per-execution applies to --loop fit only. Received: --steps-per-execution=4, "
+     "--loop='custom'; allowed: --loop fit with --steps-per-execution, or leave it at 1"),
+    (["--seed", "4294967296"], "--seed must be an integer from 0 to 2**32 - 1. Received: "
+                               "--seed=4294967296"),
+    (["--accumulate", "0"], "--accumulate must be at least 1. Received: --accumulate=0"),
+    # named as given: the flag (it said "early_stop_on applies with --early-stop only",
+    # "scale_lr 'linear' applies with --tuned only", "seed must be ...")
     (["--early-stop-on", "val_accuracy"], "--early-stop-on applies with --early-stop only. "
-                                          "Received: early_stop_on='val_accuracy'"),
+                                          "Received: --early-stop-on='val_accuracy'"),
     (["--scale-lr", "linear"], "--scale-lr linear applies with --tuned only; allowed: "
                                "--scale-lr linear together with --tuned DIR/tune.json"),
     (["--global-batch", "100", "--batch-size", "32"],
-     "global_batch 100 is not a multiple of the micro-batch 32 (--batch-size 32); allowed: "
+     "--global-batch 100 is not a multiple of the micro-batch 32 (--batch-size 32); allowed: "
      "--global-batch 96 or 128"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag; see: tfmp train --help"),
 ])

@@ -35,7 +35,7 @@ def test_a_bad_range_is_one_line_exit_2_nothing_written(tmp_path, value):
     proc = run_app("train", *TINY, "--profile-steps", value, "--output", str(out))
     assert proc.returncode == 2
     (line,) = error_lines(proc.stderr)
-    assert "profile_steps must be a range of steps" in line and "allowed: A-B" in line
+    assert "--profile-steps must be a range of steps" in line and "allowed: A-B" in line
     assert not out.exists()
 
 
