@@ -103,6 +103,11 @@ class Diagnosis:
     inside_op: Optional[str] = None
     # An overflow inside the layer (``inside_op``): what that op's value reaches in float32.
     inside_float32_largest: Optional[float] = None
+    # What went into the layer was too large for its 16-bit dtype before Keras cast it (a
+    # float32 layer's output): its largest magnitude, and that layer (None: not a layer's,
+    # the model's input say).
+    cast_input_largest: Optional[float] = None
+    cast_input_from: Optional[str] = None
 
     @property
     def flag(self) -> Optional[str]:
@@ -112,6 +117,8 @@ class Diagnosis:
         if self.largest_before is None and self.float32_largest is None:
             return None
         limit = limits.largest(self.where.dtype or "float32")
+        if self.cast_input_largest is not None:
+            return self._cast_input(limit)
         parts = []
         if self.largest_before is not None:
             parts.append(f"the largest finite magnitude going in was {self.largest_before:.4g}")
@@ -131,6 +138,18 @@ class Diagnosis:
         else:
             parts.append(f"{self.where.dtype}'s largest finite value is {limit:g}")
         return "; ".join(parts)
+
+    def _cast_input(self, limit: float) -> str:
+        """What went in overflowed in Keras' cast to the layer's 16 bits, before its call."""
+        dtype = self.where.dtype
+        source = (f"the output of layer '{self.cast_input_from}'" if self.cast_input_from
+                  else "its input")
+        out = ("" if self.float32_largest is None else
+               f"; in float32 this layer's output reaches {self.float32_largest:.4g}")
+        return (f"what goes in ({source}, in float32) reaches {self.cast_input_largest:.4g}, "
+                f"too large to cast to {dtype} ({self.cast_input_largest / limit:.3g}x "
+                f"{dtype}'s largest, {limit:g}): Keras' cast of it for this layer is inf "
+                f"before the layer computes anything{out}")
 
     def _overflow_inside(self, limit: float) -> str:
         """An op of the layer's call overflowed (its output stays in range in float32, so
@@ -268,6 +287,18 @@ def layer_fix(path: str, dtype: str, phase: str, epsilon: Optional[tuple] = None
     return (f"run the layer in float32 without editing the model: {flag} (or dtype='float32' "
             "on it); or keep its output in range: clip it, or rescale what goes in "
             "(normalise the inputs, a smaller initialiser)")
+
+
+def cast_fix(path: str, dtype: str, source: Optional[str], largest: float,
+             kept: Sequence[str] = (), command_line: bool = True) -> str:
+    """The fix for a layer whose input, from ``source`` (a float32 layer, or None: the
+    model's input), is past ``dtype``'s largest before Keras casts it to ``dtype``."""
+    setting = float32_words(float32_set(kept, path), command_line)
+    upstream = (f"the output of '{source}'" if source else "what goes into it (the model's "
+                "input?)")
+    return (f"run this layer in float32 too: {setting} (or dtype='float32' on it); or keep "
+            f"{upstream} under {dtype}'s largest ({limits.largest(dtype):g}; it reaches "
+            f"{largest:.4g}): scale or clip it")
 
 
 def unreplayed(headline: str, kind: str, step: int, epoch: int, policy: str, *,

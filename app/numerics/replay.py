@@ -48,6 +48,13 @@ class CallResult:
     in_max: float
     grad_out_finite: bool
     grad_in_finite: bool
+    # What Keras cast to the layer's 16-bit dtype before its call (``tap.cast_sources``):
+    # its largest finite magnitude before the cast (0: nothing cast), whether the inputs the
+    # call took are finite, and the layer whose output it was (None: not a recorded one,
+    # the model's input say).
+    in_cast_max: float = 0.0
+    in_finite: bool = True
+    cast_from: Optional[str] = None
 
 
 @dataclass
@@ -96,13 +103,15 @@ def run_pass(model, loss_fn, entries, x, y, scale: float, sample_weight=None) ->
             per_call.append(tf.stack([
                 tf.cast(finite.all_finite(c.outputs), tf.float32), largest_finite(c.outputs),
                 largest_finite(c.inputs), tf.cast(finite.all_finite(g_out), tf.float32),
-                tf.cast(finite.all_finite(g_in), tf.float32)]))
+                tf.cast(finite.all_finite(g_in), tf.float32), largest_finite(c.cast_from),
+                tf.cast(finite.all_finite(c.inputs), tf.float32) if c.inputs
+                else tf.constant(1.0)]))
         # Each sample's loss, one row a sample: a loss of any rank (a loss that reduces
         # itself to a scalar is one row, the batch as a whole).
         lead = tf.reduce_prod(tf.shape(per_example)[:1])
         sample = tf.reshape(tf.cast(per_example, tf.float32), [lead, -1])
         meta_rank[:] = [per_example.shape.rank]
-        return (tf.stack(per_call) if per_call else tf.zeros([0, 5]),
+        return (tf.stack(per_call) if per_call else tf.zeros([0, 7]),
                 tf.math.is_finite(loss),
                 tf.reduce_all(tf.math.is_finite(sample), axis=1),
                 tf.stack([finite.all_finite([g]) for g in var_grads]) if var_grads else tf.zeros([0], tf.bool))
@@ -111,7 +120,9 @@ def run_pass(model, loss_fn, entries, x, y, scale: float, sample_weight=None) ->
                                                sample_weight)
     per_call = per_call.numpy()
     calls = [CallResult(c.path, c.class_name, c.dtype, c.layer, bool(r[0]), float(r[1]),
-                        float(r[2]), bool(r[3]), bool(r[4])) for c, r in zip(meta, per_call)]
+                        float(r[2]), bool(r[3]), bool(r[4]), float(r[5]), bool(r[6]),
+                        _made_by(c.cast_from, meta[:i]))
+             for i, (c, r) in enumerate(zip(meta, per_call))]
     bad = list(reversed([v for v, ok in zip(variables, var_ok.numpy()) if not ok]))
     sample_ok = sample_ok.numpy()
     # Per sample only when the loss returns a value for each sample of the batch: a scalar
@@ -120,6 +131,18 @@ def run_pass(model, loss_fn, entries, x, y, scale: float, sample_weight=None) ->
         sample_ok.shape[0] == batch_size(x)
     return PassResult(calls, bool(loss_ok), sample_ok if per_sample else None,
                       [v.name for v in bad], bad)
+
+
+def _made_by(tensors, before) -> Optional[str]:
+    """The path of the recorded layer call among ``before`` whose output one of
+    ``tensors`` is (the innermost), None for none."""
+    names = {t.name for t in tensors}
+    if not names:
+        return None
+    for c in before:
+        if any(getattr(o, "name", None) in names for o in c.outputs):
+            return c.path
+    return None
 
 
 def batch_size(x) -> Optional[int]:
@@ -298,6 +321,16 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
         f32_max = twin.out_max if (twin is not None and twin.out_finite and phase == "forward") else None
         facts = dict(float32_finite=f32.finite, largest_before=call.in_max,
                      float32_largest=f32_max)
+        if precision and phase == "forward" and _cast_overflow(call):
+            # What went in was finite and past the dtype's largest before Keras cast it to
+            # the layer's 16 bits: inf in its call from the start.
+            dtype = call.dtype or failed.policy
+            fix = dx.cast_fix(call.path, dtype, call.cast_from, call.in_cast_max,
+                              kept=failed.float32_layers, command_line=failed.command_line)
+            return done(where, "precision", fix,
+                        layers=dx.float32_set(failed.float32_layers, call.path),
+                        cause="overflow", cast_input_largest=call.in_cast_max,
+                        cast_input_from=call.cast_from, **facts)
         if precision:
             dtype = call.dtype or failed.policy
             cause, op, constant, op_largest = _cause(run, call, phase, f32_max, dtype,
@@ -339,6 +372,13 @@ def _verdict(run: PassResult, f32: PassResult, failed: FailedStep, done, model, 
                 "the batch that failed is finite when replayed (dropout draws anew, or the "
                 "weights moved since): run `tfmp check --steps N` with the same data, or "
                 "lower --learning-rate", float32_finite=f32.finite)
+
+
+def _cast_overflow(call: CallResult) -> bool:
+    """The inputs the call took are not finite because Keras' cast to its 16-bit dtype
+    overflowed: what was cast is finite and past that dtype's largest."""
+    return (not call.in_finite and call.dtype is not None
+            and call.in_cast_max > limits.largest(call.dtype))
 
 
 def _cause(run: PassResult, call: CallResult, phase: str, f32_max: Optional[float], dtype: str,

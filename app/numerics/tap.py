@@ -26,6 +26,11 @@ class Call:
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
     ops: list = field(default_factory=list)   # the graph ops its call made (``with_ops``)
+    # What Keras cast to the layer's 16-bit dtype before its call took it (its autocast of a
+    # float32 layer's output, or of the model's input): the wider tensors, as they were
+    # before the cast (``cast_sources``).  A value past the dtype's largest is inf already
+    # in ``inputs``.
+    cast_from: list = field(default_factory=list)
 
     @property
     def class_name(self) -> str:
@@ -60,6 +65,21 @@ def _ops_since(first: int) -> list:
     return tf.compat.v1.get_default_graph().get_operations()[first:]
 
 
+def cast_sources(inputs) -> list:
+    """The tensors ``inputs`` were cast from to a narrower float dtype in the graph (Keras'
+    autocast before a 16-bit layer's call): a traced function's only (an eager tensor has no
+    op)."""
+    found = []
+    for t in inputs:
+        op = getattr(t, "op", None)
+        if op is None or getattr(op, "type", None) != "Cast" or not op.inputs:
+            continue
+        source = op.inputs[0]
+        if source.dtype.is_floating and source.dtype.size > t.dtype.size:
+            found.append(source)
+    return found
+
+
 def largest_finite(tensors):
     """The largest finite magnitude in ``tensors`` (0 for none), as a float32 tensor: what a
     layer's values reach, an inf or NaN among them left out."""
@@ -91,8 +111,10 @@ class Tap:
             out = original(*args, **kwargs)
             calls = getattr(local, "calls", None)
             if calls is not None:
-                calls.append(Call(path, layer, len(calls), floating((args, kwargs)),
-                                  floating(out), [] if first is None else _ops_since(first)))
+                inputs = floating((args, kwargs))
+                calls.append(Call(path, layer, len(calls), inputs, floating(out),
+                                  [] if first is None else _ops_since(first),
+                                  cast_sources(inputs)))
             return out
         return call
 

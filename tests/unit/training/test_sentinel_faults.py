@@ -717,6 +717,27 @@ def test_a_fault_after_the_float32_layers_fix_names_them_with_the_new_one(tmp_pa
     assert report["numerics"]["layers"] == ["grow", "head"]
 
 
+def test_a_float32_layers_output_too_large_for_the_next_16_bit_layer_is_named_so(tmp_path,
+                                                                                 capsys):
+    """The QA pass: with grow in float32 the float16 head after it took inf from Keras' cast
+    of grow's output, and the values line said 'the largest finite magnitude going in was 0'
+    (the tap sees the inputs after the cast)."""
+    m = _train(tmp_path, _grow_then_head, _data(), "fit", epochs=1, float32_layers=["grow"])
+    f = m["numerics"]["fault"]
+    assert f["where"]["name"] == "head" and f["verdict"] == "precision", f
+    assert f["cause"] == "overflow" and f["cast_input_from"] == "grow", f
+    assert 1.5e5 < f["cast_input_largest"] < 1.7e5, f   # exp(12 tanh(~4))
+    values = next(line for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("  values: "))
+    assert values.startswith(
+        f"  values: what goes in (the output of layer 'grow', in float32) reaches "
+        f"{f['cast_input_largest']:.4g}, too large to cast to float16 ("), values
+    assert "going in was 0" not in values
+    assert f["fix"].startswith('run this layer in float32 too: float32_layers=["grow", "head"] '
+                               "(or dtype='float32' on it); or keep the output of 'grow' under "
+                               "float16's largest (65504"), f["fix"]
+
+
 # ---- the checkpoint at a fault, and the resume from it -----------------------------------
 
 class Spike(tf.keras.layers.Layer):
