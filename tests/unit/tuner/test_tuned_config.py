@@ -130,6 +130,26 @@ def test_cli_bad_tune_input_is_one_line_exit_2_nothing_written(tmp_path, args, e
 
 @pytest.mark.host_only(reason="reads docker-compose.multiworker.yml, which the image does not "
                                "ship")
+def test_the_multiworker_compose_file_passes_every_training_variable():
+    """Its command is fixed, so a variable is the only way to give a setting: TFMP_ACCUMULATE,
+    TFMP_GLOBAL_BATCH, TFMP_SEED and others never reached the workers, and nothing said so.
+    TFMP_OUTPUT is the command's --output (runs/$MW_RUN)."""
+    yaml = pytest.importorskip("yaml")
+    from app.core import settings
+    from tests.paths import ROOT
+
+    with open(ROOT / "docker-compose.multiworker.yml", encoding="utf-8") as fh:
+        compose = yaml.safe_load(fh)
+    wanted = {s.env for s in settings.SETTINGS} - {"TFMP_OUTPUT"}
+    for name in ("worker0", "worker1"):
+        env = compose["services"][name]["environment"]
+        assert wanted - set(env) == set(), name
+        for var in wanted - {"TFMP_STRATEGY"}:   # the user's value, passed as it is
+            assert str(env[var]).startswith(f"${{{var}:-"), (var, env[var])
+
+
+@pytest.mark.host_only(reason="reads docker-compose.multiworker.yml, which the image does not "
+                               "ship")
 def test_the_multiworker_compose_file_leaves_a_tune_in_charge(tmp_path):
     # docker-compose.multiworker.yml passes its variables to both workers; with only
     # TFMP_TUNED given, precision and batch size must come from the tune (issue 24, item 11),
