@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -88,6 +89,13 @@ def parse_tf_config(text: str | None) -> Cluster | None:
         if (not isinstance(addrs, list) or not addrs
                 or not all(isinstance(a, str) and ":" in a for a in addrs)):
             raise bad(f'cluster "{kind}" must be a non-empty list of "host:port" strings')
+        for a in addrs:
+            # "host:${PORT}" with PORT unset: TensorFlow's own traceback ("Could not parse
+            # port"), or, out of range, a worker that waits for ever without a word.
+            host, _, port = a.rpartition(":")
+            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise bad(f'cluster "{kind}" address {a!r} is not "host:port" with a port '
+                          "from 1 to 65535")
     if len(cluster.get("chief", [])) > 1:
         raise bad('a cluster has at most one "chief"')
     if not isinstance(task, dict):
@@ -244,6 +252,11 @@ def build(kind: str, gpu_count: int, cluster: Cluster | None):
         strategy = tf.distribute.MirroredStrategy(devices=devices)
     else:
         # Reads TF_CONFIG itself; validated above so TF never sees a malformed one.
+        if cluster is not None:
+            # Until every worker has started, TensorFlow waits without a word.
+            print(f"multi-worker: {cluster.task_type} {cluster.task_index} of a cluster of "
+                  f"{len(cluster.workers)} ({', '.join(cluster.workers)}); training starts "
+                  "when every worker has joined", file=sys.stderr, flush=True)
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         devices = list(strategy.extended.worker_devices)
     _BUILT[kind] = (strategy, devices)

@@ -65,6 +65,13 @@ def test_tf_config_roles():
     ('{"task": {"type": "worker", "index": 0}}', '"cluster"'),
     ('{"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}', "non-empty list"),
     ('{"cluster": {"worker": ["nohostport"]}, "task": {"type": "worker", "index": 0}}', "host:port"),
+    # "host:${PORT}" with PORT unset, a typo, a port out of range: TensorFlow's traceback, or
+    # a worker waiting for ever in silence
+    ('{"cluster": {"worker": ["a:", "b:2"]}, "task": {"type": "worker", "index": 0}}',
+     "address 'a:' is not \"host:port\" with a port from 1 to 65535"),
+    ('{"cluster": {"worker": ["a:abc"]}, "task": {"type": "worker", "index": 0}}', "'a:abc'"),
+    ('{"cluster": {"worker": ["a:99999"]}, "task": {"type": "worker", "index": 0}}', "'a:99999'"),
+    ('{"cluster": {"worker": [":2222"]}, "task": {"type": "worker", "index": 0}}', "':2222'"),
     ('{"cluster": {"worker": ["a:1"], "ps": ["b:1"]}, "task": {"type": "worker", "index": 0}}',
      "ps"),
     ('{"cluster": {"worker": ["a:1"]}}', '"task"'),
