@@ -160,19 +160,42 @@ def scaled_learning_rate(mode: str, learning_rate: float, configured_batch: int,
 
 
 def optimization_note(configured_batch: int, batch_size: int, mode: str,
-                      learning_rate: float, new_learning_rate: float) -> Optional[str]:
-    """The console line when the tuned batch changes the optimisation."""
+                      learning_rate: float, new_learning_rate: float,
+                      what: Optional[str] = None) -> Optional[str]:
+    """The console line when the tuned batch changes the optimisation.  ``batch_size``: the
+    batch an update sees; ``what``: how the line names it (default ``batch N``)."""
     if batch_size == configured_batch:
         return None
     ratio = batch_size / configured_batch
+    what = what or f"batch {batch_size}"
     if mode == "linear":
-        return (f"batch {batch_size} is {ratio:.2g}x the {configured_batch} the learning rate "
+        return (f"{what} is {ratio:.2g}x the {configured_batch} the learning rate "
                 f"was set for: --scale-lr linear makes it {new_learning_rate:g} "
                 f"(from {learning_rate:g})")
     steps = "fewer, larger" if ratio > 1 else "more, smaller"
-    return (f"batch {batch_size} is {ratio:.2g}x the {configured_batch} the learning rate was "
+    return (f"{what} is {ratio:.2g}x the {configured_batch} the learning rate was "
             f"set for: {steps} steps per epoch change the optimisation; consider "
             f"--scale-lr linear (learning rate {learning_rate * ratio:g})")
+
+
+def update_batch(micro_batch: int, accumulate: Optional[int] = None,
+                 global_batch: Optional[int] = None) -> dict:
+    """The batch an update sees, as far as it is known before the strategy exists:
+    ``micro_batch`` x the micro-batches per update in effect (``accumulate``: the tune's or
+    one given), or the ``global_batch`` given (--global-batch: the whole update's)."""
+    if global_batch is not None:
+        n = accumulate or max(1, global_batch // micro_batch)
+        return {"batch": global_batch, "micro_batch": micro_batch, "accumulate": n}
+    n = accumulate or 1
+    return {"batch": micro_batch * n, "micro_batch": micro_batch, "accumulate": n}
+
+
+def _batch_words(update: dict) -> str:
+    """How the optimisation note names the batch an update sees."""
+    if update["accumulate"] == 1:
+        return f"batch {update['batch']}"
+    return (f"an update's batch {update['batch']} (micro-batch {update['micro_batch']} x "
+            f"{update['accumulate']})")
 
 
 @dataclass(frozen=True)
@@ -187,25 +210,35 @@ class Applied:
 
 def apply(path: str, *, model: str, dataset: str, precision: Optional[str],
           batch_size: Optional[int], learning_rate: float, scale_lr: str,
-          default_batch: int, accumulation_given: bool = False) -> Applied:
+          default_batch: int, accumulation_given: bool = False,
+          accumulate: Optional[int] = None, global_batch: Optional[int] = None) -> Applied:
     """The tune at ``path`` applied to a job: ``precision`` and ``batch_size`` are the ones
     given explicitly (flag or TFMP_ variable; None when not), which win over the tune's.
     The learning rate is scaled (``scale_lr`` linear) from the batch it was configured for,
     the tune's ``reference_batch_size`` or else ``default_batch``, to the batch an update
-    sees.  A tune's accumulation (tune --global-batch) is taken with its micro-batch, unless
-    --accumulate or --global-batch (``accumulation_given``) or --batch-size was given."""
+    sees: micro-batch x N, the N in effect (the tune's, or the ``accumulate`` given), or the
+    ``global_batch`` given.  A tune's accumulation (tune --global-batch) is taken with its
+    micro-batch, unless --accumulate or --global-batch (``accumulation_given``, or their
+    values ``accumulate`` and ``global_batch``) or --batch-size was given."""
     choice = read_tuned(path, model, dataset)
     merged = merge(choice, precision, batch_size)
     reference = choice.reference_batch or default_batch
+    accumulation_given = (accumulation_given or accumulate is not None
+                          or global_batch is not None)
     take_n = choice.accumulate > 1 and not accumulation_given and batch_size is None
-    per_update = merged.batch_size * (choice.accumulate if take_n else 1)
-    new_lr = scaled_learning_rate(scale_lr, learning_rate, reference, per_update)
+    update = update_batch(merged.batch_size, choice.accumulate if take_n else accumulate,
+                          global_batch)
+    new_lr = scaled_learning_rate(scale_lr, learning_rate, reference, update["batch"])
     taken = [name for name, given in (("precision", precision), ("batch_size", batch_size))
              if given is None] + (["accumulate"] if take_n else [])
     if choice.accumulate > 1 and not take_n:
         merged.notes.append(f"the tune's accumulation ({choice.batch_size} x "
                             f"{choice.accumulate}) is not used: a batch or accumulation was "
                             "given")
+    if accumulation_given and accumulate is None and global_batch is None:
+        # a caller that said an accumulation was given but not which: N is not known here
+        merged.notes.append("the accumulation given is not counted in the batch the "
+                            "learning rate is scaled for")
     overridden = {name: {"tuned": tuned_value, "used": given}
                   for name, given, tuned_value in (("precision", precision, choice.precision),
                                                    ("batch_size", batch_size, choice.batch_size))
@@ -220,9 +253,13 @@ def apply(path: str, *, model: str, dataset: str, precision: Optional[str],
         "batch_size_is_per_replica": True,
         "reference_batch_size": reference,
         "scale_lr": scale_lr,
-        "learning_rate": {"before": learning_rate, "after": new_lr},
-        "optimization_note": optimization_note(reference, per_update, scale_lr,
-                                               learning_rate, new_lr),
+        # the batch the rate was scaled to: micro-batch x N (update_batch)
+        "learning_rate": {"before": learning_rate, "after": new_lr,
+                          "update_batch": update["batch"],
+                          "micro_batch": update["micro_batch"],
+                          "accumulate": update["accumulate"]},
+        "optimization_note": optimization_note(reference, update["batch"], scale_lr,
+                                               learning_rate, new_lr, _batch_words(update)),
     }
     return Applied(merged.precision, merged.batch_size, new_lr, record,
                    choice.accumulate if take_n else None)
