@@ -8,6 +8,10 @@ learning rate by k when the batch grows k times), off unless asked for.  Pure fu
 
 Batch sizes in tune.json are per device, like ``train --batch-size`` under ``tf.distribute``
 (per replica), so a tuned size carries over to a mirrored job on identical GPUs unchanged.
+The batch ``--scale-lr linear`` scales for is per replica too (micro-batch x N): the replicas
+are not known when the configuration is resolved, before the strategy exists, and
+docs/distributed.md leaves the learning rate unscaled for them; only a ``--global-batch``
+given is the whole update's, over all replicas, and is scaled for as such.
 """
 from __future__ import annotations
 
@@ -180,22 +184,28 @@ def optimization_note(configured_batch: int, batch_size: int, mode: str,
 
 def update_batch(micro_batch: int, accumulate: Optional[int] = None,
                  global_batch: Optional[int] = None) -> dict:
-    """The batch an update sees, as far as it is known before the strategy exists:
-    ``micro_batch`` x the micro-batches per update in effect (``accumulate``: the tune's or
-    one given), or the ``global_batch`` given (--global-batch: the whole update's)."""
+    """The batch an update sees, as far as it is known before the strategy exists (the
+    replicas are not): ``micro_batch`` x the micro-batches per update in effect
+    (``accumulate``: the tune's or one given), per replica like every batch size here; or
+    the ``global_batch`` given (--global-batch: the whole update's, over all replicas; N is
+    then known only with the replicas, None unless given)."""
     if global_batch is not None:
-        n = accumulate or max(1, global_batch // micro_batch)
-        return {"batch": global_batch, "micro_batch": micro_batch, "accumulate": n}
+        return {"batch": global_batch, "micro_batch": micro_batch, "accumulate": accumulate,
+                "per_replica": False}
     n = accumulate or 1
-    return {"batch": micro_batch * n, "micro_batch": micro_batch, "accumulate": n}
+    return {"batch": micro_batch * n, "micro_batch": micro_batch, "accumulate": n,
+            "per_replica": True}
 
 
 def _batch_words(update: dict) -> str:
     """How the optimisation note names the batch an update sees."""
+    if not update["per_replica"]:
+        return (f"the global batch {update['batch']} an update sees (--global-batch, over all "
+                "replicas)")
     if update["accumulate"] == 1:
-        return f"batch {update['batch']}"
-    return (f"an update's batch {update['batch']} (micro-batch {update['micro_batch']} x "
-            f"{update['accumulate']})")
+        return f"batch {update['batch']} per replica"
+    return (f"an update's batch {update['batch']} per replica (micro-batch "
+            f"{update['micro_batch']} x {update['accumulate']})")
 
 
 @dataclass(frozen=True)
@@ -257,7 +267,8 @@ def apply(path: str, *, model: str, dataset: str, precision: Optional[str],
         "learning_rate": {"before": learning_rate, "after": new_lr,
                           "update_batch": update["batch"],
                           "micro_batch": update["micro_batch"],
-                          "accumulate": update["accumulate"]},
+                          "accumulate": update["accumulate"],
+                          "update_batch_is_per_replica": update["per_replica"]},
         "optimization_note": optimization_note(reference, update["batch"], scale_lr,
                                                learning_rate, new_lr, _batch_words(update)),
     }
@@ -265,13 +276,20 @@ def apply(path: str, *, model: str, dataset: str, precision: Optional[str],
                    choice.accumulate if take_n else None)
 
 
-def console_line(record: dict) -> str:
+def console_line(record: dict, replicas: Optional[int] = None) -> str:
     """The one line ``train --tuned`` prints: what it took, and how the batch changes the
-    optimisation."""
+    optimisation.  ``replicas`` (the strategy's, when the caller knows it): more than one
+    says what an update sees over them, which a per-replica scaling does not count."""
     taken = record["taken"]
     used = ", ".join(f"{k.replace('_', ' ')} {record['choice'][k]}" for k in taken) or "nothing"
     parts = [f"tuned: {used} from {record['path']}"]
     parts += record["notes"]
     if record["optimization_note"]:
         parts.append(record["optimization_note"])
+    lr = record.get("learning_rate") or {}
+    if replicas and replicas > 1 and lr.get("update_batch_is_per_replica"):
+        whole = lr["update_batch"] * replicas
+        parts.append(f"that is per replica: the update sees {whole} over {replicas} replicas, "
+                     f"which the learning rate is not scaled for (--global-batch {whole} "
+                     "scales it for the whole update)")
     return "; ".join(parts)

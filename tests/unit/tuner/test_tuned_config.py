@@ -41,7 +41,8 @@ def test_the_tune_sets_precision_and_batch_and_is_recorded(tmp_path):
     assert rec["taken"] == ["precision", "batch_size"] and rec["overridden"] == {}
     assert rec["choice"]["batch_size"] == 256 and rec["scale_lr"] == "none"
     assert rec["learning_rate"] == {"before": 1e-3, "after": 1e-3, "update_batch": 256,
-                                    "micro_batch": 256, "accumulate": 1}
+                                    "micro_batch": 256, "accumulate": 1,
+                                    "update_batch_is_per_replica": True}
     assert "2x the 128" in rec["optimization_note"] and "--scale-lr linear" in rec["optimization_note"]
     assert "tuning" not in cfg.to_dict() and cfg.to_dict()["tuned"] == cfg.tuned
 
@@ -72,7 +73,8 @@ def test_linear_scaling_from_the_default_or_the_recorded_reference(tmp_path):
     assert cfg.learning_rate == pytest.approx(0.02)
     assert cfg.tuning["learning_rate"] == {"before": 0.01, "after": pytest.approx(0.02),
                                            "update_batch": 256, "micro_batch": 256,
-                                           "accumulate": 1}
+                                           "accumulate": 1,
+                                           "update_batch_is_per_replica": True}
     assert "makes it 0.02" in cfg.tuning["optimization_note"]
     cfg = _resolve({"tuned": _tune_json(tmp_path, reference_batch_size=64),
                     "scale_lr": "linear", "learning_rate": 0.01})

@@ -43,14 +43,15 @@ def test_the_tunes_accumulation_taken_scales_by_micro_batch_times_n(tmp_path):
     assert applied.learning_rate == pytest.approx(2e-3)
     lr = applied.record["learning_rate"]
     assert (lr["update_batch"], lr["micro_batch"], lr["accumulate"]) == (256, 64, 4)
-    assert "256 (micro-batch 64 x 4) is 2x the 128" in applied.record["optimization_note"]
+    assert "256 per replica (micro-batch 64 x 4) is 2x the 128" in \
+        applied.record["optimization_note"]
 
 
 @pytest.mark.parametrize("micro,given,update,rate", [
     (64, {"accumulate": 2}, 128, 1e-3),          # the QA repro: 64 x 2 = 128, unchanged
     (64, {"global_batch": 128}, 128, 1e-3),
     (32, {"global_batch": 256}, 256, 2e-3),      # was 0.00025 (the micro-batch 32 alone)
-    (32, {"accumulate": 8, "global_batch": 256}, 256, 2e-3),
+    (32, {"accumulate": 4, "global_batch": 256}, 256, 2e-3),   # e.g. 32 x 4 x 2 replicas
 ])
 def test_an_accumulation_given_is_the_one_the_rate_is_scaled_for(tmp_path, micro, given,
                                                                   update, rate):
@@ -65,6 +66,27 @@ def test_an_accumulation_given_is_the_one_the_rate_is_scaled_for(tmp_path, micro
     line = tuned.console_line(rec)
     if update == 128:                                          # the rate was set for 128
         assert "scale-lr" not in line and "0.0005" not in line
+    elif "global_batch" in given:                              # the whole update's
+        assert "the global batch 256 an update sees (--global-batch, over all replicas) is " \
+               "2x the 128" in line and "makes it 0.002" in line
     else:
-        assert f"an update's batch {update} (micro-batch {micro} x {update // micro}) is " \
-               f"2x the 128" in line and "makes it 0.002" in line
+        assert f"an update's batch {update} per replica (micro-batch {micro} x " \
+               f"{update // micro}) is 2x the 128" in line and "makes it 0.002" in line
+
+
+def test_the_scaled_batch_says_it_is_per_replica_and_what_several_replicas_see(tmp_path):
+    rec = _apply(_accumulating_tune(tmp_path)).record          # tuned 64 x 4
+    assert rec["learning_rate"]["update_batch_is_per_replica"] is True
+    one = tuned.console_line(rec)
+    assert "an update's batch 256 per replica (micro-batch 64 x 4) is 2x the 128" in one
+    assert "over" not in one                                   # one replica: nothing more
+    two = tuned.console_line(rec, replicas=2)
+    assert "the update sees 512 over 2 replicas, which the learning rate is not scaled for " \
+           "(--global-batch 512 scales it for the whole update)" in two
+    # the global batch given is the whole update's already: nothing to add for replicas
+    glob = _apply(_accumulating_tune(tmp_path), accumulation_given=True,
+                  global_batch=512).record
+    assert glob["learning_rate"]["update_batch_is_per_replica"] is False
+    assert glob["learning_rate"]["update_batch"] == 512 and glob["learning_rate"]["after"] == \
+        pytest.approx(4e-3)
+    assert "over 2 replicas" not in tuned.console_line(glob, replicas=2)
