@@ -20,6 +20,18 @@ from app.training.tuned import SCHEMA  # noqa: F401  (the tune.json format is tr
 COLOURS = {"float32": "#4c72b0", "mixed_float16": "#dd8452", "mixed_bfloat16": "#55a868"}
 
 
+def ran_words(steps: int, ran: Optional[Dict[str, Any]]) -> str:
+    """What a verification trained, in words: ``3 updates (257 micro-batches)`` under
+    accumulation, ``11 steps`` without (the short last batch is one); ``steps`` (the steps
+    asked for) when the run did not say."""
+    if not ran or not ran.get("updates"):
+        return f"{steps} steps"
+    updates, micro = ran["updates"], ran.get("micro_batches")
+    if micro and micro != updates:
+        return f"{updates} update(s) ({micro} micro-batches)"
+    return f"{updates} steps"
+
+
 def precision_entry(result: search.SearchResult, verify_trials: List[search.Trial]) -> dict:
     """One policy's block of tune.json."""
     best = result.best()
@@ -70,7 +82,7 @@ def table(doc: Mapping[str, Any]) -> str:
     if c:
         lines.append(f"choice: {c['precision']} at batch {c['batch_size']} "
                      f"({c['samples_per_second']:,.0f} samples/s)"
-                     + (f", verified over {v.get('steps')} steps at "
+                     + (f", verified over {ran_words(v.get('steps'), v)} at "
                         f"{format_size(v.get('peak_memory_bytes'))}" if v.get("fits") else ""))
     for entry in doc.get("left_out", []):
         lines.append(f"left out: {entry['reason']}")

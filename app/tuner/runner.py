@@ -245,12 +245,18 @@ def verification_env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
+def verification_batches(steps: int, accumulate: int = 1) -> int:
+    """The whole batches a verification of ``steps`` steps trains (before its short last
+    one): under accumulation at least two whole groups of ``accumulate``."""
+    return max(steps, 2 * accumulate) if accumulate > 1 else steps
+
+
 def verification_command(req: Dict[str, Any], output: str) -> List[str]:
     """``tfmp train`` arguments for one epoch of ``steps`` batches: the run a user will make
     with ``--tuned``, so its peak (Keras fit or the custom loop, validation, the recorder,
     checkpoints) is what a trial's bare training steps leave out."""
     batch, n = int(req["batch_size"]), int(req.get("accumulate") or 1)
-    steps = max(int(req["steps"]), 2 * n) if n > 1 else int(req["steps"])   # whole groups
+    steps = verification_batches(int(req["steps"]), n)
     # A short last batch, as most real epochs end with: the step is traced again for that
     # shape, and that graph's buffers are part of a real run's peak.
     samples = batch * steps + max(batch // 2, 1)
@@ -288,6 +294,20 @@ def verification_command(req: Dict[str, Any], output: str) -> List[str]:
 _OOM_WORDS = ("resourceexhaustederror", "out of memory", "memoryerror", "bad_alloc", "oom when")
 
 
+def verification_ran(metrics: Dict[str, Any]) -> Optional[Dict[str, int]]:
+    """What a verification run trained, from its metrics.json: ``samples``, ``micro_batches``
+    (batches of ``--batch-size``, the short last one included) and ``updates`` (the
+    optimizer's steps: under ``--accumulate N`` one a group of N, the epoch's last group
+    perhaps short).  None when the metrics do not say."""
+    samples = (metrics.get("data") or {}).get("train_samples")
+    batch = (metrics.get("config") or {}).get("batch_size")
+    updates = (metrics.get("epochs") or [{}])[-1].get("steps")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+               for v in (samples, batch, updates)):
+        return None
+    return {"samples": samples, "micro_batches": -(-samples // batch), "updates": updates}
+
+
 def verification_outcome(end: ChildEnd, kill_above: Optional[int]) -> Outcome:
     """A verification run as the search's Outcome: completed only when ``train`` did.  Killed
     (watchdog, OOM killer), timed out or out of memory: the size did not fit.  Any other
@@ -298,7 +318,8 @@ def verification_outcome(end: ChildEnd, kill_above: Optional[int]) -> Outcome:
     if end.returncode == 0 and metrics.get("status") == "completed":
         peak = (metrics.get("peak_memory") or {}).get("bytes")
         epochs = metrics.get("epochs") or [{}]
-        return Outcome(True, peak, epochs[-1].get("samples_per_second"), "", seconds)
+        return Outcome(True, peak, epochs[-1].get("samples_per_second"), "", seconds,
+                       ran=verification_ran(metrics))
     if end.watchdog_killed or end.timed_out or end.returncode < 0:
         return Outcome(False, end.highest_rss or None, None, _died_of(end, kill_above), seconds)
     said = metrics.get("diagnosis") or ""

@@ -54,6 +54,9 @@ class Outcome:
     reason: str = ""                 # why it did not complete ("" when it did)
     seconds: Optional[float] = None  # wall time of the trial, process start included
     data_limit: Optional[int] = None  # the training set's size, when it bounds the batch
+    # a verification run's: what it trained (samples, micro_batches, updates), from its
+    # metrics.json; None for a trial, or when the run did not say
+    ran: Optional[dict] = None
 
 
 @dataclass

@@ -41,7 +41,8 @@ from app.tuner import plan as plan_mod
 from app.tuner import report, search
 from app.tuner.progress import Progress
 from app.core.launch import sigterm_as_exit
-from app.tuner.runner import PolicyLeftOut, TrialFailed, TrialRunner, collect_environment
+from app.tuner.runner import (PolicyLeftOut, TrialFailed, TrialRunner, collect_environment,
+                              verification_batches)
 
 DEFAULT_MARGIN = 0.1
 DEFAULT_STEPS, DEFAULT_WARMUP, DEFAULT_MIN_SECONDS = 4, 2, 1.5
@@ -399,14 +400,17 @@ def _verify(candidates, runner, bar, limit, verify_steps, out, notes,
     for policy, batch, n, searched_sps in candidates[:MAX_STEP_DOWNS + 1]:
         bar.start(policy, batch, phase="verify")
         kw = {"accumulate": n} if n > 1 else {}
-        v = search.judge(batch, runner.verify(policy, batch, steps=verify_steps, **kw), limit)
+        outcome = runner.verify(policy, batch, steps=verify_steps, **kw)
+        v = search.judge(batch, outcome, limit)
+        ran = getattr(outcome, "ran", None) or {}
         v.phase = "verify"
         out.verify_trials.setdefault(policy, []).append(v)
         bar.finish(policy, v)
         if v.fits:
             extra = {"accumulate": n, "global_batch": batch * n} if planned else {}
             out.verified = {"fits": True, "precision": policy, "batch_size": batch,
-                            "steps": verify_steps, "peak_memory_bytes": v.peak_memory_bytes,
+                            "steps": verify_steps, **ran,
+                            "peak_memory_bytes": v.peak_memory_bytes,
                             "samples_per_second": v.samples_per_second,
                             "stepped_down_from": first_batch if out.stepped_down else None,
                             **({"stepped_down_from_precision": first_policy}
@@ -422,8 +426,11 @@ def _verify(candidates, runner, bar, limit, verify_steps, out, notes,
                            if policy != first_policy else ""))
             return
         out.stepped_down = True
-        notes.append(f"verification: {policy} at batch {batch} did not hold over "
-                     f"{verify_steps} steps ({v.reason}); stepping down")
+        what = report.ran_words(verify_steps, ran) if ran or n == 1 else (
+            f"a run of {verification_batches(verify_steps, n)} micro-batches in groups of {n}")
+        notes.append(f"verification: {policy} at batch {batch}"
+                     + (f" x {n} accumulated" if n > 1 else "")
+                     + f" did not hold over {what} ({v.reason}); stepping down")
     out.verified = {"fits": False, "precision": first_policy, "batch_size": None,
                     "reason": "no size passed verification"}
 
