@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional
 
 from app.core import catalog as registry
 from app.core.errors import UsageError, unprefixed
+from app.core.exit_codes import EXIT_SIGTERM
 from app.run_folder.lock import TUNE, RunLock
 from app.training.config import check_variables
 from app.tuner.arguments import (check_margin, check_max_batch, check_reference_batch,
@@ -130,7 +131,7 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
             model, dataset, output, workspace, wanted, memory_budget, margin, cap, time_budget,
             reference_batch_size, steps, warmup_steps, min_seconds, start, progress, stream,
             dict(task, global_batch=global_batch))
-    except BaseException:
+    except BaseException as exc:
         # Nothing of this tune's is in the folder: leave it as it was found.  A lock file
         # still there is another run's (it holds the folder); rmdir leaves a folder that
         # something else has written into meanwhile.
@@ -140,6 +141,11 @@ def tune(model: Any, data: Any = "synthetic", *, precision=None, memory_budget: 
                 os.rmdir(output)
             except OSError:
                 pass
+        if isinstance(exc, SystemExit) and exc.code == EXIT_SIGTERM:
+            # docker stop during the trials (sigterm_as_exit): said as Ctrl-C's line is
+            # (app/cli.py), once everything is cleaned up; the status stays 143.
+            sys.stderr.write("\ninterrupted (SIGTERM): tfmp tune stopped\n")
+            sys.stderr.flush()
         raise
     lock.release()
     if progress:
