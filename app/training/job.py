@@ -253,8 +253,8 @@ def make_recorder(run: Prepared, parts: TrainingParts, metrics: dict,
 
 
 def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
-                 stop: StopFlag | None = None,
-                 built_weights_max: Optional[float] = None) -> StepMonitor:
+                 stop: StopFlag | None = None, built_weights_max: Optional[float] = None,
+                 command_line: bool = True) -> StepMonitor:
     cfg = run.config
     watch = None
     # Multi-worker without TF_CONFIG is one worker, with no cluster to name.
@@ -270,7 +270,10 @@ def make_monitor(run: Prepared, parts: TrainingParts, recorder: Recorder,
                               workers=cluster.num_workers if cluster else 1,
                               pool=run.dist.pool_json if cluster else None,
                               on_probe=recorder.record_probe, rows=run.bundle.train_rows,
-                              built_weights_max=built_weights_max)
+                              built_weights_max=built_weights_max,
+                              # the warnings' fix in the run's words, with its float32 layers
+                              command_line=command_line,
+                              float32_layers=run.task.float32_layers)
         recorder.watch = watch
     return StepMonitor(cfg.log_every, cfg.max_skipped_steps, parts.loss_scaled, parts.optimizer,
                        parts.stats, stop or StopFlag(), recorder.record_step, watch)
@@ -321,7 +324,8 @@ def train(config: TrainConfig, on_step: StepCallback | None = None, hardware=Non
         lock = RunLock(run.output, said=said)
         recorder = make_recorder(run, parts, metrics, on_step, previous_steps, start, skip,
                                  folder_lock=lock)
-        monitor = make_monitor(run, parts, recorder, stop, built_weights_max)
+        monitor = make_monitor(run, parts, recorder, stop, built_weights_max,
+                               command_line=repeat_signal_exits)
         with contextlib.ExitStack() as held:
             # Taken before a failed write is described: describing one cleans the folder and
             # records "failed" in it, which a run refused the folder must never do (its

@@ -294,7 +294,7 @@ def test_an_epsilon_fix_names_the_value_and_what_float16_holds():
 
 
 @pytest.mark.parametrize("args,env,wrong", [
-    (["--numerics-every", "0"], {}, "numerics_every must be at least 1"),
+    (["--numerics-every", "0"], {}, "--numerics-every must be at least 1"),
     (["--numerics-every", "often"], {}, "--numerics-every: invalid int value: 'often'"),
     ([], {"TFMP_NO_SENTINEL": "maybe"}, "TFMP_NO_SENTINEL='maybe' is not valid"),
     ([], {"TFMP_NUMERICS_EVERY": "-5"}, "TFMP_NUMERICS_EVERY must be at least 1")])
