@@ -134,6 +134,19 @@ def compile_for_fit(parts, jit: bool, steps_per_execution: int) -> None:
                         weighted_metrics=[], steps_per_execution=steps_per_execution, **extra)
 
 
+def add_batch_loss(mean, per_example) -> None:
+    """Add a (micro-)batch's loss to the running ``mean`` (a ``keras.metrics.Mean``) as
+    Keras' fit does: the batch's mean (each sample's loss times its weight, summed, over the
+    batch's size) weighted by the batch's sample count, so that the result is the mean over
+    every sample seen, not a mean of batch means (a short last batch counts for its
+    samples).  On each replica its own share: the metric's sums add up over the replicas.
+    An empty share (a replica without samples in the epoch's last batch) adds nothing."""
+    samples = tf.cast(tf.shape(per_example)[0], tf.float32)
+    batch_mean = tf.math.divide_no_nan(tf.reduce_sum(per_example),
+                                       tf.cast(tf.size(per_example), tf.float32))
+    mean.update_state(batch_mean, sample_weight=samples)
+
+
 class CustomSteps:
     """``train_step(*batch)`` and ``eval_step(*batch)`` for the custom loop (``train_step``
     above on every replica), with their running loss and metrics.  A batch is (x, y) or
@@ -172,12 +185,11 @@ class CustomSteps:
                                    update=update)
             out = accumulated_train_step(
                 parts.model, parts.built.loss, opt, x, y, parts.accumulator, parts.sentinel,
-                record, lambda o: train_loss.update_state(tf.reduce_mean(o.per_example)),
-                sample_weight)
+                record, lambda o: add_batch_loss(train_loss, o.per_example), sample_weight)
         else:
             out, applied = train_step(parts.model, parts.built.loss, opt, x, y,
                                       parts.sentinel, sample_weight)
-            train_loss.update_state(tf.reduce_mean(out.per_example))
+            add_batch_loss(train_loss, out.per_example)
             parts.stats.record(applied.grads, applied.skipped, applied.divide_by,
                                loss=running_loss, loss_scale=scale)
         for m in self.train_metrics:
@@ -185,8 +197,8 @@ class CustomSteps:
 
     def _eval_fn(self, x, y, sample_weight=None):
         preds = self.parts.model(x, training=False)
-        self.val_loss.update_state(tf.reduce_mean(
-            weighted(self.parts.built.loss(y, preds), sample_weight)))
+        add_batch_loss(self.val_loss,
+                       weighted(self.parts.built.loss(y, preds), sample_weight))
         for m in self.val_metrics:
             m.update_state(y, preds)
 
