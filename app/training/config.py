@@ -201,7 +201,10 @@ def _with_tune(cfg: TrainConfig, given: Mapping[str, Any],
                           learning_rate=cfg.learning_rate, scale_lr=cfg.scale_lr,
                           default_batch=TrainConfig.batch_size,
                           accumulation_given=given.get("accumulate") is not None
-                          or given.get("global_batch") is not None)
+                          or given.get("global_batch") is not None,
+                          # the N an update really sees, for --scale-lr linear
+                          accumulate=given.get("accumulate"),
+                          global_batch=given.get("global_batch"))
     cfg = replace(cfg, precision=applied.precision, batch_size=applied.batch_size,
                   learning_rate=applied.learning_rate, tuning=applied.record,
                   accumulate=applied.accumulate or cfg.accumulate)

@@ -355,7 +355,7 @@ def _ready(config: TrainConfig, hardware, task: Task | None, said, announce: boo
         if run.config.tuning:
             from app.training.tuned import console_line
 
-            print(console_line(run.config.tuning), flush=True)
+            print(console_line(run.config.tuning, run.dist.replicas), flush=True)
         print(run.dist.describe(), flush=True)
         if (run.config.accumulate or 1) > 1:
             print(f"accumulate: {run.config.accumulate} micro-batches of {run.dist.global_batch} "

@@ -90,3 +90,19 @@ def test_the_scaled_batch_says_it_is_per_replica_and_what_several_replicas_see(t
     assert glob["learning_rate"]["update_batch"] == 512 and glob["learning_rate"]["after"] == \
         pytest.approx(4e-3)
     assert "over 2 replicas" not in tuned.console_line(glob, replicas=2)
+
+
+@pytest.mark.parametrize("given, env, rate", [
+    ({"accumulate": 2}, {}, 1e-3),              # 64 x 2 = 128, the rate's own batch (QA: 0.0005)
+    ({"global_batch": 512}, {}, 4e-3),          # the update's 512
+    ({}, {"TFMP_ACCUMULATE": "2"}, 1e-3),       # the variable, as the flag
+    ({}, {}, 2e-3),                             # the tune's 64 x 4
+])
+def test_train_scales_by_the_accumulation_it_is_given(tmp_path, given, env, rate):
+    """Through train's own resolve_config, which gave tuned.apply only whether an
+    accumulation was given, never its N."""
+    from app.training.config import resolve_config
+
+    cfg = resolve_config(dict({"model": "mlp", "dataset": "synthetic", "scale_lr": "linear",
+                               "tuned": _accumulating_tune(tmp_path)}, **given), environ=env)
+    assert cfg.learning_rate == pytest.approx(rate)
