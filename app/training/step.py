@@ -21,6 +21,15 @@ class ForwardBackward(NamedTuple):
     per_example: Any      # the task's per-example loss, float32
     loss: Any             # averaged over the global batch, plus regularization
     grads: list           # of the scaled loss, for model.trainable_variables
+    regularization: Any = None   # the model's own losses (model.losses) summed; None: none
+
+
+def _regularization(model):
+    """The model's own losses (weight and activity regularization) summed, as float32, or
+    None when it has none."""
+    if not model.losses:
+        return None
+    return tf.add_n([tf.cast(v, tf.float32) for v in model.losses])
 
 
 def forward_backward(model, loss_fn, x, y, scale: Optional[Callable[[Any], Any]] = None,
@@ -34,11 +43,12 @@ def forward_backward(model, loss_fn, x, y, scale: Optional[Callable[[Any], Any]]
         preds = model(x, training=True)
         per_example = weighted(loss_fn(y, preds), sample_weight)   # float32 (cast inside)
         loss = tf.nn.compute_average_loss(per_example)
-        if model.losses:
-            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        regularization = _regularization(model)
+        if regularization is not None:
+            loss += tf.nn.scale_regularization_loss(regularization)
         scaled = loss if scale is None else scale(loss)
     return ForwardBackward(preds, per_example, loss,
-                           tape.gradient(scaled, model.trainable_variables))
+                           tape.gradient(scaled, model.trainable_variables), regularization)
 
 
 def _batch(x, y, sample_weight):
@@ -134,16 +144,20 @@ def compile_for_fit(parts, jit: bool, steps_per_execution: int) -> None:
                         weighted_metrics=[], steps_per_execution=steps_per_execution, **extra)
 
 
-def add_batch_loss(mean, per_example) -> None:
+def add_batch_loss(mean, per_example, regularization=None) -> None:
     """Add a (micro-)batch's loss to the running ``mean`` (a ``keras.metrics.Mean``) as
     Keras' fit does: the batch's mean (each sample's loss times its weight, summed, over the
-    batch's size) weighted by the batch's sample count, so that the result is the mean over
-    every sample seen, not a mean of batch means (a short last batch counts for its
-    samples).  On each replica its own share: the metric's sums add up over the replicas.
-    An empty share (a replica without samples in the epoch's last batch) adds nothing."""
+    batch's size) plus the model's ``regularization`` (its own losses, whole, as fit adds
+    them to the loss it reports), weighted by the batch's sample count, so that the result
+    is the mean over every sample seen, not a mean of batch means (a short last batch
+    counts for its samples).  On each replica its own share: the metric's sums add up over
+    the replicas.  An empty share (a replica without samples in the epoch's last batch)
+    adds nothing."""
     samples = tf.cast(tf.shape(per_example)[0], tf.float32)
     batch_mean = tf.math.divide_no_nan(tf.reduce_sum(per_example),
                                        tf.cast(tf.size(per_example), tf.float32))
+    if regularization is not None:
+        batch_mean += regularization
     mean.update_state(batch_mean, sample_weight=samples)
 
 
@@ -185,11 +199,12 @@ class CustomSteps:
                                    update=update)
             out = accumulated_train_step(
                 parts.model, parts.built.loss, opt, x, y, parts.accumulator, parts.sentinel,
-                record, lambda o: add_batch_loss(train_loss, o.per_example), sample_weight)
+                record, lambda o: add_batch_loss(train_loss, o.per_example, o.regularization),
+                sample_weight)
         else:
             out, applied = train_step(parts.model, parts.built.loss, opt, x, y,
                                       parts.sentinel, sample_weight)
-            add_batch_loss(train_loss, out.per_example)
+            add_batch_loss(train_loss, out.per_example, out.regularization)
             parts.stats.record(applied.grads, applied.skipped, applied.divide_by,
                                loss=running_loss, loss_scale=scale)
         for m in self.train_metrics:
@@ -197,8 +212,8 @@ class CustomSteps:
 
     def _eval_fn(self, x, y, sample_weight=None):
         preds = self.parts.model(x, training=False)
-        add_batch_loss(self.val_loss,
-                       weighted(self.parts.built.loss(y, preds), sample_weight))
+        add_batch_loss(self.val_loss, weighted(self.parts.built.loss(y, preds), sample_weight),
+                       _regularization(self.parts.model))
         for m in self.val_metrics:
             m.update_state(y, preds)
 

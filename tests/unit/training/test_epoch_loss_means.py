@@ -103,3 +103,17 @@ def test_the_custom_loop_reports_what_fit_reports(tmp_path):
     custom = _run(tmp_path, loop="custom", learning_rate=1e-2)["epoch"]
     assert custom["loss"] == pytest.approx(fit["loss"], rel=1e-5)
     assert custom["val_loss"] == pytest.approx(fit["val_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("loop,accumulate,replicas", [
+    ("fit", None, 1),   # the reference: fit adds the model's own losses to what it reports
+    ("custom", None, 1),
+    ("custom", 3, 2),
+])
+def test_the_epoch_loss_holds_the_models_regularization_as_fits_does(tmp_path, loop,
+                                                                     accumulate, replicas):
+    r = _run(tmp_path, replicas, loop=loop, accumulate=accumulate, learning_rate=1e-30,
+             regularized=True)
+    epoch = r["epoch"]
+    assert epoch["val_loss"] == pytest.approx(r["val_per_sample"], rel=1e-5)
+    assert epoch["loss"] == pytest.approx(r["train_per_sample"], rel=1e-5)
