@@ -419,6 +419,10 @@ def check_data_dir(cfg: TrainConfig, said: str = "--data-dir") -> None:
                      f"{default_data_dir(cfg.workspace)!r})")
 
 
+# The largest --global-batch (and --accumulate, and their micro-batch x N): TensorFlow's int32.
+LARGEST_GLOBAL_BATCH = 2 ** 31 - 1
+
+
 def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
                        said=lambda name: name, words: Mapping[str, str] | None = None) -> int:
     """The number of micro-batches per update that ``--accumulate`` and ``--global-batch``
@@ -431,11 +435,27 @@ def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
             raise UsageError(f"{said(name)} must be at least 1. Received: {said(name)}={v!r}",
                              "an integer >= 1" + (" (1: no accumulation)"
                                                   if name == "accumulate" else ""))
-    if total is None:
-        return n or 1
+        if v is not None and v > LARGEST_GLOBAL_BATCH:
+            # TensorFlow counts steps and samples in int32 (and 2**31 micro-batches already
+            # train on NaN): a larger value ended in a traceback after the run folder was made
+            raise UsageError(f"{said(name)} must be at most {LARGEST_GLOBAL_BATCH} (2**31-1). "
+                             f"Received: {said(name)}={v!r}",
+                             f"an integer from 1 to {LARGEST_GLOBAL_BATCH}"
+                             + (" (1: no accumulation)" if name == "accumulate" else ""))
     def option(name):   # its TFMP_ variable when it came from one, else its flag (keyword)
         return said(name) if said(name) != name else settings.listed(words, name)
     micro = cfg.batch_size * (replicas or 1)
+    if total is None:
+        if n is not None and micro * n > LARGEST_GLOBAL_BATCH:
+            what = f"{option('batch_size')} {cfg.batch_size}" + (
+                f" x {replicas} replicas" if replicas else "")
+            raise UsageError(f"{said('accumulate')} {n} x the micro-batch {micro} ({what}) is a "
+                             f"global batch of {micro * n}, more than {LARGEST_GLOBAL_BATCH} "
+                             f"(2**31-1). Received: {said('accumulate')}={n}",
+                             f"{option('accumulate')} from 1 to "
+                             f"{max(1, LARGEST_GLOBAL_BATCH // micro)}, or a smaller "
+                             f"{option('batch_size')}")
+        return n or 1
     if total % micro:
         lower, upper = total // micro * micro, (total // micro + 1) * micro
         what = f"{option('batch_size')} {cfg.batch_size}" + (
