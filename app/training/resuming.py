@@ -317,34 +317,71 @@ def _epoch_began_at(run, metrics: dict, start: int) -> Optional[int]:
     return ended[0] if ended and isinstance(ended[0], int) else None
 
 
-def _resized(run) -> bool:
+def _resized(run):
     """Does this run count an epoch's batches otherwise than the run it continues (another
-    --batch-size or --accumulate)?  Unknown (an older metrics.json): assumed so."""
+    --batch-size, --accumulate or replica count)?  None: no; else what changed, in words, as
+    (then, now): ("batch size 128", "batch size 64"), ("5 micro-batches per update", "4
+    micro-batches per update"), or both joined; True: unknown (an older metrics.json without
+    a batch size), assumed so."""
     previous = run.previous or {}
     then = previous.get("accumulation")
+    batch_then = (previous.get("config") or {}).get("batch_size")
+    batch_now = run.config.batch_size
     if isinstance(then, dict):
-        return (then.get("micro_batch"), then.get("accumulate")) != (
-            run.dist.global_batch, run.config.accumulate or 1)
-    batch = (previous.get("config") or {}).get("batch_size")
-    return batch is None or batch != run.config.batch_size
+        micro_then, n_then = then.get("micro_batch"), then.get("accumulate")
+        micro_now, n_now = run.dist.global_batch, run.config.accumulate or 1
+        if (micro_then, n_then) == (micro_now, n_now):
+            return None
+        said_then, said_now = [], []
+        if micro_then != micro_now:
+            if batch_then != batch_now and batch_then is not None:
+                said_then.append(f"batch size {batch_then}")
+                said_now.append(f"batch size {batch_now}")
+            else:   # the same batch size on other replicas
+                said_then.append(f"a batch of {micro_then} per step (batch size x replicas)")
+                said_now.append(f"a batch of {micro_now} per step (batch size x replicas)")
+        if n_then != n_now:
+            said_then.append(_per_update(n_then))
+            said_now.append(_per_update(n_now))
+        return " and ".join(said_then), " and ".join(said_now)
+    if batch_then is None:
+        return True
+    if batch_then != batch_now:
+        return f"batch size {batch_then}", f"batch size {batch_now}"
+    return None
+
+
+def _per_update(n) -> str:
+    """An accumulation in words."""
+    if n == 1:
+        return "1 batch per update (no accumulation)"
+    return f"{n} micro-batches per update" if n is not None else "an unrecorded accumulation"
 
 
 def _say_a_cut_epoch_starts_over(epochs: list, start: int, step: int,
-                                 resized: bool = True, began: Optional[int] = None) -> bool:
+                                 resized: "bool | tuple" = True,
+                                 began: Optional[int] = None) -> bool:
     """A checkpoint saved inside epoch ``start + 1`` whose batches this run cannot count:
     that epoch trains from its first batch again.  Said, where it was silent; the weights
     keep what those batches taught them (True: said).  ``resized``: another --batch-size or
-    --accumulate is why; else the checkpoint came after the epoch's last batch and before
-    its end was recorded (a signal then), and that is what is said (a sentinel fault's
-    checkpoint is never one: it holds the step before the fault).  ``began``: the step
-    count the epoch began at (None: the recorded end of the one before)."""
+    --accumulate is why (``_resized``: what changed, then and now, which the note names;
+    True: not known which, the batch size is named); else the checkpoint came after the
+    epoch's last batch and before its end was recorded (a signal then), and that is what is
+    said (a sentinel fault's checkpoint is never one: it holds the step before the fault).
+    ``began``: the step count the epoch began at (None: the recorded end of the one
+    before)."""
     if began is not None:
         ended = began
     else:
         ended = epochs[start - 1].get("steps") if 0 < start <= len(epochs) else 0
     if not (isinstance(ended, int) and step > ended):
         return False
-    if resized:
+    if isinstance(resized, tuple):   # what changed, then and now (``_resized``)
+        print(f"note: the checkpoint was saved {step - ended} step(s) into epoch {start + 1} "
+              f"with {resized[0]}, and this run has {resized[1]}: that epoch starts over "
+              "from its first batch (the weights keep what those steps taught them)",
+              file=sys.stderr, flush=True)
+    elif resized:   # unknown what (an older metrics.json)
         print(f"note: the checkpoint was saved {step - ended} step(s) into epoch {start + 1}, "
               "at the batch size the run had then; at this run's batch size that epoch "
               "starts over from its first batch (the weights keep what those steps "

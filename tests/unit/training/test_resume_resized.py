@@ -16,9 +16,11 @@ import pytest
 from app.training.job import train
 from app.training.resuming import EPOCH_STARTED_OVER
 
-NOTE = re.compile(r"note: the checkpoint was saved (\d+) step\(s\) into epoch 1, at the batch "
-                  r"size the run had then; at this run's batch size that epoch starts over "
-                  r"from its first batch \(the weights keep what those steps taught them\)")
+# The note names what changed: the batch size, the accumulation, or both (it blamed the batch
+# size when only --accumulate had changed).
+NOTE = re.compile(r"note: the checkpoint was saved (\d+) step\(s\) into epoch 1 with (.+?), and "
+                  r"this run has (.+?): that epoch starts over from its first batch \(the "
+                  r"weights keep what those steps taught them\)")
 
 
 def _stop_at(step: int):
@@ -35,9 +37,11 @@ def _interrupted(metrics) -> None:
     assert metrics["status"] == "interrupted" and metrics["epochs"] == [], metrics["epochs"]
 
 
-def _started_over(err: str) -> int:
-    """The note's step count (the checkpoint's updates into epoch 1); no "after N batch(es)"."""
-    [steps] = NOTE.findall(err)
+def _started_over(err: str, then: str, now: str) -> int:
+    """The note's step count (the checkpoint's updates into epoch 1), which says what changed
+    (``then`` and ``now``); no "after N batch(es)"."""
+    [(steps, said_then, said_now)] = NOTE.findall(err)
+    assert (said_then, said_now) == (then, now), err
     assert "batch(es) of epoch 1" not in err and "at epoch 1" in err, err
     return int(steps)
 
@@ -49,7 +53,7 @@ def test_another_batch_size_starts_the_epoch_over(tiny_config, capsys, loop):
     capsys.readouterr()
     again = train(tiny_config(epochs=1, loop=loop, batch_size=64, resume=True))
     said = capsys.readouterr()
-    before = _started_over(said.err)
+    before = _started_over(said.err, "batch size 32", "batch size 64")
     assert 5 <= before < 16
     [epoch] = again["epochs"]
     assert "resumed" not in epoch and "resumed after" not in said.out, epoch
@@ -65,7 +69,8 @@ def test_another_accumulate_starts_the_epoch_over(tiny_config, capsys, loop):
     capsys.readouterr()
     again = train(tiny_config(epochs=1, loop=loop, accumulate=4, resume=True))
     said = capsys.readouterr()
-    before = _started_over(said.err)
+    # the batch size is the same: the note names the accumulation alone
+    before = _started_over(said.err, "2 micro-batches per update", "4 micro-batches per update")
     assert 1 <= before < 4      # fewer updates than an epoch of 4 has: it fitted and was skipped
     [epoch] = again["epochs"]
     assert "resumed" not in epoch and "resumed after" not in said.out, epoch
