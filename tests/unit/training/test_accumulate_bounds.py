@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from app.core.errors import UsageError
-from app.training.config import LARGEST_GLOBAL_BATCH, TrainConfig, check_accumulation, resolve_config
+from app.training.config import (LARGEST_GLOBAL_BATCH, TrainConfig, check_accumulation,
+                                 resolve_config)
 from tests.unit.helpers import run_app
 
 HUGE = "99999999999999999999"

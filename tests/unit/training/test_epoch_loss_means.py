@@ -42,7 +42,8 @@ def data():
     y, yv = (x[:, 0] > 0).astype("int64"), (xv[:, 0] > 0).astype("int64")
     x[-12:] *= 8.0
     xv[-6:] *= 8.0
-    w, wv = rng.uniform(0.1, 3.0, 300).astype("float32"), rng.uniform(0.1, 3.0, 70).astype("float32")
+    w = rng.uniform(0.1, 3.0, 300).astype("float32")
+    wv = rng.uniform(0.1, 3.0, 70).astype("float32")
     return (x, y, w), (xv, yv, wv)
 
 
