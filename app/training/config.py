@@ -357,7 +357,10 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
                          f"{said('loop')}={cfg.loop!r}",
                          f"{flag('loop', 'fit')} with {flag('steps_per_execution')}, or leave "
                          "it at 1")
-    check_accumulation(cfg, said=said, words=words)
+    # A tune gives the batch size later (_with_tune, then this check again): a global batch
+    # is judged against the tune's micro-batch, not against the default it replaces.
+    tune_pending = bool(cfg.tuned) and cfg.tuning is None and "batch_size" not in cfg.given
+    check_accumulation(cfg, said=said, words=words, batch_known=not tune_pending)
     if not isinstance(cfg.early_stop, int) or cfg.early_stop < 0:
         raise UsageError(f"{said('early_stop')} must be 0 or more. Received: "
                          f"{said('early_stop')}={cfg.early_stop!r}",
@@ -424,11 +427,13 @@ LARGEST_GLOBAL_BATCH = 2 ** 31 - 1
 
 
 def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
-                       said=lambda name: name, words: Mapping[str, str] | None = None) -> int:
+                       said=lambda name: name, words: Mapping[str, str] | None = None,
+                       batch_known: bool = True) -> int:
     """The number of micro-batches per update that ``--accumulate`` and ``--global-batch``
     say, checked (UsageError).  ``replicas`` None (before the strategy exists): the
     global batch is checked against the batch size alone.  ``said(name)``: the setting as
-    the user gave it (its TFMP_ variable); ``words``: the others' (``validate``)."""
+    the user gave it (its TFMP_ variable); ``words``: the others' (``validate``).
+    ``batch_known`` False: only the values' own bounds (a tune sets the batch size later)."""
     n, total = cfg.accumulate, cfg.global_batch
     for name, v in (("accumulate", n), ("global_batch", total)):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
@@ -442,6 +447,9 @@ def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
                              f"Received: {said(name)}={v!r}",
                              f"an integer from 1 to {LARGEST_GLOBAL_BATCH}"
                              + (" (1: no accumulation)" if name == "accumulate" else ""))
+    if not batch_known:   # the micro-batch is not settled yet: its checks come later
+        return n or 1
+
     def option(name):   # its TFMP_ variable when it came from one, else its flag (keyword)
         return said(name) if said(name) != name else settings.listed(words, name)
     micro = cfg.batch_size * (replicas or 1)

@@ -106,3 +106,18 @@ def test_train_scales_by_the_accumulation_it_is_given(tmp_path, given, env, rate
     cfg = resolve_config(dict({"model": "mlp", "dataset": "synthetic", "scale_lr": "linear",
                                "tuned": _accumulating_tune(tmp_path)}, **given), environ=env)
     assert cfg.learning_rate == pytest.approx(rate)
+
+
+def test_a_global_batch_is_judged_against_the_tunes_micro_batch_not_the_default(tmp_path):
+    """A tune of micro-batch 64 and --global-batch 192: refused as 'not a multiple of the
+    micro-batch 128', the default the tune replaces, before the tune applied."""
+    from app.core.errors import UsageError
+    from app.training.config import resolve_config
+
+    path = _accumulating_tune(tmp_path)
+    cfg = resolve_config({"model": "mlp", "dataset": "synthetic", "tuned": path,
+                          "global_batch": 192}, environ={})
+    assert (cfg.batch_size, cfg.global_batch) == (64, 192)
+    with pytest.raises(UsageError, match="not a multiple of the micro-batch 64"):
+        resolve_config({"model": "mlp", "dataset": "synthetic", "tuned": path,
+                        "global_batch": 200}, environ={})
