@@ -10,7 +10,6 @@ loops train the same weights on one replica)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
