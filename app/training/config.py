@@ -350,6 +350,11 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
         if not isinstance(v, int) or v < 1:
             raise UsageError(f"{said(name)} must be at least 1. Received: {said(name)}={v!r}",
                              "an integer >= 1")
+        if v > LARGEST_GLOBAL_BATCH and name in ("batch_size", "steps_per_execution"):
+            # TensorFlow's int32 counts: an OverflowError deep in the input pipeline before
+            raise UsageError(f"{said(name)} must be at most {LARGEST_GLOBAL_BATCH} (2**31-1). "
+                             f"Received: {said(name)}={v!r}",
+                             f"an integer from 1 to {LARGEST_GLOBAL_BATCH}")
     if cfg.steps_per_execution > 1 and cfg.loop != "fit":
         raise UsageError(f"{subject('steps_per_execution')} applies to {flag('loop', 'fit')} "
                          "only. "

@@ -32,6 +32,13 @@ HUGE = "99999999999999999999"
      "error: --accumulate 67108864 x the micro-batch 32 (--batch-size 32) is a global batch of "
      "2147483648, more than 2147483647 (2**31-1). Received: --accumulate=67108864; allowed: "
      "--accumulate from 1 to 67108863, or a smaller --batch-size"),
+    # the micro-batch and steps per execution alike (an OverflowError in the input pipeline)
+    (["--batch-size", HUGE], {},
+     "error: --batch-size must be at most 2147483647 (2**31-1). Received: --batch-size="
+     f"{HUGE}; allowed: an integer from 1 to 2147483647"),
+    ([], {"TFMP_STEPS_PER_EXECUTION": HUGE},
+     "error: TFMP_STEPS_PER_EXECUTION must be at most 2147483647 (2**31-1). Received: "
+     f"TFMP_STEPS_PER_EXECUTION={HUGE}; allowed: an integer from 1 to 2147483647"),
 ])
 def test_a_huge_accumulation_is_one_line_and_writes_nothing(tmp_path, args, env, line):
     out, ws = tmp_path / "run", tmp_path / "ws"
