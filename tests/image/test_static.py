@@ -109,7 +109,7 @@ ROOT_ON_THE_TOP = [
     # the re-owning walk: no link followed, mounts below the home pruned, ./NAME for chown
     re.compile(r'^env PATH="\$path" find "\$USER_HOME" -xdev \\\( -false "\$\{mounts\[@\]\}" \\\) '
                r'-prune -o -[ug]id "\$old_[ug]id"\s+-execdir chown -h --from="?:?\$old_[ug]id"? '),
-    re.compile(r'^done < <\(awk -v home="\$USER_HOME/" '),   # the mount table's text, matched
+    re.compile(r'^mapfile -t mounts < <\(mounts_below "\$USER_HOME"\)$'),   # the mount table's text
     re.compile(r'^usermod -d "\$USER_HOME" "\$NB_USER"$'),               # the passwd field only
     re.compile(r'^printf \'%s\\0\' HOME="\$USER_HOME" USER='),  # text: the user's environment
     re.compile(r'^validate_keys "\$user_keys" "\$home_keys"$'),     # root's copy; a name in messages

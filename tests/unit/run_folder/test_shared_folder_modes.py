@@ -25,7 +25,7 @@ def _train(shared, out, *extra, umask):
     return subprocess.run([sys.executable, "-m", "app", "train", *TINY, "--output", out,
                            "--workspace", os.path.join(shared, "ws"), *extra],
                           capture_output=True, text=True, timeout=300, env=app_env(),
-                          cwd=shared, umask=umask)
+                          cwd=shared, preexec_fn=lambda: os.umask(umask))   # umask=: 3.9+
 
 
 def _folder_modes(out):

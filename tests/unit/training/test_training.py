@@ -267,10 +267,9 @@ def test_resuming_mid_epoch_at_another_batch_size_says_the_epoch_starts_over(tin
     again = train(tiny_config(epochs=2, loop="custom", batch_size=64, resume=True))
     assert [e["epoch"] for e in again["epochs"]] == [1, 2]
     # The signal at step 20 is answered after the next step: 5 of epoch 2.
-    assert ("note: the checkpoint was saved 5 step(s) into epoch 2, at the batch size the "
-            "run had then; at this run's batch size that epoch starts over from its first "
-            "batch (the weights keep what those steps taught them)"
-            ) in capsys.readouterr().err
+    assert ("note: the checkpoint was saved 5 step(s) into epoch 2 with batch size 32, and "
+            "this run has batch size 64: that epoch starts over from its first batch (the "
+            "weights keep what those steps taught them)") in capsys.readouterr().err
 
 
 def test_resume_trains_at_a_learning_rate_given_and_keeps_the_runs_otherwise(
