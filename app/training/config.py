@@ -351,10 +351,7 @@ def validate(cfg: TrainConfig, from_variables: Mapping[str, str] | None = None,
             raise UsageError(f"{said(name)} must be at least 1. Received: {said(name)}={v!r}",
                              "an integer >= 1")
         if v > LARGEST_GLOBAL_BATCH and name in ("batch_size", "steps_per_execution"):
-            # TensorFlow's int32 counts: an OverflowError deep in the input pipeline before
-            raise UsageError(f"{said(name)} must be at most {LARGEST_GLOBAL_BATCH} (2**31-1). "
-                             f"Received: {said(name)}={v!r}",
-                             f"an integer from 1 to {LARGEST_GLOBAL_BATCH}")
+            raise _too_large(said(name), v)
     if cfg.steps_per_execution > 1 and cfg.loop != "fit":
         raise UsageError(f"{subject('steps_per_execution')} applies to {flag('loop', 'fit')} "
                          "only. "
@@ -431,6 +428,16 @@ def check_data_dir(cfg: TrainConfig, said: str = "--data-dir") -> None:
 LARGEST_GLOBAL_BATCH = 2 ** 31 - 1
 
 
+def _too_large(named: str, value: int, note: str = "") -> UsageError:
+    """The line for a count past LARGEST_GLOBAL_BATCH (a batch size, an accumulation, steps
+    per execution).  TensorFlow counts steps and samples in int32 (2**31 micro-batches
+    already train on NaN): a larger value ended in a traceback, after the run folder was
+    made, or deep in the input pipeline."""
+    return UsageError(f"{named} must be at most {LARGEST_GLOBAL_BATCH} (2**31-1). "
+                      f"Received: {named}={value!r}",
+                      f"an integer from 1 to {LARGEST_GLOBAL_BATCH}{note}")
+
+
 def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
                        said=lambda name: name, words: Mapping[str, str] | None = None,
                        batch_known: bool = True) -> int:
@@ -446,12 +453,8 @@ def check_accumulation(cfg: TrainConfig, replicas: int | None = None,
                              "an integer >= 1" + (" (1: no accumulation)"
                                                   if name == "accumulate" else ""))
         if v is not None and v > LARGEST_GLOBAL_BATCH:
-            # TensorFlow counts steps and samples in int32 (and 2**31 micro-batches already
-            # train on NaN): a larger value ended in a traceback after the run folder was made
-            raise UsageError(f"{said(name)} must be at most {LARGEST_GLOBAL_BATCH} (2**31-1). "
-                             f"Received: {said(name)}={v!r}",
-                             f"an integer from 1 to {LARGEST_GLOBAL_BATCH}"
-                             + (" (1: no accumulation)" if name == "accumulate" else ""))
+            raise _too_large(said(name), v, " (1: no accumulation)" if name == "accumulate"
+                             else "")
     if not batch_known:   # the micro-batch is not settled yet: its checks come later
         return n or 1
 
